@@ -1,0 +1,7 @@
+# Use ccache when present: LibTorch translation units are slow to compile on small machines.
+find_program(TRAINSCOPE_CCACHE ccache)
+if(TRAINSCOPE_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  set(CMAKE_C_COMPILER_LAUNCHER ${TRAINSCOPE_CCACHE})
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${TRAINSCOPE_CCACHE})
+  set(CMAKE_CUDA_COMPILER_LAUNCHER ${TRAINSCOPE_CCACHE})
+endif()

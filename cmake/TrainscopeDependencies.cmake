@@ -1,0 +1,112 @@
+# Finds and checks every dependency. Parallel HDF5 is verified, not assumed: the configure step
+# fails when HDF5 is a serial build or was built against a different MPI than the one found here.
+
+# --- MPI -----------------------------------------------------------------------------------------
+find_package(MPI 3.0 REQUIRED COMPONENTS C CXX)
+
+# --- parallel HDF5 ---------------------------------------------------------------------------------
+set(HDF5_PREFER_PARALLEL TRUE)
+find_package(HDF5 REQUIRED COMPONENTS C)
+include(TrainscopeCheckParallelHDF5)
+trainscope_check_parallel_hdf5()
+
+# --- Boost.Program_options, GoogleTest, zlib -------------------------------------------------------
+find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
+find_package(ZLIB REQUIRED)
+if(TRAINSCOPE_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+
+# --- LibTorch (from a pip torch: CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) ------------------
+foreach(opt TRAINSCOPE_USE_CUDA TRAINSCOPE_USE_NCCL)
+  if(NOT ${opt} MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${opt}=${${opt}} is invalid: use AUTO, ON or OFF")
+  endif()
+endforeach()
+# With TRAINSCOPE_USE_CUDA=OFF a CUDA build of LibTorch still links its CUDA libraries; we simply
+# compile none of our own CUDA code (events, NCCL communicator, allocator counters).
+# LibTorch's CMake would otherwise compile and *run* a CUDA probe to detect GPU architectures, which
+# fails on build hosts without a GPU. trainscope compiles no CUDA kernels of its own, so the list
+# only has to be valid.
+if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
+  set(TORCH_CUDA_ARCH_LIST "8.0;9.0" CACHE STRING "CUDA architectures LibTorch's CMake assumes")
+endif()
+find_package(Torch REQUIRED)
+if(NOT TORCH_FOUND)
+  message(FATAL_ERROR "LibTorch not found: run scripts/setup, or pass "
+    "-DCMAKE_PREFIX_PATH=$(python -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')")
+endif()
+# TorchConfig exports compile flags through TORCH_CXX_FLAGS (the ABI flag); apply them to our targets.
+separate_arguments(_torch_cxx_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+add_library(trainscope_torch INTERFACE)
+target_link_libraries(trainscope_torch INTERFACE ${TORCH_LIBRARIES})
+target_compile_options(trainscope_torch INTERFACE ${_torch_cxx_flags})
+set(TRAINSCOPE_LIBTORCH_VERSION "${Torch_VERSION}")
+
+# --- CUDA --------------------------------------------------------------------------------------------
+set(TRAINSCOPE_HAVE_CUDA OFF)
+set(_torch_has_cuda OFF)
+if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
+  set(_torch_has_cuda ON)
+endif()
+if(NOT TRAINSCOPE_USE_CUDA STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND _torch_has_cuda)
+    set(TRAINSCOPE_HAVE_CUDA ON)
+  elseif(TRAINSCOPE_USE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "TRAINSCOPE_USE_CUDA=ON but the CUDA toolkit found=${CUDAToolkit_FOUND} "
+      "and LibTorch CUDA=${_torch_has_cuda}: load a CUDA module / set CUDAToolkit_ROOT, or use a "
+      "CUDA build of LibTorch")
+  endif()
+endif()
+set(TRAINSCOPE_CUDA_VERSION "none")
+if(TRAINSCOPE_HAVE_CUDA)
+  set(TRAINSCOPE_CUDA_VERSION "${CUDAToolkit_VERSION}")
+endif()
+
+# --- NCCL: prefer the copy LibTorch itself loads (pip's nvidia-nccl), so one NCCL is in the process --
+set(TRAINSCOPE_HAVE_NCCL OFF)
+set(TRAINSCOPE_NCCL_VERSION "none")
+if(TRAINSCOPE_HAVE_CUDA AND NOT TRAINSCOPE_USE_NCCL STREQUAL "OFF")
+  set(_nccl_hints "")
+  if(TRAINSCOPE_PYTHON)
+    execute_process(COMMAND ${TRAINSCOPE_PYTHON} -c
+      "import importlib.util as u; s=u.find_spec('nvidia.nccl'); print(list(s.submodule_search_locations)[0] if s else '')"
+      OUTPUT_VARIABLE _pip_nccl OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    if(_pip_nccl)
+      list(APPEND _nccl_hints ${_pip_nccl})
+    endif()
+  endif()
+  if(_nccl_hints)
+    find_path(NCCL_INCLUDE_DIR nccl.h PATHS ${_nccl_hints} PATH_SUFFIXES include NO_DEFAULT_PATH)
+    find_library(NCCL_LIBRARY NAMES libnccl.so.2 nccl PATHS ${_nccl_hints} PATH_SUFFIXES lib
+                 NO_DEFAULT_PATH)
+  endif()
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} $ENV{NCCL_HOME} PATH_SUFFIXES include
+            PATHS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints} $ENV{NCCL_HOME}
+               PATH_SUFFIXES lib lib64 PATHS ${CUDAToolkit_LIBRARY_DIR})
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    file(STRINGS "${NCCL_INCLUDE_DIR}/nccl.h" _nccl_ver REGEX "#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*"
+           "\\1.\\2.\\3" TRAINSCOPE_NCCL_VERSION "${_nccl_ver}")
+    add_library(trainscope_nccl INTERFACE)
+    target_include_directories(trainscope_nccl SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
+    target_link_libraries(trainscope_nccl INTERFACE ${NCCL_LIBRARY} CUDA::cudart)
+    set(TRAINSCOPE_HAVE_NCCL ON)
+  elseif(TRAINSCOPE_USE_NCCL STREQUAL "ON")
+    message(FATAL_ERROR "TRAINSCOPE_USE_NCCL=ON but nccl.h/libnccl were not found: set NCCL_HOME")
+  endif()
+elseif(TRAINSCOPE_USE_NCCL STREQUAL "ON")
+  message(FATAL_ERROR "TRAINSCOPE_USE_NCCL=ON needs the CUDA path (TRAINSCOPE_USE_CUDA != OFF, a "
+    "CUDA toolkit and a CUDA build of LibTorch)")
+endif()
+
+# One precompiled header for every translation unit that includes LibTorch.
+if(TRAINSCOPE_USE_PCH)
+  file(WRITE ${CMAKE_BINARY_DIR}/trainscope_pch.cpp "// precompiled LibTorch headers\n")
+  add_library(trainscope_torch_pch OBJECT ${CMAKE_BINARY_DIR}/trainscope_pch.cpp)
+  target_link_libraries(trainscope_torch_pch PUBLIC trainscope_torch)
+  target_precompile_headers(trainscope_torch_pch PRIVATE <torch/torch.h>)
+  set_target_properties(trainscope_torch_pch PROPERTIES POSITION_INDEPENDENT_CODE ON)
+endif()
