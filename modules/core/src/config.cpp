@@ -76,7 +76,11 @@ OptionRegistry& OptionRegistry::add(OptionSpec spec) {
     if (find(spec.key)) throw InternalError("option '" + spec.key + "' declared twice");
     specs_.push_back(std::move(spec));
     // Defaults must satisfy their own spec: a declaration bug, not a user error.
-    validate(specs_.back().key, specs_.back().default_value);
+    try {
+        validate(specs_.back().key, specs_.back().default_value);
+    } catch (const ConfigError& e) {
+        throw InternalError(std::string("bad default: ") + e.what());
+    }
     return *this;
 }
 

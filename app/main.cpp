@@ -1,0 +1,66 @@
+// trainscope: one MPI job that trains a configured workload and writes every timing, memory
+// counter and per-rank profile into one parallel HDF5 file. Reads top to bottom:
+// bootstrap → configuration → build the workload → run → write → finalize.
+#include <iostream>
+
+#include "trainscope/core/build_info.hpp"
+#include "trainscope/core/config.hpp"
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/dist/error_agreement.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/dist/topology.hpp"
+#include "trainscope/train/options.hpp"
+#include "trainscope/train/session.hpp"
+
+using namespace trainscope;
+
+int main(int argc, char** argv) {
+    // Bootstrap: MPI, this rank's place in the world, log prefix "[rank r/N host]".
+    dist::MpiRuntime mpi(argc, argv);
+    const dist::Topology topo = dist::discover_topology(MPI_COMM_WORLD);
+    core::log::set_identity(topo.rank, topo.world_size, topo.hostname);
+
+    std::unique_ptr<train::Session> session;
+    try {
+        // Configuration: INI files + command line, validated identically on every rank.
+        const core::OptionRegistry options = train::all_options();
+        core::CommandLine cli;
+        dist::agree_on_errors(MPI_COMM_WORLD,
+                              [&] { cli = core::CommandLine::parse(options, argc, argv); });
+        if (cli.help || cli.version || cli.print_config) {
+            if (topo.rank == 0)
+                std::cout << (cli.help      ? core::CommandLine::usage(options)
+                              : cli.version ? core::build_info().describe()
+                                            : cli.config.to_ini());
+            return 0;
+        }
+
+        // Build the workload: device, run file (refuses to overwrite), data, model, communicator.
+        session = std::make_unique<train::Session>(cli, topo, MPI_COMM_WORLD);
+        if (!cli.dry_run) session->open_run_file();
+        session->prepare();
+        if (cli.dry_run) {
+            if (topo.rank == 0) std::cout << session->plan_text();
+            return 0;
+        }
+
+        // Run, then write the final status; the file says "completed" only here.
+        session->run();
+        session->close_run_file("completed");
+        return 0;
+    } catch (const core::Error& e) {
+        core::log::error() << core::to_string(e.kind()) << ": " << e.what();
+        if (e.collective()) {  // every rank is here together: fail cleanly, keep the file
+            try {
+                if (session && session->run_file_open()) session->close_run_file("failed", e.what());
+            } catch (const std::exception&) {
+            }
+            return e.exit_code();
+        }
+        dist::MpiRuntime::abort(e.exit_code());  // other ranks may wait in a collective
+    } catch (const std::exception& e) {
+        core::log::error() << "unexpected failure: " << e.what();
+        dist::MpiRuntime::abort(static_cast<int>(core::ErrorKind::Internal));
+    }
+}

@@ -1,0 +1,81 @@
+// DistributedSampler (see the header for the sharding rule). The permutation is built only from
+// std::mt19937_64, whose output sequence the C++ standard fixes, so libstdc++ and libc++ builds
+// (and every rank) agree on the order.
+#include "trainscope/data/distributed_sampler.hpp"
+
+#include <numeric>
+#include <random>
+#include <string>
+#include <utility>
+
+#include "trainscope/core/error.hpp"
+
+namespace trainscope::data {
+namespace {
+
+// SplitMix64 finaliser: spreads (seed, epoch) over all 64 bits so that nearby seeds and epochs
+// give unrelated generator states.
+std::uint64_t mix64(std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+// Uniform integer in [0, bound) without modulo bias: reject draws below 2^64 mod bound.
+std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t bound) {
+    const std::uint64_t threshold = (0 - bound) % bound;
+    std::uint64_t r;
+    do r = rng();
+    while (r < threshold);
+    return r % bound;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> seeded_permutation(std::size_t n, std::uint64_t seed,
+                                             std::int64_t epoch) {
+    std::vector<std::int64_t> p(n);
+    std::iota(p.begin(), p.end(), std::int64_t{0});
+    std::mt19937_64 rng(mix64(seed ^ mix64(static_cast<std::uint64_t>(epoch))));
+    for (std::size_t i = n; i > 1; --i) {
+        std::size_t j = static_cast<std::size_t>(uniform_below(rng, i));
+        std::swap(p[i - 1], p[j]);
+    }
+    return p;
+}
+
+DistributedSampler::DistributedSampler(std::size_t dataset_size, int rank, int world_size,
+                                       bool shuffle, std::uint64_t seed, bool drop_last)
+    : dataset_size_(dataset_size), rank_(rank), world_size_(world_size), shuffle_(shuffle),
+      seed_(seed) {
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        throw core::InternalError("DistributedSampler: rank " + std::to_string(rank) +
+                                  " out of range for world size " + std::to_string(world_size));
+    if (dataset_size == 0)
+        throw core::InputError("the dataset is empty: there is nothing to train on");
+    const auto n = dataset_size, w = static_cast<std::size_t>(world_size);
+    num_samples_ = drop_last ? n / w : (n + w - 1) / w;
+    if (num_samples_ == 0)
+        throw core::ConfigError("the dataset has " + std::to_string(n) + " samples, fewer than the " +
+                                std::to_string(w) +
+                                " ranks: with data.drop_last=true some ranks would get none; use "
+                                "more samples, fewer ranks or data.drop_last=false");
+}
+
+std::vector<std::int64_t> DistributedSampler::indices() const {
+    std::vector<std::int64_t> order;
+    if (shuffle_) {
+        order = seeded_permutation(dataset_size_, seed_, epoch_);
+    } else {
+        order.resize(dataset_size_);
+        std::iota(order.begin(), order.end(), std::int64_t{0});
+    }
+    // Position k of the padded (wrapped) or truncated order is order[k mod n].
+    std::vector<std::int64_t> mine(num_samples_);
+    const auto w = static_cast<std::size_t>(world_size_), r = static_cast<std::size_t>(rank_);
+    for (std::size_t i = 0; i < num_samples_; ++i) mine[i] = order[(r + i * w) % dataset_size_];
+    return mine;
+}
+
+}  // namespace trainscope::data

@@ -1,0 +1,72 @@
+// Communicator: the collectives trainscope needs (allreduce, async allreduce, broadcast, allgather,
+// reduce-scatter, barrier) over one group of ranks, with two backends: MPI for host tensors (a
+// progress thread makes asynchronous allreduce really overlap) and NCCL for GPU tensors.
+#pragma once
+
+#include <mpi.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace trainscope::dist {
+
+enum class ReduceOp { Sum, Average, Max, Min };
+const char* to_string(ReduceOp op);
+
+// Handle of an asynchronous collective.
+class Work {
+  public:
+    virtual ~Work() = default;
+    // MPI: blocks until the collective finished and its result is in the tensor; rethrows its error.
+    // NCCL: makes the caller's current CUDA stream wait for it (no host synchronisation), so work
+    // queued afterwards on that stream sees the result.
+    virtual void wait() = 0;
+    virtual bool completed() = 0;  // non-blocking query
+};
+
+// Cumulative accounting per collective kind. bytes = payload of the tensor given (for allgather the
+// input, for reduce_scatter the output: the per-rank share, as nccl-tests count "size"). seconds =
+// host time inside the collective call (MPI, measured on the thread that runs it) or launch time
+// (NCCL, asynchronous: GPU time is the profiler's business).
+struct CommStats {
+    std::uint64_t calls = 0, bytes = 0;
+    double seconds = 0;
+};
+
+// All calls are collective over the communicator: every rank calls the same collectives in the same
+// order with the same sizes (tensors of equal numel and dtype). Empty tensors are no-ops on every
+// rank. In-place tensors must be contiguous.
+class Communicator {
+  public:
+    virtual ~Communicator() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual std::string backend() const = 0;  // "mpi" | "nccl"
+    virtual torch::Device device() const = 0;
+
+    // In place. Average divides the sum by size() (floating-point tensors only).
+    virtual std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) = 0;
+    void allreduce(torch::Tensor tensor, ReduceOp op);  // allreduce_async + wait
+    virtual void broadcast(torch::Tensor tensor, int root) = 0;  // in place
+    // out: size() * in.numel() elements, rank r's input at [r * in.numel(), (r+1) * in.numel()).
+    virtual void allgather(const torch::Tensor& in, torch::Tensor out) = 0;
+    // in: size() * out.numel() elements; rank r receives the reduction of block r. The split must be
+    // exact (callers pad), as MPI_Reduce_scatter_block and ncclReduceScatter require.
+    virtual void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) = 0;
+    virtual void barrier() = 0;
+
+    // Keys: "allreduce", "broadcast", "allgather", "reduce_scatter" (only kinds that were called).
+    virtual std::map<std::string, CommStats> stats() const = 0;
+};
+
+// backend "mpi" or "nccl". Collective over `comm` (duplicates it, so user traffic on `comm` never
+// mixes with ours). "mpi" needs MPI_THREAD_MULTIPLE and accepts host tensors (CUDA tensors are
+// staged through host memory); "nccl" needs a CUDA `device` and a build with NCCL. Errors are
+// ConfigError (impossible choice) or DistributedError (MPI/NCCL failure).
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
+                                                torch::Device device);
+
+}  // namespace trainscope::dist

@@ -1,0 +1,62 @@
+// Declaration and resolution of the dist module's options. No LibTorch: the caller passes how many
+// GPUs are visible, so the rules ("auto" choices, impossible combinations) are testable anywhere.
+#include "trainscope/dist/options.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "trainscope/core/build_config.hpp"
+#include "trainscope/core/error.hpp"
+
+namespace trainscope::dist {
+
+void declare_options(core::OptionRegistry& registry) {
+    registry.add_choice("run.device", "auto", {"auto", "cpu", "cuda"},
+                        "compute device; auto = cuda when built with CUDA and a GPU is visible, "
+                        "else cpu (each rank uses GPU local_rank % GPUs per node)");
+    registry.add_choice("dist.backend", "auto", {"auto", "mpi", "nccl"},
+                        "gradient communication; auto = nccl for cuda devices, mpi for cpu");
+    registry.add_float("dist.bucket_mb", 25.0,
+                       "gradient bucket cap in MiB (as DDP's bucket_cap_mb); must be > 0", 0.0);
+}
+
+DistOptions resolve_options(const core::Config& config, int visible_cuda_devices) {
+    DistOptions o;
+    const std::string& device = config.get_string("run.device");
+    const std::string& backend = config.get_string("dist.backend");
+    if (device == "auto")
+        o.device = (TRAINSCOPE_HAVE_CUDA && visible_cuda_devices > 0) ? "cuda" : "cpu";
+    else
+        o.device = device;
+    if (backend == "auto") o.backend = o.device == "cuda" ? "nccl" : "mpi";
+    else o.backend = backend;
+
+    if (o.backend == "nccl" && !TRAINSCOPE_HAVE_NCCL)
+        throw core::ConfigError("dist.backend=nccl but this trainscope was built without NCCL: use "
+                                "dist.backend=mpi, or rebuild with CUDA and NCCL available "
+                                "(TRAINSCOPE_USE_NCCL=ON)");
+    if (o.backend == "nccl" && o.device != "cuda") {
+        std::string why = device == "auto"
+                              ? "run.device=auto resolved to cpu (" +
+                                    std::string(TRAINSCOPE_HAVE_CUDA ? "no GPU is visible"
+                                                                     : "built without CUDA") +
+                                    ")"
+                              : "run.device=" + device;
+        throw core::ConfigError("dist.backend=nccl needs GPU tensors but " + why +
+                                ": NCCL cannot communicate host memory; use dist.backend=mpi (or "
+                                "auto) for CPU runs, or run.device=cuda");
+    }
+
+    o.bucket_mb = config.get_float("dist.bucket_mb");
+    if (!(o.bucket_mb > 0)) {
+        std::ostringstream v;
+        v << o.bucket_mb;
+        throw core::ConfigError("option dist.bucket_mb = '" + v.str() +
+                                "' is invalid: expected a number > 0 (MiB per gradient bucket)");
+    }
+    const double bytes = std::round(o.bucket_mb * 1024.0 * 1024.0);
+    o.bucket_cap_bytes = bytes < 1 ? 1 : static_cast<std::size_t>(bytes);
+    return o;
+}
+
+}  // namespace trainscope::dist

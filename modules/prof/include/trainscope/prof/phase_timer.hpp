@@ -1,0 +1,75 @@
+// Per-iteration phase times. The phase names are fixed (DESIGN.md): data, h2d, forward, backward,
+// comm_wait, optimizer, step. On CPU a steady clock times each phase on the spot; on GPU, CUDA
+// events are recorded on the compute stream and resolved lazily (when the iteration is long past),
+// so timing never adds a device synchronisation to the hot loop.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace trainscope::prof {
+
+enum class Phase { Data = 0, H2D, Forward, Backward, CommWait, Optimizer, kCount };
+constexpr std::size_t kNumPhases = static_cast<std::size_t>(Phase::kCount);
+const char* phase_name(Phase p);  // "data", "h2d", ...
+
+// Seconds per phase plus the whole step (first phase start → last phase end).
+struct PhaseTimes {
+    std::int64_t iteration = 0;
+    std::array<double, kNumPhases> seconds{};  // NaN for a phase that did not run
+    double step_seconds = 0;
+    double t_start = 0;  // seconds since the timer was created (host clock)
+};
+
+// Device timestamps, implemented with a steady clock (CPU) or CUDA events on a stream (GPU).
+class Clock;
+
+class PhaseTimer {
+  public:
+    // `cuda_stream` is a cudaStream_t (or nullptr for the legacy default stream) when `cuda` is true.
+    explicit PhaseTimer(bool cuda = false, void* cuda_stream = nullptr);
+    ~PhaseTimer();
+    PhaseTimer(const PhaseTimer&) = delete;
+    PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+    void begin_iteration(std::int64_t iteration);
+    void start(Phase p);
+    void stop(Phase p);
+    // Host-measured duration (e.g. comm_wait from the gradient synchronizer); replaces the phase.
+    void set_host_seconds(Phase p, double seconds);
+    void end_iteration();
+    // Discards the current iteration (e.g. the loader turned out to be exhausted).
+    void cancel_iteration();
+
+    // Iterations whose times are known. On CPU every ended iteration; on GPU those whose last
+    // event has completed, or all of them when `wait` is true (used at flush and at the end).
+    std::vector<PhaseTimes> collect(bool wait);
+
+  private:
+    struct Pending;
+    void release(Pending& p);
+    std::unique_ptr<Clock> clock_;
+    std::deque<std::unique_ptr<Pending>> pending_;
+    std::unique_ptr<Pending> current_;
+    std::chrono::steady_clock::time_point origin_;
+};
+
+// RAII phase scope: timer.start(p) now, timer.stop(p) at scope exit.
+class PhaseScope {
+  public:
+    PhaseScope(PhaseTimer& t, Phase p) : t_(t), p_(p) { t_.start(p_); }
+    ~PhaseScope() { t_.stop(p_); }
+    PhaseScope(const PhaseScope&) = delete;
+    PhaseScope& operator=(const PhaseScope&) = delete;
+
+  private:
+    PhaseTimer& t_;
+    Phase p_;
+};
+
+}  // namespace trainscope::prof

@@ -1,0 +1,57 @@
+// run.*, train.*, profile.warmup_iters and log.* options, and the registry of all modules' options.
+#include "trainscope/train/options.hpp"
+
+#include "trainscope/data/options.hpp"
+#include "trainscope/dist/options.hpp"
+#include "trainscope/io/options.hpp"
+#include "trainscope/models/mobilenet_v2.hpp"
+
+namespace trainscope::train {
+
+void declare_options(core::OptionRegistry& r) {
+    r.add_choice("run.workload", "cv", {"cv"}, "what to run: cv = image classification training");
+    r.add_choice("run.strategy", "ddp-ds", {"ddp-ds", "ddp"},
+                 "ddp-ds: DDP with a distributed sampler (1/N of the data per rank); ddp: every "
+                 "rank iterates the whole training set (the studies' baseline)");
+    r.add_choice("run.precision", "fp32", {"fp32", "fp64"}, "parameter and compute precision");
+    r.add_int("run.seed", 42, "seed for initialisation, shuffling and dropout", 0);
+    r.add_int("run.threads", 0,
+              "intra-op CPU threads per rank; 0 = the node's cores divided by its ranks (min 1)", 0,
+              1024);
+    r.add_int("train.epochs", 1, "passes over the training data", 1, 100000);
+    r.add_int("train.max_iters", 0, "stop after this many iterations in total (0 = no cap)", 0);
+    r.add_int("train.batch_size", 64, "samples per rank per iteration", 1, 1 << 20);
+    r.add_int("train.global_batch_size", 0,
+              "samples per iteration over all ranks (0 = train.batch_size x ranks); must divide "
+              "evenly across the ranks",
+              0);
+    r.add_int("train.eval_batch_size", 256, "samples per rank per evaluation batch", 1, 1 << 20);
+    r.add_bool("train.eval", true, "evaluate test-set loss and accuracy after every epoch");
+    r.add_choice("train.optimizer", "sgd", {"sgd", "adamw"}, "optimizer");
+    r.add_float("train.lr", 0.05, "base learning rate", 0.0, 100.0);
+    r.add_float("train.momentum", 0.9, "SGD momentum", 0.0, 1.0);
+    r.add_bool("train.nesterov", false, "SGD with Nesterov momentum");
+    r.add_float("train.weight_decay", 4e-5, "weight decay (SGD: L2; AdamW: decoupled)", 0.0, 1.0);
+    r.add_choice("train.schedule", "cosine", {"constant", "step", "cosine"},
+                 "learning-rate schedule after warm-up, per iteration");
+    r.add_int("train.warmup_iters", 0, "iterations of linear learning-rate warm-up", 0);
+    r.add_int("train.step_epochs", 30, "step schedule: epochs between decays", 1);
+    r.add_float("train.gamma", 0.1, "step schedule: decay factor", 0.0, 1.0);
+    r.add_float("train.min_lr", 0.0, "cosine schedule: final learning rate", 0.0, 100.0);
+    r.add_int("profile.warmup_iters", 5,
+              "first iterations left out of /summary statistics (still recorded)", 0);
+    r.add_int("log.every", 20, "rank 0 prints progress every this many iterations (0 = never)", 0);
+    r.add_choice("log.level", "info", {"debug", "info", "warn", "error"}, "least severe level shown");
+}
+
+core::OptionRegistry all_options() {
+    core::OptionRegistry r;
+    declare_options(r);
+    dist::declare_options(r);
+    data::declare_options(r);
+    models::declare_options(r);
+    io::declare_options(r);
+    return r;
+}
+
+}  // namespace trainscope::train

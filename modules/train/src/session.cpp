@@ -1,0 +1,329 @@
+// Session: configuration checks against the world, device binding, data, model, run file and the
+// training run of one job on this rank.
+#include "trainscope/train/session.hpp"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <iomanip>
+#include <sstream>
+#include <thread>
+
+#include "trainscope/core/build_info.hpp"
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/data/datasets.hpp"
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/device.hpp"
+#include "trainscope/dist/error_agreement.hpp"
+#include "trainscope/io/run_file.hpp"
+#include "trainscope/models/mobilenet_v2.hpp"
+#include "trainscope/prof/phase_timer.hpp"
+#include "trainscope/train/classification_trainer.hpp"
+#include "trainscope/train/recorder.hpp"
+
+namespace trainscope::train {
+namespace {
+
+// Every rank's string, in rank order, on every rank.
+std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
+    int size = 1;
+    MPI_Comm_size(comm, &size);
+    int len = static_cast<int>(mine.size());
+    std::vector<int> lens(size), offs(size);
+    MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
+    int total = 0;
+    for (int i = 0; i < size; ++i) offs[i] = total, total += lens[i];
+    std::string all(static_cast<std::size_t>(total), '\0');
+    MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm);
+    std::vector<std::string> out;
+    for (int i = 0; i < size; ++i) out.push_back(all.substr(offs[i], lens[i]));
+    return out;
+}
+
+std::string mib(double bytes) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024.0) << " MiB";
+    return o.str();
+}
+
+}  // namespace
+
+struct Session::State {
+    core::Config cfg;
+    std::string command_line;
+    dist::Topology topo;
+    MPI_Comm world;
+    Plan plan;
+    dist::DeviceBinding device;
+    std::vector<std::string> devices;  // per rank, for the plan
+    std::unique_ptr<dist::Communicator> comm;
+    data::DatasetSplits data;
+    std::unique_ptr<ClassificationTrainer> trainer;
+    std::unique_ptr<io::RunFile> file;
+    TrainerOptions topt;
+};
+
+Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_Comm world)
+    : s_(std::make_unique<State>()) {
+    State& s = *s_;
+    s.cfg = cli.config;
+    s.command_line = cli.command_line;
+    s.topo = topo;
+    s.world = world;
+    const core::Config& c = s.cfg;
+    Plan& p = s.plan;
+    core::log::set_level(core::log::parse_level(c.get_string("log.level")));
+
+    dist::agree_on_errors(world, [&] {
+        p.workload = c.get_string("run.workload");
+        p.strategy = c.get_string("run.strategy");
+        p.precision = c.get_string("run.precision");
+        p.world_size = topo.world_size;
+        p.num_nodes = topo.num_nodes;
+        p.epochs = c.get_int("train.epochs");
+        p.image_size = c.get_int("cv.image_size");
+        p.channels = c.get_int("cv.channels");
+        p.bucket_mb = c.get_float("dist.bucket_mb");
+
+        // Batch split: the per-rank batch, from train.global_batch_size when given.
+        p.batch_per_rank = c.get_int("train.batch_size");
+        if (const std::int64_t g = c.get_int("train.global_batch_size"); g > 0) {
+            if (g % topo.world_size != 0)
+                throw core::ConfigError(
+                    "train.global_batch_size=" + std::to_string(g) + " cannot be split evenly across " +
+                    std::to_string(topo.world_size) + " ranks: use a multiple of " +
+                    std::to_string(topo.world_size) + " (e.g. " +
+                    std::to_string((g / topo.world_size + 1) * topo.world_size) +
+                    "), or set train.batch_size (per rank) instead");
+            if (!c.is_default("train.batch_size") && p.batch_per_rank * topo.world_size != g)
+                throw core::ConfigError(
+                    "train.batch_size=" + std::to_string(p.batch_per_rank) + " x " +
+                    std::to_string(topo.world_size) + " ranks != train.global_batch_size=" +
+                    std::to_string(g) + ": set only one of them");
+            p.batch_per_rank = g / topo.world_size;
+        }
+        p.global_batch = p.batch_per_rank * topo.world_size;
+
+        std::int64_t threads = c.get_int("run.threads");
+        if (threads == 0) {
+            const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+            threads = std::max<std::int64_t>(1, cores / std::max(1, topo.local_size));
+        }
+        p.threads_per_rank = static_cast<int>(threads);
+
+        s.device = dist::bind_device(c.get_string("run.device"), topo,
+                                     c.get_string("dist.backend") == "nccl");
+        p.backend = c.get_string("dist.backend");
+        if (p.backend == "auto") p.backend = s.device.device.is_cuda() ? "nccl" : "mpi";
+        p.device = s.device.device.str();
+    });
+    s.devices = allgather_strings(world, s.device.device.str() +
+                                             (s.device.name.empty() ? "" : " (" + s.device.name + ")"));
+    at::set_num_threads(p.threads_per_rank);
+    try {
+        at::set_num_interop_threads(1);
+    } catch (const std::exception&) {
+        // Already set (e.g. a second Session in one process): keep the existing pool.
+    }
+}
+
+Session::~Session() = default;
+
+const Plan& Session::plan() const { return s_->plan; }
+bool Session::run_file_open() const { return s_->file != nullptr; }
+
+void Session::open_run_file() {
+    State& s = *s_;
+    const core::Config& c = s.cfg;
+    std::vector<io::Attribute> root = {
+        {"trainscope_version", core::build_info().trainscope_version},
+        {"git_sha", core::build_info().git_sha},
+        {"command_line", s.command_line},
+        {"world_size", static_cast<std::int64_t>(s.topo.world_size)},
+        {"num_nodes", static_cast<std::int64_t>(s.topo.num_nodes)},
+        {"workload", c.get_string("run.workload")},
+    };
+    // RunFile::create decides collectively (rank 0 checks, all ranks get the same verdict).
+    s.file = std::make_unique<io::RunFile>(io::RunFile::create(
+        s.world, c.get_string("output.file"), c.get_bool("output.overwrite"), root));
+
+    std::vector<io::Attribute> config;
+    for (const auto& [k, v] : c.items()) config.push_back({k, v});
+    s.file->set_attributes("/config", config);
+    s.file->write_string_dataset("/config/ini", c.to_ini());
+
+    std::vector<io::Attribute> build;
+    for (const auto& [k, v] : core::build_info().items()) build.push_back({k, v});
+    build.push_back({"mpi_library", dist::mpi_library_version()});
+    s.file->set_attributes("/build", build);
+
+    io::RunFile::RankRow row;
+    row.rank = s.topo.rank;
+    row.local_rank = s.topo.local_rank;
+    row.node = s.topo.node;
+    row.hostname = s.topo.hostname;
+    row.pid = static_cast<long>(::getpid());
+    row.device = s.device.device.str();
+    row.device_name = s.device.name;
+    row.pci_bus_id = s.device.pci_bus_id;
+    row.cpu_affinity = s.device.cpu_affinity;
+    s.file->write_ranks(row);
+    s.file->flush();
+}
+
+void Session::close_run_file(const std::string& status, const std::string& error) {
+    State& s = *s_;
+    if (!s.file) return;
+    if (!error.empty()) s.file->set_attributes("/", {{"error", error}});
+    s.file->set_status(status);
+    s.file->close();
+    s.file.reset();
+}
+
+std::string Session::plan_text() const {
+    const Plan& p = s_->plan;
+    std::ostringstream o;
+    o << "trainscope plan (dry run: nothing is trained or written)\n"
+      << "  workload      " << p.workload << ", strategy " << p.strategy << ", precision "
+      << p.precision << "\n"
+      << "  ranks         " << p.world_size << " on " << p.num_nodes << " node(s), "
+      << p.threads_per_rank << " CPU thread(s) per rank, communicator " << p.backend << "\n";
+    for (int r = 0; r < p.world_size; ++r)
+        o << "    rank " << r << "  host " << s_->topo.hostnames.at(r) << "  device "
+          << s_->devices.at(r) << "\n";
+    o << "  data          " << p.dataset_description << ": " << p.train_samples << " train / "
+      << p.test_samples << " test samples, input " << p.channels << "x" << p.image_size << "x"
+      << p.image_size << "\n"
+      << "  batch         " << p.batch_per_rank << " per rank x " << p.world_size << " = "
+      << p.global_batch << " per iteration; " << p.samples_per_rank_per_epoch
+      << " samples per rank per epoch\n"
+      << "  length        " << p.iterations_per_epoch << " iterations per epoch x " << p.epochs
+      << " epoch(s) -> " << p.total_iterations << " iterations\n"
+      << "  model         MobileNetV2, " << p.num_classes << " classes, " << p.parameters
+      << " parameters, " << std::fixed << std::setprecision(1) << p.macs_per_sample / 1e6
+      << " MMAC per sample (forward)\n"
+      << "  gradients     buckets of " << p.bucket_mb << " MiB, allreduce of "
+      << mib(static_cast<double>(p.parameters) * (p.precision == "fp64" ? 8 : 4))
+      << " per iteration\n"
+      << "  memory/rank   ~" << mib(p.memory_estimate_bytes)
+      << " (parameters, gradients, optimizer state, buckets, activations; estimate)\n";
+    return o.str();
+}
+
+void Session::prepare() {
+    State& s = *s_;
+    const core::Config& c = s.cfg;
+    Plan& p = s.plan;
+    dist::agree_on_errors(s.world, [&] { s.data = data::open_dataset(c); });
+    p.dataset_description = s.data.description;
+    p.train_samples = s.data.train.labels.size(0);
+    p.test_samples = s.data.test.labels.size(0);
+    p.num_classes = s.data.train.num_classes;
+
+    TrainerOptions& t = s.topt;
+    t.strategy = p.strategy;
+    t.dtype = p.precision == "fp64" ? torch::kFloat64 : torch::kFloat32;
+    t.device = s.device.device;
+    t.epochs = p.epochs;
+    t.max_iters = c.get_int("train.max_iters");
+    t.batch_size = p.batch_per_rank;
+    t.eval_batch_size = c.get_int("train.eval_batch_size");
+    t.eval = c.get_bool("train.eval");
+    t.optimizer = c.get_string("train.optimizer");
+    t.lr = c.get_float("train.lr");
+    t.momentum = c.get_float("train.momentum");
+    t.nesterov = c.get_bool("train.nesterov");
+    t.weight_decay = c.get_float("train.weight_decay");
+    t.drop_last = c.get_bool("data.drop_last");
+    t.pin_memory = c.get_bool("data.pin_memory") && t.device.is_cuda();
+    t.seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+    t.workers = static_cast<int>(c.get_int("data.workers"));
+    t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
+    t.log_every = static_cast<int>(c.get_int("log.every"));
+    t.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
+
+    dist::agree_on_errors(s.world, [&] {
+        const std::int64_t per_rank = p.strategy == "ddp-ds"
+                                          ? (t.drop_last ? p.train_samples / p.world_size
+                                                         : (p.train_samples + p.world_size - 1) / p.world_size)
+                                          : p.train_samples;
+        p.samples_per_rank_per_epoch = per_rank;
+        if (per_rank < p.batch_per_rank && t.drop_last)
+            throw core::ConfigError(
+                "train.batch_size=" + std::to_string(p.batch_per_rank) + " is larger than the " +
+                std::to_string(per_rank) + " training samples each rank gets per epoch (" +
+                std::to_string(p.train_samples) + " samples, strategy " + p.strategy + ", " +
+                std::to_string(p.world_size) + " ranks): use a smaller batch or data.drop_last=false");
+        s.comm = dist::make_communicator(p.backend, s.world, s.device.device);
+    });
+
+    torch::manual_seed(c.get_int("run.seed"));
+    const auto mopt = models::mobilenet_options_from_config(c, p.num_classes, p.channels);
+    models::MobileNetV2 model(mopt);
+    p.parameters = models::count_parameters(*model);
+    const auto cost = models::mobilenet_v2_cost(mopt, p.image_size);
+    p.macs_per_sample = cost.macs;
+    const double elem = p.precision == "fp64" ? 8.0 : 4.0;
+    const double opt_states = t.optimizer == "adamw" ? 2.0 : (t.momentum > 0 ? 1.0 : 0.0);
+    p.memory_estimate_bytes =
+        static_cast<double>(p.parameters) * elem * (3.0 + opt_states) +  // weights, grads, buckets
+        static_cast<double>(cost.activation_elements + p.channels * p.image_size * p.image_size) *
+            static_cast<double>(p.batch_per_rank) * elem;
+
+    t.schedule.kind = c.get_string("train.schedule");
+    t.schedule.base_lr = t.lr;
+    t.schedule.warmup_iters = c.get_int("train.warmup_iters");
+    t.schedule.gamma = c.get_float("train.gamma");
+    t.schedule.min_lr = c.get_float("train.min_lr");
+
+    data::AdaptedTransform transform{static_cast<int>(p.channels), static_cast<int>(p.image_size),
+                                     s.data.mean, s.data.std};
+    s.trainer = std::make_unique<ClassificationTrainer>(t, model, s.data, transform, *s.comm, s.world);
+    p.iterations_per_epoch = s.trainer->iterations_per_epoch();
+    p.total_iterations = s.trainer->total_iterations();
+    t.schedule.total_iters = p.total_iterations;
+    t.schedule.step_iters = c.get_int("train.step_epochs") * std::max<std::int64_t>(1, p.iterations_per_epoch);
+    s.trainer->set_schedule(t.schedule);
+
+    if (s.file) {
+        s.file->set_attributes(
+            "/plan", {{"strategy", p.strategy},
+                      {"precision", p.precision},
+                      {"device", p.device},
+                      {"backend", p.backend},
+                      {"dataset", p.dataset_description},
+                      {"threads_per_rank", static_cast<std::int64_t>(p.threads_per_rank)},
+                      {"batch_per_rank", p.batch_per_rank},
+                      {"global_batch", p.global_batch},
+                      {"train_samples", p.train_samples},
+                      {"test_samples", p.test_samples},
+                      {"iterations_per_epoch", p.iterations_per_epoch},
+                      {"total_iterations", p.total_iterations},
+                      {"parameters", p.parameters},
+                      {"macs_per_sample", p.macs_per_sample},
+                      {"memory_estimate_bytes", p.memory_estimate_bytes}});
+    }
+}
+
+void Session::run() {
+    State& s = *s_;
+    if (!s.file) throw core::InternalError("Session::run before open_run_file");
+    const auto t0 = std::chrono::steady_clock::now();
+    void* stream = nullptr;  // legacy default stream; LibTorch's current stream by default
+    prof::PhaseTimer timer(s.topt.device.is_cuda(), stream);
+    Recorder recorder(*s.file, s.world, timer, static_cast<int>(s.cfg.get_int("output.flush_every")),
+                      static_cast<int>(s.cfg.get_int("profile.warmup_iters")));
+    core::log::info() << "training " << s.plan.total_iterations << " iterations on "
+                      << s.plan.world_size << " rank(s), global batch " << s.plan.global_batch
+                      << ", writing " << s.file->path();
+    s.trainer->run(&recorder, timer);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    recorder.finish(wall, static_cast<double>(s.plan.global_batch), {});
+}
+
+}  // namespace trainscope::train
