@@ -56,7 +56,7 @@ function(trainscope_add_test)
         COMMAND ${MPIEXEC_EXECUTABLE} ${_trainscope_root_flags} ${TRAINSCOPE_MPIEXEC_EXTRA_FLAGS}
                 ${MPIEXEC_NUMPROC_FLAG} ${np} $<TARGET_FILE:${T_NAME}>)
       set_tests_properties(${T_NAME}_np${np} PROPERTIES
-        LABELS "mpi;${T_LABELS}" TIMEOUT 600 PROCESSORS 1
+        LABELS "mpi;${T_LABELS}" TIMEOUT 600 PROCESSORS ${np}
         ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMP_NUM_THREADS=1")
     endforeach()
   else()

@@ -102,6 +102,7 @@ class RunFile {
   private:
     struct Impl;
     explicit RunFile(std::unique_ptr<Impl> impl);
+    Impl& checked(const char* what) const;  // throws InternalError when closed or moved from
     std::unique_ptr<Impl> impl_;
 };
 

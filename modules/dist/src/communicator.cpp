@@ -1,0 +1,469 @@
+// The MPI communicator (host tensors; a progress thread runs asynchronous allreduces on a
+// duplicated communicator so they overlap computation even though Open MPI only progresses
+// nonblocking collectives inside MPI calls), the backend factory, and CPU/GPU device binding.
+#include "trainscope/dist/communicator.hpp"
+
+#include <sched.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "mpi_check.hpp"
+#include "nccl_communicator.hpp"
+#include "trainscope/core/build_config.hpp"
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/dist/device.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+
+#if TRAINSCOPE_HAVE_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
+#endif
+
+namespace trainscope::dist {
+
+const char* to_string(ReduceOp op) {
+    switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Average: return "average";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    }
+    return "?";
+}
+
+void Communicator::allreduce(torch::Tensor tensor, ReduceOp op) {
+    allreduce_async(std::move(tensor), op)->wait();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Element type of a reduction; bytewise operations (broadcast, allgather) accept any dtype.
+MPI_Datatype mpi_reduce_type(const torch::Tensor& t) {
+    switch (t.scalar_type()) {
+    case torch::kFloat32: return MPI_FLOAT;
+    case torch::kFloat64: return MPI_DOUBLE;
+    case torch::kInt32: return MPI_INT32_T;
+    case torch::kInt64: return MPI_INT64_T;
+    case torch::kUInt8: return MPI_UINT8_T;
+    default: break;
+    }
+    throw core::DistributedError(
+        std::string("the MPI backend cannot reduce ") + c10::toString(t.scalar_type()) +
+        " tensors (supported: float32, float64, int32, int64, uint8); keep gradients in float32 "
+        "(e.g. run.precision with fp32 master weights) or use dist.backend=nccl on GPUs");
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+    switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Average: return MPI_SUM;
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+    }
+    return MPI_SUM;
+}
+
+void check_reduction(const torch::Tensor& t, ReduceOp op) {
+    mpi_reduce_type(t);
+    if (op == ReduceOp::Average && !t.is_floating_point())
+        throw core::InternalError(std::string("ReduceOp::Average on an integer tensor (") +
+                                  c10::toString(t.scalar_type()) +
+                                  "): the mean would be truncated; reduce with Sum and divide");
+}
+
+void require_contiguous(const torch::Tensor& t, const char* what) {
+    if (!t.defined() || !t.is_contiguous())
+        throw core::InternalError(std::string(what) + ": tensor must be defined and contiguous");
+}
+
+// MPI counts are int: large buffers go in pieces of at most 2^30 elements.
+constexpr std::int64_t kMaxChunk = std::int64_t{1} << 30;
+
+void allreduce_chunked(void* data, std::int64_t count, std::size_t elem, MPI_Datatype type,
+                       MPI_Op op, MPI_Comm comm) {
+    auto* p = static_cast<char*>(data);
+    for (std::int64_t off = 0; off < count; off += kMaxChunk) {
+        const int n = static_cast<int>(std::min(kMaxChunk, count - off));
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * elem, n, type, op, comm));
+    }
+}
+
+void bcast_bytes(void* data, std::int64_t bytes, int root, MPI_Comm comm) {
+    auto* p = static_cast<char*>(data);
+    for (std::int64_t off = 0; off < bytes; off += kMaxChunk)
+        MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
+                            root, comm));
+}
+
+int checked_int(std::int64_t n, const char* what) {
+    if (n > INT_MAX)
+        throw core::DistributedError(std::string(what) + " of " + std::to_string(n) +
+                                     " elements exceeds MPI's int count; split the tensor");
+    return static_cast<int>(n);
+}
+
+// Async handle of the MPI backend: completed by the progress thread.
+class MpiWork final : public Work {
+  public:
+    void finish(std::exception_ptr error) {
+        {
+            std::lock_guard<std::mutex> lock(m_);
+            done_ = true;
+            error_ = error;
+        }
+        cv_.notify_all();
+    }
+    void wait() override {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return done_; });
+        if (error_) std::rethrow_exception(error_);
+        if (after_) {
+            // CUDA tensors were staged through host memory: copy the result back on the waiter.
+            auto after = std::move(after_);
+            after_ = nullptr;
+            lock.unlock();
+            after();
+        }
+    }
+    bool completed() override {
+        std::lock_guard<std::mutex> lock(m_);
+        return done_;
+    }
+    void set_after(std::function<void()> fn) { after_ = std::move(fn); }
+
+  private:
+    std::mutex m_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::exception_ptr error_;
+    std::function<void()> after_;
+};
+
+struct Task {
+    std::function<void()> run;
+    std::shared_ptr<MpiWork> work;
+};
+
+// Shared by the communicator and its progress thread; the thread co-owns it, so a thread that has
+// to be detached (see ~MpiCommunicator) never touches freed memory.
+struct ProgressState {
+    std::mutex m;
+    std::condition_variable cv;
+    std::deque<Task> queue;
+    bool stop = false;
+    bool running = false;
+    MPI_Comm comm = MPI_COMM_NULL;  // the progress thread's own duplicate
+
+    std::mutex stats_mutex;  // the caller's thread accounts blocking collectives too
+    std::map<std::string, CommStats> stats;
+    void account(const char* kind, std::uint64_t bytes, double seconds) {
+        std::lock_guard<std::mutex> lock(stats_mutex);
+        CommStats& s = stats[kind];
+        s.calls += 1;
+        s.bytes += bytes;
+        s.seconds += seconds;
+    }
+};
+
+void progress_loop(std::shared_ptr<ProgressState> s) {
+    for (;;) {
+        Task task;
+        {
+            std::unique_lock<std::mutex> lock(s->m);
+            s->cv.wait(lock, [&] { return s->stop || !s->queue.empty(); });
+            if (s->queue.empty()) return;  // stop requested and nothing left
+            task = std::move(s->queue.front());
+            s->queue.pop_front();
+            s->running = true;
+        }
+        std::exception_ptr error;
+        try {
+            task.run();
+        } catch (...) {
+            error = std::current_exception();
+        }
+        {
+            std::lock_guard<std::mutex> lock(s->m);
+            s->running = false;
+        }
+        s->cv.notify_all();
+        task.work->finish(error);
+    }
+}
+
+class MpiCommunicator final : public Communicator {
+  public:
+    MpiCommunicator(MPI_Comm comm, torch::Device device) : device_(device) {
+        int level = MPI_THREAD_SINGLE;
+        MPI_CHECK(MPI_Query_thread(&level));
+        if (level < MPI_THREAD_MULTIPLE)
+            throw core::DistributedError(
+                "the MPI library provides only " + thread_level_name(level) +
+                " but the MPI backend runs its asynchronous allreduces on a communication thread "
+                "and needs MPI_THREAD_MULTIPLE: use an MPI built with thread support (" +
+                mpi_library_version() + ")");
+        MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+        MPI_CHECK(MPI_Comm_size(comm, &size_));
+        // Two private duplicates: blocking collectives on the caller's thread and asynchronous
+        // ones on the progress thread never share a communicator, so they cannot mismatch.
+        MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+        state_ = std::make_shared<ProgressState>();
+        MPI_CHECK(MPI_Comm_dup(comm, &state_->comm));
+        MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+        MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN);
+        thread_ = std::thread(progress_loop, state_);
+    }
+
+    ~MpiCommunicator() override {
+        std::deque<Task> dropped;
+        {
+            std::lock_guard<std::mutex> lock(state_->m);
+            state_->stop = true;
+            // Collectives not yet started are cancelled. In a normal run there are none (every
+            // Work was waited for); during error unwinding, starting them could hang on peers.
+            dropped.swap(state_->queue);
+        }
+        state_->cv.notify_all();
+        for (auto& t : dropped)
+            t.work->finish(std::make_exception_ptr(core::DistributedError(
+                "collective cancelled: the communicator was destroyed before it started")));
+        if (std::uncaught_exceptions() > 0) {
+            // Unwinding: a collective in flight may never complete if a peer failed. Give it a
+            // moment, then leave the thread (and its communicator) behind instead of hanging.
+            std::unique_lock<std::mutex> lock(state_->m);
+            if (!state_->cv.wait_for(lock, std::chrono::seconds(5),
+                                     [&] { return !state_->running; })) {
+                lock.unlock();
+                core::log::warn() << "MPI communicator destroyed while a collective is in flight; "
+                                     "leaving its progress thread behind";
+                thread_.detach();
+                return;
+            }
+        }
+        thread_.join();
+        MPI_Comm_free(&state_->comm);
+        MPI_Comm_free(&comm_);
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    std::string backend() const override { return "mpi"; }
+    torch::Device device() const override { return device_; }
+
+    std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
+        require_contiguous(tensor, "allreduce");
+        check_reduction(tensor, op);
+        auto work = std::make_shared<MpiWork>();
+        if (tensor.numel() == 0) {
+            work->finish(nullptr);
+            return work;
+        }
+        torch::Tensor host = tensor;
+        if (!tensor.is_cpu()) {
+            host = tensor.to(torch::kCPU);  // synchronous with the caller's stream
+            work->set_after([tensor, host]() mutable {
+                torch::NoGradGuard no_grad;
+                tensor.copy_(host);
+            });
+        }
+        const MPI_Datatype type = mpi_reduce_type(host);
+        const std::uint64_t bytes = host.nbytes();
+        const int size = size_;
+        ProgressState* state = state_.get();  // alive while the thread runs (it co-owns it)
+        Task task{[host, op, type, bytes, size, state]() mutable {
+                      const auto t0 = Clock::now();
+                      allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
+                                        mpi_op(op), state->comm);
+                      if (op == ReduceOp::Average) host.div_(size);
+                      state->account("allreduce", bytes, seconds_since(t0));
+                  },
+                  work};
+        {
+            std::lock_guard<std::mutex> lock(state_->m);
+            state_->queue.push_back(std::move(task));
+        }
+        state_->cv.notify_all();
+        return work;
+    }
+
+    void broadcast(torch::Tensor tensor, int root) override {
+        require_contiguous(tensor, "broadcast");
+        check_root(root);
+        if (tensor.numel() == 0) return;
+        const auto t0 = Clock::now();
+        torch::Tensor host = tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
+        bcast_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), root, comm_);
+        if (!tensor.is_cpu()) copy_back(tensor, host);
+        account("broadcast", host.nbytes(), seconds_since(t0));
+    }
+
+    void allgather(const torch::Tensor& in, torch::Tensor out) override {
+        require_contiguous(out, "allgather output");
+        if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("allgather: output must hold size() x input elements of the "
+                                      "same dtype (input " + std::to_string(in.numel()) +
+                                      ", output " + std::to_string(out.numel()) + ", size " +
+                                      std::to_string(size_) + ")");
+        if (in.numel() == 0) return;
+        const auto t0 = Clock::now();
+        torch::Tensor src = in.to(torch::kCPU).contiguous();
+        torch::Tensor dst = out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        const int bytes = checked_int(static_cast<std::int64_t>(src.nbytes()), "allgather");
+        MPI_CHECK(MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes, MPI_BYTE,
+                                comm_));
+        if (!out.is_cpu()) copy_back(out, dst);
+        account("allgather", src.nbytes(), seconds_since(t0));
+    }
+
+    void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) override {
+        require_contiguous(out, "reduce_scatter output");
+        check_reduction(out, op);
+        if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("reduce_scatter: input must hold size() x output elements of "
+                                      "the same dtype (input " + std::to_string(in.numel()) +
+                                      ", output " + std::to_string(out.numel()) + ", size " +
+                                      std::to_string(size_) + "); pad to an exact split");
+        if (out.numel() == 0) return;
+        const auto t0 = Clock::now();
+        torch::Tensor src = in.to(torch::kCPU).contiguous();
+        torch::Tensor dst = out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        MPI_CHECK(MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(),
+                                           checked_int(dst.numel(), "reduce_scatter"),
+                                           mpi_reduce_type(dst), mpi_op(op), comm_));
+        if (op == ReduceOp::Average) dst.div_(size_);
+        if (!out.is_cpu()) copy_back(out, dst);
+        account("reduce_scatter", dst.nbytes(), seconds_since(t0));
+    }
+
+    void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
+
+    std::map<std::string, CommStats> stats() const override {
+        std::lock_guard<std::mutex> lock(state_->stats_mutex);
+        return state_->stats;
+    }
+
+  private:
+    void check_root(int root) const {
+        if (root < 0 || root >= size_)
+            throw core::InternalError("broadcast root " + std::to_string(root) +
+                                      " outside [0, " + std::to_string(size_) + ")");
+    }
+    static void copy_back(torch::Tensor& device_tensor, const torch::Tensor& host) {
+        torch::NoGradGuard no_grad;
+        device_tensor.copy_(host);
+    }
+    void account(const char* kind, std::uint64_t bytes, double seconds) {
+        state_->account(kind, bytes, seconds);
+    }
+
+    torch::Device device_;
+    int rank_ = 0, size_ = 1;
+    MPI_Comm comm_ = MPI_COMM_NULL;  // blocking collectives (caller's thread)
+    std::shared_ptr<ProgressState> state_;
+    std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
+                                                torch::Device device) {
+    if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm, device);
+    if (backend == "nccl") {
+#if TRAINSCOPE_HAVE_NCCL
+        if (!device.is_cuda())
+            throw core::ConfigError("dist.backend=nccl needs a CUDA device but this rank computes "
+                                    "on " + device.str() + ": use dist.backend=mpi for CPU runs");
+        return detail::make_nccl_communicator(comm, device);
+#else
+        throw core::ConfigError("dist.backend=nccl but this trainscope was built without NCCL: "
+                                "use dist.backend=mpi, or rebuild with CUDA and NCCL available");
+#endif
+    }
+    throw core::ConfigError("dist.backend = '" + backend + "' is not a communicator backend; use "
+                            "mpi or nccl");
+}
+
+// ---- device binding ------------------------------------------------------------------------------
+
+int cuda_device_count() {
+#if TRAINSCOPE_HAVE_CUDA
+    return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+#else
+    return 0;
+#endif
+}
+
+std::string cpu_affinity_string() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return "";
+    std::string out;
+    for (int c = 0; c < CPU_SETSIZE;) {
+        if (!CPU_ISSET(c, &set)) {
+            ++c;
+            continue;
+        }
+        int end = c;
+        while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) ++end;
+        if (!out.empty()) out += ',';
+        out += std::to_string(c);
+        if (end > c) out += "-" + std::to_string(end);
+        c = end + 1;
+    }
+    return out;
+}
+
+DeviceBinding bind_device(const std::string& requested, const Topology& topo, bool nccl_backend) {
+    DeviceBinding b;
+    b.cpu_affinity = cpu_affinity_string();
+    if (requested == "cpu") {
+        if (nccl_backend)
+            throw core::ConfigError("dist.backend=nccl needs run.device=cuda (run.device=cpu): NCCL "
+                                    "cannot communicate host memory; use dist.backend=mpi");
+        b.device = torch::Device(torch::kCPU);
+        b.name = "cpu";
+        return b;
+    }
+    if (requested != "cuda")
+        throw core::ConfigError("run.device = '" + requested + "': expected cpu or cuda (resolve "
+                                "'auto' with dist::resolve_options first)");
+    const int gpus = cuda_device_count();
+    if (gpus == 0)
+        throw core::ConfigError(
+            "run.device=cuda but no CUDA device is visible on host " + topo.hostname + ": " +
+            (TRAINSCOPE_HAVE_CUDA ? "check the job's GPU request (e.g. --gpus-per-node) and "
+                                    "CUDA_VISIBLE_DEVICES, or use run.device=cpu"
+                                  : "this trainscope was built without CUDA; use run.device=cpu"));
+    if (nccl_backend && topo.local_size > gpus)
+        throw core::ConfigError(std::to_string(topo.local_size) + " ranks share node " +
+                                topo.hostname + " with only " + std::to_string(gpus) +
+                                " GPUs; NCCL cannot put two ranks on one GPU: launch at most " +
+                                std::to_string(gpus) + " ranks per node");
+    const int index = topo.local_rank % gpus;
+    b.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+#if TRAINSCOPE_HAVE_CUDA
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) b.name = prop.name;
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), index) == cudaSuccess) b.pci_bus_id = bus;
+#endif
+    return b;
+}
+
+}  // namespace trainscope::dist

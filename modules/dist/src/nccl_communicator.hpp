@@ -1,0 +1,18 @@
+// Internal: the NCCL backend's factory (defined only in builds with NCCL).
+#pragma once
+
+#include <mpi.h>
+#include <torch/types.h>
+
+#include <memory>
+
+#include "trainscope/core/build_config.hpp"
+#include "trainscope/dist/communicator.hpp"
+
+namespace trainscope::dist::detail {
+
+#if TRAINSCOPE_HAVE_NCCL
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device);
+#endif
+
+}  // namespace trainscope::dist::detail

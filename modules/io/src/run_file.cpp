@@ -1,0 +1,800 @@
+// RunFile implementation: one HDF5 file opened by all ranks through the MPI-IO driver with
+// collective metadata reads and writes (HDF5 1.10.5-1.10.8 need collective metadata reads, bug
+// HDFFV-11260). Values that must be identical on every rank (attributes, strings) are broadcast
+// from rank 0 before they reach HDF5; per-rank rows are written with one collective H5Dwrite per
+// column and flush.
+#include "trainscope/io/run_file.hpp"
+
+#include "h5_internal.hpp"
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <limits>
+#include <map>
+
+namespace trainscope::io {
+
+using detail::Handle;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::array<const char*, 4> kStatuses = {"running", "completed", "failed", "interrupted"};
+
+void mpi_check(int rc, const char* call) {
+    if (rc == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING] = {0};
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    throw core::DistributedError(std::string("MPI call ") + call + " failed in the run file: " +
+                                 text);
+}
+
+// Replaces `text` on every rank by rank `root`'s value.
+void bcast_string(MPI_Comm comm, std::string& text, int root = 0) {
+    std::uint64_t size = text.size();
+    mpi_check(MPI_Bcast(&size, 1, MPI_UINT64_T, root, comm), "MPI_Bcast");
+    text.resize(size);
+    if (size > 0) {
+        // Broadcast in pieces: MPI counts are int.
+        constexpr std::uint64_t piece = 1u << 30;
+        for (std::uint64_t off = 0; off < size; off += piece) {
+            const int n = static_cast<int>(std::min(piece, size - off));
+            mpi_check(MPI_Bcast(text.data() + off, n, MPI_CHAR, root, comm), "MPI_Bcast");
+        }
+    }
+}
+
+// Collective agreement on a step that may fail on some ranks only: returns "" when it succeeded
+// everywhere, otherwise the message of the lowest failing rank, on every rank.
+std::string agree_on_error(MPI_Comm comm, const std::string& local_error) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    int mine = local_error.empty() ? size : rank, first = size;
+    mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+    if (first == size) return "";
+    std::string message = local_error;
+    bcast_string(comm, message, first);
+    if (first != 0) message += " (on rank " + std::to_string(first) + ")";
+    return message;
+}
+
+[[noreturn]] void throw_collective_output_error(const std::string& message) {
+    core::OutputError error(message);
+    error.set_collective(true);
+    throw error;
+}
+
+// Attributes travel from rank 0 as one byte string: per attribute the variant index, the name and
+// the value (strings length-prefixed).
+template <class T>
+void put(std::string& out, const T& value) {
+    out.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+void put_text(std::string& out, const std::string& text) {
+    put(out, static_cast<std::uint64_t>(text.size()));
+    out += text;
+}
+template <class T>
+T take(const std::string& in, std::size_t& pos) {
+    T value;
+    std::memcpy(&value, in.data() + pos, sizeof value);
+    pos += sizeof value;
+    return value;
+}
+std::string take_text(const std::string& in, std::size_t& pos) {
+    const auto n = take<std::uint64_t>(in, pos);
+    std::string text = in.substr(pos, n);
+    pos += n;
+    return text;
+}
+
+std::string pack(const std::vector<Attribute>& attrs) {
+    std::string out;
+    put(out, static_cast<std::uint64_t>(attrs.size()));
+    for (const auto& a : attrs) {
+        put(out, static_cast<std::uint8_t>(a.value.index()));
+        put_text(out, a.name);
+        if (auto* i = std::get_if<std::int64_t>(&a.value)) put(out, *i);
+        if (auto* d = std::get_if<double>(&a.value)) put(out, *d);
+        if (auto* s = std::get_if<std::string>(&a.value)) put_text(out, *s);
+    }
+    return out;
+}
+
+std::vector<Attribute> unpack(const std::string& in) {
+    std::size_t pos = 0;
+    std::vector<Attribute> attrs(take<std::uint64_t>(in, pos));
+    for (auto& a : attrs) {
+        const auto index = take<std::uint8_t>(in, pos);
+        a.name = take_text(in, pos);
+        if (index == 0) a.value = take<std::int64_t>(in, pos);
+        if (index == 1) a.value = take<double>(in, pos);
+        if (index == 2) a.value = take_text(in, pos);
+    }
+    return attrs;
+}
+
+// "/a/b/" or "a/b" -> "/a/b"; "" -> "/".
+std::string normalize(const std::string& path) {
+    std::string out = "/";
+    std::size_t pos = 0;
+    while (pos < path.size()) {
+        const std::size_t end = std::min(path.find('/', pos), path.size());
+        if (end > pos) {
+            if (out.size() > 1) out += '/';
+            out += path.substr(pos, end - pos);
+        }
+        pos = end + 1;
+    }
+    return out;
+}
+
+std::string parent_of(const std::string& normalized) {
+    const std::size_t slash = normalized.rfind('/');
+    return slash == 0 ? "/" : normalized.substr(0, slash);
+}
+
+// Rank 0's check before any rank touches the file: "" when `path` may be created.
+std::string check_output_path(const std::string& path, bool overwrite) {
+    if (path.empty()) return "output.file is empty; set output.file to the path of the run file";
+    std::error_code ec;
+    const fs::path file(path);
+    const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+    const auto dir_status = fs::status(dir, ec);
+    if (!fs::exists(dir_status)) {
+        return "cannot create output file '" + path + "': directory '" + dir.string() +
+               "' does not exist (" + (ec ? ec.message() : std::string("No such file or directory")) +
+               "); create it (mkdir -p " + dir.string() +
+               ") or set output.file to a path in an existing directory";
+    }
+    if (!fs::is_directory(dir_status)) {
+        return "cannot create output file '" + path + "': '" + dir.string() +
+               "' is not a directory; set output.file to a path in an existing directory";
+    }
+    const auto file_status = fs::status(file, ec);
+    if (fs::exists(file_status)) {
+        if (fs::is_directory(file_status)) {
+            return "output file '" + path +
+                   "' is a directory; set output.file to a file path inside it";
+        }
+        if (!overwrite) {
+            return "output file '" + path +
+                   "' exists; set output.overwrite=true or choose another output.file";
+        }
+        // Opening for writing (without truncating) proves we may replace it.
+        const int fd = ::open(path.c_str(), O_WRONLY);
+        if (fd < 0) {
+            return "cannot overwrite output file '" + path + "': " + std::strerror(errno) +
+                   "; fix its permissions or choose another output.file";
+        }
+        ::close(fd);
+        return "";
+    }
+    // Creating (and removing) the file itself gives the OS's real answer, also for root on
+    // read-only file systems, where access(2) would say yes.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) {
+        return "cannot create output file '" + path + "' in directory '" + dir.string() +
+               "': " + std::strerror(errno) +
+               "; choose a writable directory with output.file or fix the directory's permissions";
+    }
+    ::close(fd);
+    ::unlink(path.c_str());
+    return "";
+}
+
+Handle variable_string_type(const std::string& file) {
+    Handle type(H5_CHECK(H5Tcopy(H5T_C_S1), file, "string type"), H5Tclose);
+    H5_CHECK(H5Tset_size(type, H5T_VARIABLE), file, "string type");
+    H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8), file, "string type");
+    return type;
+}
+
+// Fixed-length UTF-8 string of `width` bytes, padded with NULs (h5py reads it as bytes).
+Handle fixed_string_type(std::size_t width, const std::string& file) {
+    Handle type(H5_CHECK(H5Tcopy(H5T_C_S1), file, "string type"), H5Tclose);
+    H5_CHECK(H5Tset_size(type, std::max<std::size_t>(width, 1)), file, "string type");
+    H5_CHECK(H5Tset_strpad(type, H5T_STR_NULLPAD), file, "string type");
+    H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8), file, "string type");
+    return type;
+}
+
+}  // namespace
+
+std::string utc_now_iso8601() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return text;
+}
+
+// ------------------------------------------------------------------------------------------------
+
+struct Series {
+    std::string group;  // normalized, e.g. "/iterations"
+    std::vector<Column> columns;
+    std::vector<Handle> datasets;             // one per column, [world_size, extent]
+    std::vector<std::vector<double>> pending; // per column: this rank's rows not yet written
+    hsize_t written = 0;                      // this rank's rows already in the file
+    hsize_t extent = 0;                       // n of every dataset (identical on all ranks)
+    std::vector<std::int64_t> rank_rows;      // rows per rank as of the last flush
+};
+
+struct RunFile::Impl {
+    MPI_Comm comm = MPI_COMM_NULL;
+    int rank = 0;
+    int size = 1;
+    std::string path;
+    hid_t file = H5I_INVALID_HID;
+    Handle dxpl;  // collective MPI-IO transfers
+    std::vector<Series> series;
+    std::map<std::string, std::size_t> series_index;  // normalized group -> position in `series`
+
+    ~Impl() {
+        // Reached with the file open only when a rank unwinds an exception: HDF5 closes the file
+        // at MPI_Finalize/exit, and no call here may wait for peers that are elsewhere.
+        if (file >= 0) {
+            for (auto& s : series)
+                for (auto& d : s.datasets) d.release();
+            dxpl.release();
+            return;
+        }
+        if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
+
+    // Opens group `group_path` (normalized), creating missing parents; collective.
+    Handle ensure_group(const std::string& group_path) {
+        if (group_path == "/") return Handle(H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT), path, "/"),
+                                             H5Gclose);
+        std::string current;
+        Handle group;
+        std::size_t pos = 1;
+        while (pos <= group_path.size()) {
+            const std::size_t end = std::min(group_path.find('/', pos), group_path.size());
+            current = group_path.substr(0, end);
+            const htri_t exists =
+                H5_CHECK(H5Lexists(file, current.c_str(), H5P_DEFAULT), path, current);
+            group = exists > 0 ? Handle(H5_CHECK(H5Gopen2(file, current.c_str(), H5P_DEFAULT),
+                                                 path, current),
+                                        H5Gclose)
+                               : Handle(H5_CHECK(H5Gcreate2(file, current.c_str(), H5P_DEFAULT,
+                                                            H5P_DEFAULT, H5P_DEFAULT),
+                                                 path, current),
+                                        H5Gclose);
+            pos = end + 1;
+        }
+        return group;
+    }
+
+    // Removes the link `object` if it exists (to replace a dataset); collective.
+    void unlink_if_exists(const std::string& object) {
+        if (H5_CHECK(H5Lexists(file, object.c_str(), H5P_DEFAULT), path, object) > 0)
+            H5_CHECK(H5Ldelete(file, object.c_str(), H5P_DEFAULT), path, object);
+    }
+
+    // Writes attribute `name` on `obj`, replacing an existing one; rewritten in place when the
+    // type and shape match (flushes rewrite the same attributes many times). Collective.
+    void write_attribute(hid_t obj, const std::string& obj_path, const std::string& name,
+                         hid_t file_type, hid_t mem_type, hid_t space, const void* buf) {
+        const std::string where = obj_path + (obj_path == "/" ? "" : "/") + "@" + name;
+        if (H5_CHECK(H5Aexists(obj, name.c_str()), path, where) > 0) {
+            Handle attr(H5_CHECK(H5Aopen(obj, name.c_str(), H5P_DEFAULT), path, where), H5Aclose);
+            Handle old_type(H5_CHECK(H5Aget_type(attr), path, where), H5Tclose);
+            Handle old_space(H5_CHECK(H5Aget_space(attr), path, where), H5Sclose);
+            const bool same =
+                H5_CHECK(H5Tequal(old_type, file_type), path, where) > 0 &&
+                H5_CHECK(H5Sextent_equal(old_space, space), path, where) > 0;
+            if (same) {
+                H5_CHECK(H5Awrite(attr, mem_type, buf), path, where);
+                return;
+            }
+            attr.reset();
+            H5_CHECK(H5Adelete(obj, name.c_str()), path, where);
+        }
+        Handle attr(H5_CHECK(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT,
+                                        H5P_DEFAULT),
+                             path, where),
+                    H5Aclose);
+        H5_CHECK(H5Awrite(attr, mem_type, buf), path, where);
+    }
+
+    void write_attribute(hid_t obj, const std::string& obj_path, const Attribute& a) {
+        Handle scalar(H5_CHECK(H5Screate(H5S_SCALAR), path, obj_path), H5Sclose);
+        if (auto* i = std::get_if<std::int64_t>(&a.value)) {
+            write_attribute(obj, obj_path, a.name, H5T_STD_I64LE, H5T_NATIVE_INT64, scalar, i);
+        } else if (auto* d = std::get_if<double>(&a.value)) {
+            write_attribute(obj, obj_path, a.name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, scalar, d);
+        } else {
+            const char* text = std::get<std::string>(a.value).c_str();
+            Handle type = variable_string_type(path);
+            write_attribute(obj, obj_path, a.name, type, type, scalar, &text);
+        }
+    }
+
+    void write_attribute(hid_t obj, const std::string& obj_path, const std::string& name,
+                         const std::vector<std::int64_t>& values) {
+        const hsize_t n = values.size();
+        Handle space(H5_CHECK(H5Screate_simple(1, &n, nullptr), path, obj_path), H5Sclose);
+        write_attribute(obj, obj_path, name, H5T_STD_I64LE, H5T_NATIVE_INT64, space,
+                        values.data());
+    }
+
+    void write_units(hid_t obj, const std::string& obj_path, const std::string& units) {
+        write_attribute(obj, obj_path, Attribute{"units", units});
+    }
+
+    // Collective: root attributes that every rank computes from rank 0's clock.
+    void write_root_attributes(const std::vector<Attribute>& attrs) {
+        std::string packed = rank == 0 ? pack(attrs) : std::string();
+        bcast_string(comm, packed);
+        Handle root = ensure_group("/");
+        for (const auto& a : unpack(packed)) write_attribute(root, "/", a);
+    }
+
+    // Collective: writes every rank's buffered rows of every series (no H5Fflush).
+    void write_pending() {
+        const std::size_t groups = series.size();
+        if (groups == 0) return;
+        // One allgather gives every rank the row count of every rank in every series: the new
+        // extents and the rank_rows attributes, identical everywhere.
+        std::vector<std::int64_t> mine(groups), all(groups * size);
+        for (std::size_t g = 0; g < groups; ++g)
+            mine[g] = static_cast<std::int64_t>(series[g].written + series[g].pending[0].size());
+        mpi_check(MPI_Allgather(mine.data(), static_cast<int>(groups), MPI_INT64_T, all.data(),
+                                static_cast<int>(groups), MPI_INT64_T, comm),
+                  "MPI_Allgather");
+
+        for (std::size_t g = 0; g < groups; ++g) {
+            Series& s = series[g];
+            std::vector<std::int64_t> rank_rows(size);
+            for (int r = 0; r < size; ++r) rank_rows[r] = all[r * groups + g];
+            if (rank_rows == s.rank_rows) continue;  // no rank has new rows
+            const hsize_t extent = static_cast<hsize_t>(
+                *std::max_element(rank_rows.begin(), rank_rows.end()));
+            const hsize_t n = s.pending[0].size();
+
+            for (std::size_t c = 0; c < s.columns.size(); ++c) {
+                const hid_t ds = s.datasets[c];
+                const std::string object = s.group + "/" + s.columns[c].name;
+                if (extent > s.extent) {
+                    const hsize_t dims[2] = {static_cast<hsize_t>(size), extent};
+                    H5_CHECK(H5Dset_extent(ds, dims), path, object);
+                }
+                Handle fspace(H5_CHECK(H5Dget_space(ds), path, object), H5Sclose);
+                const hsize_t mdims = std::max<hsize_t>(n, 1);
+                Handle mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr), path, object),
+                              H5Sclose);
+                if (n > 0) {
+                    const hsize_t start[2] = {static_cast<hsize_t>(rank), s.written};
+                    const hsize_t count[2] = {1, n};
+                    H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count,
+                                                 nullptr),
+                             path, object);
+                } else {
+                    // A rank with nothing new still takes part in the collective write.
+                    H5_CHECK(H5Sselect_none(fspace), path, object);
+                    H5_CHECK(H5Sselect_none(mspace), path, object);
+                }
+                static const double nothing = 0.0;
+                const double* buf = n > 0 ? s.pending[c].data() : &nothing;
+                H5_CHECK(H5Dwrite(ds, H5T_NATIVE_DOUBLE, mspace, fspace, dxpl, buf), path,
+                         object);
+            }
+            Handle group(H5_CHECK(H5Gopen2(file, s.group.c_str(), H5P_DEFAULT), path, s.group),
+                         H5Gclose);
+            write_attribute(group, s.group, Attribute{"rows", static_cast<std::int64_t>(extent)});
+            write_attribute(group, s.group, "rank_rows", rank_rows);
+            s.extent = extent;
+            s.written += n;
+            s.rank_rows = std::move(rank_rows);
+            for (auto& column : s.pending) column.clear();
+        }
+    }
+
+    void flush_file() { H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), path, "/"); }
+
+    Series& find_series(const std::string& group, const char* what) {
+        const auto it = series_index.find(normalize(group));
+        if (it == series_index.end())
+            throw core::InternalError(std::string("RunFile::") + what + ": series group '" +
+                                      group + "' was not declared in '" + path + "'");
+        return series[it->second];
+    }
+};
+
+// ------------------------------------------------------------------------------------------------
+
+RunFile::RunFile(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RunFile::RunFile(RunFile&&) noexcept = default;
+RunFile& RunFile::operator=(RunFile&& other) noexcept {
+    if (this != &other) {
+        if (impl_ && impl_->file >= 0 && std::uncaught_exceptions() == 0) {
+            try {
+                close();
+            } catch (const std::exception& e) {
+                core::log::error() << "closing run file '" << impl_->path << "': " << e.what();
+            }
+        }
+        impl_ = std::move(other.impl_);
+    }
+    return *this;
+}
+
+RunFile::~RunFile() {
+    if (!impl_ || impl_->file < 0) return;
+    if (std::uncaught_exceptions() > 0) return;  // see the header: never wait for absent peers
+    try {
+        close();
+    } catch (const std::exception& e) {
+        core::log::error() << "closing run file '" << impl_->path << "': " << e.what();
+    }
+}
+
+RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
+                        const std::vector<Attribute>& root_attrs) {
+    detail::silence_hdf5_error_printing();
+    auto impl = std::make_unique<Impl>();
+    mpi_check(MPI_Comm_dup(comm, &impl->comm), "MPI_Comm_dup");
+    MPI_Comm_rank(impl->comm, &impl->rank);
+    MPI_Comm_size(impl->comm, &impl->size);
+    impl->path = path;
+
+    // Rank 0 decides whether the path is usable; every rank raises the same error.
+    std::string verdict = impl->rank == 0 ? check_output_path(path, overwrite) : std::string();
+    bcast_string(impl->comm, verdict);
+    if (!verdict.empty()) throw_collective_output_error(verdict);
+
+    std::string local_error;
+    try {
+        Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), path, "file access list"), H5Pclose);
+        H5_CHECK(H5Pset_fapl_mpio(fapl, impl->comm, MPI_INFO_NULL), path, "file access list");
+        H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1), path, "file access list");
+        H5_CHECK(H5Pset_coll_metadata_write(fapl, 1), path, "file access list");
+        // EXCL when not overwriting: a file appearing since rank 0's check is not clobbered.
+        impl->file = H5_CHECK(
+            H5Fcreate(path.c_str(), overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, H5P_DEFAULT, fapl),
+            path, "");
+    } catch (const core::OutputError& e) {
+        local_error = e.what();
+    }
+    const std::string shared_error = agree_on_error(impl->comm, local_error);
+    if (!shared_error.empty()) {
+        if (impl->file >= 0) {  // created on some ranks only: close it there (best effort)
+            H5Fclose(impl->file);
+            impl->file = H5I_INVALID_HID;
+        }
+        throw_collective_output_error(shared_error);
+    }
+
+    impl->dxpl = Handle(H5_CHECK(H5Pcreate(H5P_DATASET_XFER), path, "transfer list"), H5Pclose);
+    H5_CHECK(H5Pset_dxpl_mpio(impl->dxpl, H5FD_MPIO_COLLECTIVE), path, "transfer list");
+
+    std::vector<Attribute> attrs = {
+        {"schema", std::string(kSchema)},
+        {"status", std::string("running")},
+        {"created_utc", utc_now_iso8601()},
+        {"world_size", static_cast<std::int64_t>(impl->size)},
+    };
+    attrs.insert(attrs.end(), root_attrs.begin(), root_attrs.end());
+    RunFile run_file(std::move(impl));
+    run_file.impl_->write_root_attributes(attrs);
+    run_file.impl_->flush_file();
+    return run_file;
+}
+
+void RunFile::set_attributes(const std::string& group_path, const std::vector<Attribute>& attrs) {
+    Impl& m = checked("set_attributes");
+    std::string packed = m.rank == 0 ? pack(attrs) : std::string();
+    bcast_string(m.comm, packed);
+    const std::string group_name = normalize(group_path);
+    Handle group = m.ensure_group(group_name);
+    for (const auto& a : unpack(packed)) m.write_attribute(group, group_name, a);
+}
+
+void RunFile::write_string_dataset(const std::string& dataset_path, const std::string& text) {
+    Impl& m = checked("write_string_dataset");
+    std::string shared = text;
+    bcast_string(m.comm, shared);
+    const std::string object = normalize(dataset_path);
+    Handle parent = m.ensure_group(parent_of(object));
+    m.unlink_if_exists(object);
+
+    Handle type = fixed_string_type(shared.size(), m.path);
+    Handle space(H5_CHECK(H5Screate(H5S_SCALAR), m.path, object), H5Sclose);
+    Handle ds(H5_CHECK(H5Dcreate2(m.file, object.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT,
+                                  H5P_DEFAULT),
+                       m.path, object),
+              H5Dclose);
+    // Rank 0 writes the value; the others join the collective write with empty selections.
+    Handle mspace(H5_CHECK(H5Screate(H5S_SCALAR), m.path, object), H5Sclose);
+    Handle fspace(H5_CHECK(H5Dget_space(ds), m.path, object), H5Sclose);
+    if (m.rank != 0) {
+        H5_CHECK(H5Sselect_none(mspace), m.path, object);
+        H5_CHECK(H5Sselect_none(fspace), m.path, object);
+    }
+    shared.resize(std::max<std::size_t>(shared.size(), 1), '\0');  // width is at least 1
+    H5_CHECK(H5Dwrite(ds, type, mspace, fspace, m.dxpl, shared.data()), m.path, object);
+    m.write_units(ds, object, "text");
+}
+
+void RunFile::write_ranks(const RankRow& mine) {
+    Impl& m = checked("write_ranks");
+    const std::string object = "/ranks";
+    const std::array<const std::string*, 5> texts = {&mine.hostname, &mine.device,
+                                                     &mine.device_name, &mine.pci_bus_id,
+                                                     &mine.cpu_affinity};
+    // Fixed-length string fields as wide as the longest value on any rank.
+    std::array<std::int64_t, 5> local{}, width{};
+    for (std::size_t i = 0; i < texts.size(); ++i)
+        local[i] = static_cast<std::int64_t>(texts[i]->size());
+    mpi_check(MPI_Allreduce(local.data(), width.data(), 5, MPI_INT64_T, MPI_MAX, m.comm),
+              "MPI_Allreduce");
+    for (auto& w : width) w = std::max<std::int64_t>(w, 1);
+
+    // Packed record layout, in the order of RankRow; file and memory types differ only in the
+    // byte order of the integers (HDF5 converts field by field, matched by name).
+    struct Field {
+        const char* name;
+        std::size_t offset;
+        hid_t file_type;
+        hid_t mem_type;
+        std::size_t text;  // index into texts/width, or npos for integers
+    };
+    constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
+    std::vector<Field> fields;
+    std::size_t offset = 0;
+    auto add_int = [&](const char* name, hid_t ft, hid_t mt, std::size_t bytes) {
+        fields.push_back({name, offset, ft, mt, npos});
+        offset += bytes;
+    };
+    auto add_text = [&](const char* name, std::size_t i) {
+        fields.push_back({name, offset, H5I_INVALID_HID, H5I_INVALID_HID, i});
+        offset += static_cast<std::size_t>(width[i]);
+    };
+    add_int("rank", H5T_STD_I32LE, H5T_NATIVE_INT32, 4);
+    add_int("local_rank", H5T_STD_I32LE, H5T_NATIVE_INT32, 4);
+    add_int("node", H5T_STD_I32LE, H5T_NATIVE_INT32, 4);
+    add_text("hostname", 0);
+    add_int("pid", H5T_STD_I64LE, H5T_NATIVE_INT64, 8);
+    add_text("device", 1);
+    add_text("device_name", 2);
+    add_text("pci_bus_id", 3);
+    add_text("cpu_affinity", 4);
+    const std::size_t record = offset;
+
+    Handle file_type(H5_CHECK(H5Tcreate(H5T_COMPOUND, record), m.path, object), H5Tclose);
+    Handle mem_type(H5_CHECK(H5Tcreate(H5T_COMPOUND, record), m.path, object), H5Tclose);
+    std::vector<Handle> string_types;
+    for (const auto& f : fields) {
+        if (f.text == npos) {
+            H5_CHECK(H5Tinsert(file_type, f.name, f.offset, f.file_type), m.path, object);
+            H5_CHECK(H5Tinsert(mem_type, f.name, f.offset, f.mem_type), m.path, object);
+        } else {
+            string_types.push_back(fixed_string_type(width[f.text], m.path));
+            H5_CHECK(H5Tinsert(file_type, f.name, f.offset, string_types.back()), m.path, object);
+            H5_CHECK(H5Tinsert(mem_type, f.name, f.offset, string_types.back()), m.path, object);
+        }
+    }
+
+    std::vector<char> row(record, '\0');
+    const std::int32_t ints[3] = {mine.rank, mine.local_rank, mine.node};
+    const std::int64_t pid = mine.pid;
+    for (std::size_t i = 0; i < 3; ++i) std::memcpy(row.data() + fields[i].offset, &ints[i], 4);
+    std::memcpy(row.data() + fields[4].offset, &pid, 8);
+    for (const auto& f : fields)
+        if (f.text != npos)
+            std::memcpy(row.data() + f.offset, texts[f.text]->data(), texts[f.text]->size());
+
+    m.unlink_if_exists(object);
+    const hsize_t n = static_cast<hsize_t>(m.size);
+    Handle space(H5_CHECK(H5Screate_simple(1, &n, nullptr), m.path, object), H5Sclose);
+    Handle ds(H5_CHECK(H5Dcreate2(m.file, object.c_str(), file_type, space, H5P_DEFAULT,
+                                  H5P_DEFAULT, H5P_DEFAULT),
+                       m.path, object),
+              H5Dclose);
+    const hsize_t start = static_cast<hsize_t>(m.rank), count = 1;
+    Handle fspace(H5_CHECK(H5Dget_space(ds), m.path, object), H5Sclose);
+    H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+             m.path, object);
+    Handle mspace(H5_CHECK(H5Screate_simple(1, &count, nullptr), m.path, object), H5Sclose);
+    H5_CHECK(H5Dwrite(ds, mem_type, mspace, fspace, m.dxpl, row.data()), m.path, object);
+    m.write_units(ds, object, "1");
+}
+
+void RunFile::declare_series(const std::string& group, const std::vector<Column>& columns,
+                             std::size_t chunk_rows) {
+    Impl& m = checked("declare_series");
+    const std::string name = normalize(group);
+    if (name == "/" || columns.empty() || chunk_rows == 0)
+        throw core::InternalError("RunFile::declare_series('" + group +
+                                  "'): needs a group name, at least one column and chunk_rows >= 1");
+    if (m.series_index.count(name))
+        throw core::InternalError("RunFile::declare_series: series '" + name +
+                                  "' is already declared in '" + m.path + "'");
+    std::string signature = name + ":" + std::to_string(chunk_rows);
+    for (std::size_t i = 0; i < columns.size(); ++i) {
+        const auto& c = columns[i];
+        if (c.name.empty() || c.name.find('/') != std::string::npos)
+            throw core::InternalError("RunFile::declare_series('" + name + "'): bad column name '" +
+                                      c.name + "'");
+        for (std::size_t j = 0; j < i; ++j)
+            if (columns[j].name == c.name)
+                throw core::InternalError("RunFile::declare_series('" + name +
+                                          "'): duplicate column '" + c.name + "'");
+        signature += "," + c.name + "[" + c.units + "]";
+    }
+    // Every rank must create the same datasets: compare a hash of the declaration.
+    const std::uint64_t h = std::hash<std::string>{}(signature);
+    std::uint64_t mine[2] = {h, ~h}, most[2] = {0, 0};
+    mpi_check(MPI_Allreduce(mine, most, 2, MPI_UINT64_T, MPI_MAX, m.comm), "MPI_Allreduce");
+    if (most[0] != h || most[1] != ~h)
+        throw core::InternalError("RunFile::declare_series('" + name +
+                                  "'): ranks declared different columns");
+
+    Handle grp = m.ensure_group(name);
+    Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, name), H5Pclose);
+    const hsize_t chunk[2] = {1, static_cast<hsize_t>(chunk_rows)};
+    H5_CHECK(H5Pset_chunk(dcpl, 2, chunk), m.path, name);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    H5_CHECK(H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &nan), m.path, name);
+    const hsize_t dims[2] = {static_cast<hsize_t>(m.size), 0};
+    const hsize_t max_dims[2] = {static_cast<hsize_t>(m.size), H5S_UNLIMITED};
+    Handle space(H5_CHECK(H5Screate_simple(2, dims, max_dims), m.path, name), H5Sclose);
+
+    Series s;
+    s.group = name;
+    s.columns = columns;
+    s.pending.resize(columns.size());
+    s.rank_rows.assign(m.size, 0);
+    std::string column_list;
+    for (const auto& c : columns) {
+        const std::string object = name + "/" + c.name;
+        s.datasets.emplace_back(H5_CHECK(H5Dcreate2(m.file, object.c_str(), H5T_IEEE_F64LE, space,
+                                                    H5P_DEFAULT, dcpl, H5P_DEFAULT),
+                                         m.path, object),
+                                H5Dclose);
+        m.write_units(s.datasets.back(), object, c.units);
+        column_list += (column_list.empty() ? "" : ",") + c.name;
+    }
+    m.write_attribute(grp, name, Attribute{"columns", column_list});
+    m.write_attribute(grp, name, Attribute{"rows", std::int64_t{0}});
+    m.write_attribute(grp, name, "rank_rows", s.rank_rows);
+    m.series_index[name] = m.series.size();
+    m.series.push_back(std::move(s));
+}
+
+void RunFile::append(const std::string& group, const std::vector<double>& row) {
+    Series& s = checked("append").find_series(group, "append");
+    if (row.size() != s.columns.size())
+        throw core::InternalError("RunFile::append('" + s.group + "'): row has " +
+                                  std::to_string(row.size()) + " values, the series has " +
+                                  std::to_string(s.columns.size()) + " columns");
+    for (std::size_t c = 0; c < row.size(); ++c) s.pending[c].push_back(row[c]);
+}
+
+std::size_t RunFile::rows(const std::string& group) const {
+    const Series& s = checked("rows").find_series(group, "rows");
+    return static_cast<std::size_t>(s.written + s.pending[0].size());
+}
+
+void RunFile::flush() {
+    Impl& m = checked("flush");
+    m.write_pending();
+    m.write_root_attributes({Attribute{"flushed_utc", utc_now_iso8601()}});
+    m.flush_file();
+}
+
+void RunFile::set_status(const std::string& status) {
+    Impl& m = checked("set_status");
+    if (std::find(kStatuses.begin(), kStatuses.end(), status) == kStatuses.end())
+        throw core::InternalError("RunFile::set_status: '" + status +
+                                  "' is not one of running|completed|failed|interrupted");
+    m.write_pending();
+    const std::string now = utc_now_iso8601();
+    std::vector<Attribute> attrs = {{"status", status}, {"flushed_utc", now}};
+    if (status != "running") attrs.push_back({"finished_utc", now});
+    m.write_root_attributes(attrs);
+    m.flush_file();
+}
+
+void RunFile::write_ragged(const std::string& dataset_path, const std::vector<double>& mine,
+                           const std::string& units) {
+    Impl& m = checked("write_ragged");
+    const std::string object = normalize(dataset_path);
+    // Every rank needs every count (for the index datasets), so one allgather replaces the
+    // MPI_Exscan + MPI_Allreduce pair: offsets are its prefix sums.
+    const std::int64_t n = static_cast<std::int64_t>(mine.size());
+    std::vector<std::int64_t> counts(m.size), offsets(m.size, 0);
+    mpi_check(MPI_Allgather(&n, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, m.comm),
+              "MPI_Allgather");
+    for (int r = 1; r < m.size; ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
+    const hsize_t total = static_cast<hsize_t>(offsets.back() + counts.back());
+
+    m.ensure_group(parent_of(object));
+    static const double nothing = 0.0;
+    auto write_1d = [&](const std::string& name, hid_t file_type, hid_t mem_type, hsize_t length,
+                        hsize_t start, hsize_t count, const void* buf, const std::string& u) {
+        m.unlink_if_exists(name);
+        Handle space(H5_CHECK(H5Screate_simple(1, &length, nullptr), m.path, name), H5Sclose);
+        Handle ds(H5_CHECK(H5Dcreate2(m.file, name.c_str(), file_type, space, H5P_DEFAULT,
+                                      H5P_DEFAULT, H5P_DEFAULT),
+                           m.path, name),
+                  H5Dclose);
+        const hsize_t mdims = std::max<hsize_t>(count, 1);
+        Handle mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr), m.path, name), H5Sclose);
+        Handle fspace(H5_CHECK(H5Dget_space(ds), m.path, name), H5Sclose);
+        if (count > 0) {
+            H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+                     m.path, name);
+        } else {
+            H5_CHECK(H5Sselect_none(fspace), m.path, name);
+            H5_CHECK(H5Sselect_none(mspace), m.path, name);
+        }
+        H5_CHECK(H5Dwrite(ds, mem_type, mspace, fspace, m.dxpl, count > 0 ? buf : &nothing),
+                 m.path, name);
+        m.write_units(ds, name, u);
+    };
+    write_1d(object, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, total, static_cast<hsize_t>(offsets[m.rank]),
+             mine.size(), mine.data(), units);
+    // The index datasets are identical on every rank: rank 0 writes them whole.
+    const hsize_t ws = static_cast<hsize_t>(m.size);
+    const hsize_t index_count = m.rank == 0 ? ws : 0;
+    write_1d(object + "_offset", H5T_STD_I64LE, H5T_NATIVE_INT64, ws, 0, index_count,
+             offsets.data(), "1");
+    write_1d(object + "_count", H5T_STD_I64LE, H5T_NATIVE_INT64, ws, 0, index_count,
+             counts.data(), "1");
+}
+
+void RunFile::close() {
+    if (!impl_ || impl_->file < 0) return;
+    Impl& m = *impl_;
+    // Buffered rows are written even if the caller forgot a final flush; a failure there still
+    // closes the file (the error is symmetric: every rank made the same calls) and is rethrown.
+    std::exception_ptr failure;
+    try {
+        flush();
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    m.series.clear();
+    m.series_index.clear();
+    m.dxpl.reset();
+    const hid_t file = std::exchange(m.file, H5I_INVALID_HID);
+    const herr_t closed = H5Fclose(file);
+    if (m.comm != MPI_COMM_NULL) MPI_Comm_free(&m.comm);
+    if (failure) std::rethrow_exception(failure);
+    if (closed < 0) detail::throw_h5_error("H5Fclose", m.path, "");
+}
+
+bool RunFile::is_open() const { return impl_ && impl_->file >= 0; }
+
+const std::string& RunFile::path() const {
+    static const std::string moved_from;
+    return impl_ ? impl_->path : moved_from;
+}
+
+RunFile::Impl& RunFile::checked(const char* what) const {
+    if (!impl_ || impl_->file < 0)
+        throw core::InternalError(std::string("RunFile::") + what + " called on a " +
+                                  (impl_ ? "closed run file '" + impl_->path + "'"
+                                         : std::string("moved-from RunFile")));
+    return *impl_;
+}
+
+}  // namespace trainscope::io

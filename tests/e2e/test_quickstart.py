@@ -1,0 +1,130 @@
+"""The quickstart configuration on 2 real MPI ranks, cut to a few iterations; the run file's
+structure and values checked with h5py and h5dump, and the summary printer run on it."""
+
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+ITERS = 12
+WARMUP = 5
+PHASES = ["data_s", "h2d_s", "forward_s", "backward_s", "comm_wait_s", "optimizer_s", "step_s"]
+
+
+@pytest.fixture(scope="module")
+def quickstart_file(tmp_path_factory, trainscope):
+    out = tmp_path_factory.mktemp("e2e") / "quick.h5"
+    from conftest import mpirun_cmd
+
+    proc = subprocess.run(
+        mpirun_cmd(2, "--config", ROOT / "inputs/quickstart.ini", f"--output.file={out}",
+                   f"--train.max_iters={ITERS}", "--output.flush_every=4", "--log.every=4",
+                   f"--profile.warmup_iters={WARMUP}"),
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc
+
+
+def test_progress_is_printed_by_rank_zero(quickstart_file):
+    _, proc = quickstart_file
+    lines = [l for l in proc.stdout.splitlines() if "samples/s" in l]
+    assert len(lines) == ITERS // 4
+    assert all(l.startswith("[rank 0/2 ") for l in lines)
+    assert f"iter {ITERS}/{ITERS}" in lines[-1] and "ETA" in lines[-1]
+
+
+def test_root_attributes_and_status(quickstart_file):
+    path, _ = quickstart_file
+    with h5py.File(path, "r") as f:
+        a = f.attrs
+        assert a["schema"].decode() if isinstance(a["schema"], bytes) else a["schema"] == "trainscope/1"
+        text = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in a.items()}
+        assert text["schema"] == "trainscope/1"
+        assert text["status"] == "completed"
+        assert int(text["world_size"]) == 2 and int(text["num_nodes"]) == 1
+        assert text["workload"] == "cv"
+        assert "quickstart.ini" in text["command_line"]
+        assert text["created_utc"].endswith("Z") or "+" in text["created_utc"]
+
+
+def test_config_build_and_ranks(quickstart_file):
+    path, _ = quickstart_file
+    with h5py.File(path, "r") as f:
+        cfg = {k: (v.decode() if isinstance(v, bytes) else str(v)) for k, v in f["config"].attrs.items()}
+        assert cfg["run.strategy"] == "ddp-ds"
+        assert cfg["train.max_iters"] == str(ITERS)
+        assert cfg["data.dataset"] == "fashion-mnist"
+        ini = f["config/ini"][()]
+        ini = ini.decode() if isinstance(ini, bytes) else str(ini)
+        assert "[train]" in ini and f"max_iters = {ITERS}" in ini
+        build = {k: (v.decode() if isinstance(v, bytes) else str(v)) for k, v in f["build"].attrs.items()}
+        for key in ("compiler", "libtorch", "cuda", "nccl", "mpi", "hdf5", "git_sha"):
+            assert build[key], key
+        assert build["libtorch"].startswith("2.")
+        ranks = f["ranks"][...]
+        assert list(ranks["rank"]) == [0, 1]
+        assert all(d.decode() == "cpu" for d in ranks["device"])
+        assert len(set(ranks["pid"])) == 2
+
+
+def test_iteration_series(quickstart_file):
+    path, _ = quickstart_file
+    with h5py.File(path, "r") as f:
+        it = f["iterations"]
+        for name in PHASES + ["loss", "samples", "lr", "host_rss_bytes", "comm_bytes"]:
+            ds = it[name]
+            assert ds.shape == (2, ITERS), name
+            assert ds.attrs["units"] not in (b"", ""), name
+        step = it["step_s"][...]
+        assert np.all(step > 0)
+        phases = sum(it[p][...] for p in PHASES[:-1])
+        assert np.all(phases <= step * 1.001 + 1e-4)  # phases nest inside the step
+        assert np.all(phases >= 0.5 * step)             # and account for most of it
+        assert np.array_equal(it["iteration"][0], np.arange(ITERS))
+        assert np.all(it["samples"][...] == 64)
+        loss = it["loss"][...]
+        assert np.all(np.isfinite(loss)) and np.all(loss > 0)
+        assert loss[0, 0] == pytest.approx(np.log(10), rel=0.3)  # untrained 10-class model
+        # Gradients of all 2,236,682 fp32 parameters are reduced every iteration.
+        assert np.all(it["comm_bytes"][...] == 2236682 * 4)
+        assert f["iterations/step_s"].attrs["units"] in (b"s", "s")
+        assert np.all(it["host_rss_bytes"][...] > 50e6)
+        assert np.all(np.isnan(it["device_allocated_bytes"][...]))  # CPU run: not measured
+
+
+def test_epochs_and_summary(quickstart_file):
+    path, _ = quickstart_file
+    with h5py.File(path, "r") as f:
+        assert f["epochs/val_accuracy"].shape[0] == 2
+        acc = f["epochs/val_accuracy"][...]
+        assert np.all((acc > 0.05) & (acc <= 1.0))
+        assert acc[0, 0] == acc[1, 0]  # reduced across ranks: identical everywhere
+        s = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f["summary"].attrs.items()}
+        assert s["measured_iterations"] == ITERS - WARMUP
+        assert s["total_iterations"] == ITERS
+        step = f["iterations/step_s"][...][:, WARMUP:]
+        assert s["median_step_s"] == pytest.approx(np.median(step.max(axis=0)))
+        assert s["throughput_samples_per_s"] == pytest.approx(128 / s["median_step_s"])
+        assert 0 <= s["rank_step_imbalance"] < 1
+
+
+def test_h5dump_reads_the_header(quickstart_file, h5dump):
+    path, _ = quickstart_file
+    out = subprocess.run([h5dump, "-H", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for group in ("/config", "/build", "/ranks", "/iterations", "/epochs", "/summary"):
+        assert group.strip("/") in out.stdout
+
+
+def test_summary_command(quickstart_file):
+    path, _ = quickstart_file
+    out = subprocess.run([sys.executable, "-m", "trainscope_post", "summary", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()[:2]
+    assert "median step [s]" in header and "throughput [samples/s]" in header
+    assert "completed" in row and "ddp-ds" in row
