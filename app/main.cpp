@@ -7,7 +7,6 @@
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
-#include "trainscope/dist/error_agreement.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/dist/topology.hpp"
 #include "trainscope/train/options.hpp"

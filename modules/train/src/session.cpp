@@ -19,7 +19,8 @@
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/device.hpp"
-#include "trainscope/dist/error_agreement.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/dist/options.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/prof/phase_timer.hpp"
@@ -88,7 +89,6 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         p.epochs = c.get_int("train.epochs");
         p.image_size = c.get_int("cv.image_size");
         p.channels = c.get_int("cv.channels");
-        p.bucket_mb = c.get_float("dist.bucket_mb");
 
         // Batch split: the per-rank batch, from train.global_batch_size when given.
         p.batch_per_rank = c.get_int("train.batch_size");
@@ -116,10 +116,10 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         }
         p.threads_per_rank = static_cast<int>(threads);
 
-        s.device = dist::bind_device(c.get_string("run.device"), topo,
-                                     c.get_string("dist.backend") == "nccl");
-        p.backend = c.get_string("dist.backend");
-        if (p.backend == "auto") p.backend = s.device.device.is_cuda() ? "nccl" : "mpi";
+        const dist::DistOptions d = dist::resolve_options(c, dist::cuda_device_count());
+        s.device = dist::bind_device(d.device, topo, d.backend == "nccl");
+        p.backend = d.backend;
+        p.bucket_mb = d.bucket_mb;
         p.device = s.device.device.str();
     });
     s.devices = allgather_strings(world, s.device.device.str() +
@@ -282,7 +282,7 @@ void Session::prepare() {
     t.schedule.min_lr = c.get_float("train.min_lr");
 
     data::AdaptedTransform transform{static_cast<int>(p.channels), static_cast<int>(p.image_size),
-                                     s.data.mean, s.data.std};
+                                     s.data.train.mean, s.data.train.std};
     s.trainer = std::make_unique<ClassificationTrainer>(t, model, s.data, transform, *s.comm, s.world);
     p.iterations_per_epoch = s.trainer->iterations_per_epoch();
     p.total_iterations = s.trainer->total_iterations();

@@ -1,0 +1,281 @@
+// The NCCL communicator (compiled only in builds with NCCL): GPU collectives on a dedicated CUDA
+// stream that first waits for the caller's compute stream; Work::wait() makes the compute stream
+// wait for the collective in turn, so nothing synchronises the host in the training loop.
+#include "nccl_communicator.hpp"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "mpi_check.hpp"
+#include "trainscope/core/error.hpp"
+
+namespace trainscope::dist::detail {
+namespace {
+
+[[noreturn]] void fail(const std::string& what, const char* file, int line) {
+    throw core::DistributedError(what + " (" + file + ":" + std::to_string(line) + ")");
+}
+
+}  // namespace
+}  // namespace trainscope::dist::detail
+
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t trainscope_err_ = (call);                                                      \
+        if (trainscope_err_ != cudaSuccess)                                                        \
+            ::trainscope::dist::detail::fail(std::string(#call) + " failed: " +                    \
+                                                 cudaGetErrorString(trainscope_err_),              \
+                                             __FILE__, __LINE__);                                  \
+    } while (0)
+
+#define NCCL_CHECK(call)                                                                           \
+    do {                                                                                           \
+        ncclResult_t trainscope_res_ = (call);                                                     \
+        if (trainscope_res_ != ncclSuccess && trainscope_res_ != ncclInProgress)                   \
+            ::trainscope::dist::detail::fail(std::string(#call) + " failed: " +                    \
+                                                 ncclGetErrorString(trainscope_res_) +             \
+                                                 " (set NCCL_DEBUG=WARN for NCCL's reason)",       \
+                                             __FILE__, __LINE__);                                  \
+    } while (0)
+
+namespace trainscope::dist::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(torch::ScalarType t) {
+    switch (t) {
+    case torch::kFloat32: return ncclFloat32;
+    case torch::kFloat64: return ncclFloat64;
+    case torch::kFloat16: return ncclFloat16;
+    case torch::kBFloat16: return ncclBfloat16;
+    case torch::kInt32: return ncclInt32;
+    case torch::kInt64: return ncclInt64;
+    case torch::kUInt8: return ncclUint8;
+    case torch::kInt8: return ncclInt8;
+    default: break;
+    }
+    throw core::DistributedError(std::string("the NCCL backend cannot communicate ") +
+                                 c10::toString(t) + " tensors");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op, const torch::Tensor& t) {
+    switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Average:
+        if (!t.is_floating_point())
+            throw core::InternalError("ReduceOp::Average on an integer tensor: the mean would be "
+                                      "truncated; reduce with Sum and divide");
+        return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+    }
+    return ncclSum;
+}
+
+void check_async_error(ncclComm_t comm) {
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress)
+        throw core::DistributedError(std::string("NCCL communicator failed asynchronously: ") +
+                                     ncclGetErrorString(async) +
+                                     " (a peer rank may have died; set NCCL_DEBUG=WARN)");
+}
+
+class NcclWork final : public Work {
+  public:
+    NcclWork(cudaEvent_t done, c10::DeviceIndex device, ncclComm_t comm)
+        : done_(done), device_(device), comm_(comm) {}
+    ~NcclWork() override {
+        if (done_) cudaEventDestroy(done_);  // safe while pending: released when it completes
+    }
+    void wait() override {
+        if (!done_) return;
+        c10::cuda::CUDAGuard guard(device_);
+        CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), done_, 0));
+        check_async_error(comm_);
+    }
+    bool completed() override {
+        if (!done_) return true;
+        c10::cuda::CUDAGuard guard(device_);
+        const cudaError_t q = cudaEventQuery(done_);
+        if (q == cudaSuccess) return true;
+        if (q != cudaErrorNotReady) CUDA_CHECK(q);
+        check_async_error(comm_);
+        return false;
+    }
+    // Host-side wait that keeps checking NCCL's asynchronous error state instead of blocking in
+    // the driver forever when a peer is gone (used by barrier()).
+    void host_wait() {
+        while (!completed()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+
+  private:
+    cudaEvent_t done_ = nullptr;
+    c10::DeviceIndex device_;
+    ncclComm_t comm_;
+};
+
+class NcclCommunicator final : public Communicator {
+  public:
+    NcclCommunicator(MPI_Comm comm, torch::Device device)
+        : device_(device),
+          stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())) {
+        MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+        MPI_CHECK(MPI_Comm_size(comm, &size_));
+        c10::cuda::CUDAGuard guard(device_.index());
+        CUDA_CHECK(cudaSetDevice(device_.index()));  // NCCL binds the communicator to this device
+        ncclUniqueId id{};
+        if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+        MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
+        NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+    }
+
+    ~NcclCommunicator() override {
+        if (!comm_) return;
+        if (std::uncaught_exceptions() > 0) {
+            ncclCommAbort(comm_);  // a peer may be gone: do not wait for outstanding work
+        } else {
+            ncclCommFinalize(comm_);
+            ncclCommDestroy(comm_);
+        }
+    }
+
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    std::string backend() const override { return "nccl"; }
+    torch::Device device() const override { return device_; }
+
+    std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
+        check(tensor, "allreduce");
+        const ncclRedOp_t red = nccl_op(op, tensor);
+        if (tensor.numel() == 0) return std::make_shared<NcclWork>(nullptr, device_.index(), comm_);
+        return launch("allreduce", tensor.nbytes(), {tensor}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
+                                     static_cast<size_t>(tensor.numel()),
+                                     nccl_type(tensor.scalar_type()), red, comm_, s));
+        });
+    }
+
+    void broadcast(torch::Tensor tensor, int root) override {
+        check(tensor, "broadcast");
+        if (root < 0 || root >= size_)
+            throw core::InternalError("broadcast root " + std::to_string(root) + " outside [0, " +
+                                      std::to_string(size_) + ")");
+        if (tensor.numel() == 0) return;
+        launch("broadcast", tensor.nbytes(), {tensor}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(),
+                                     static_cast<size_t>(tensor.numel()),
+                                     nccl_type(tensor.scalar_type()), root, comm_, s));
+        })->wait();
+    }
+
+    void allgather(const torch::Tensor& in, torch::Tensor out) override {
+        check(out, "allgather output");
+        if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("allgather: output must hold size() x input elements of the "
+                                      "same dtype");
+        if (in.numel() == 0) return;
+        torch::Tensor src = in.contiguous();  // on the compute stream, before the launch event
+        launch("allgather", src.nbytes(), {src, out}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclAllGather(src.data_ptr(), out.data_ptr(),
+                                     static_cast<size_t>(src.numel()),
+                                     nccl_type(src.scalar_type()), comm_, s));
+        })->wait();
+    }
+
+    void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) override {
+        check(out, "reduce_scatter output");
+        const ncclRedOp_t red = nccl_op(op, out);
+        if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("reduce_scatter: input must hold size() x output elements "
+                                      "of the same dtype; pad to an exact split");
+        if (out.numel() == 0) return;
+        torch::Tensor src = in.contiguous();
+        launch("reduce_scatter", out.nbytes(), {src, out}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclReduceScatter(src.data_ptr(), out.data_ptr(),
+                                         static_cast<size_t>(out.numel()),
+                                         nccl_type(out.scalar_type()), red, comm_, s));
+        })->wait();
+    }
+
+    void barrier() override {
+        // A one-element allreduce, waited for on the host (so it is a real barrier).
+        auto token = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(device_));
+        auto work = launch("barrier", 0, {token}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclInt32, ncclSum,
+                                     comm_, s));
+        });
+        work->host_wait();
+    }
+
+    std::map<std::string, CommStats> stats() const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return stats_;
+    }
+
+  private:
+    void check(const torch::Tensor& t, const char* what) const {
+        if (!t.defined() || !t.is_contiguous())
+            throw core::InternalError(std::string(what) + ": tensor must be defined and contiguous");
+        if (t.device() != device_)
+            throw core::InternalError(std::string(what) + ": tensor on " + t.device().str() +
+                                      " but the NCCL communicator works on " + device_.str());
+        nccl_type(t.scalar_type());
+    }
+
+    // Orders the collective after the work already queued on the caller's current stream, runs
+    // it on our stream, and returns a handle whose wait() orders later compute work after it.
+    template <class Fn>
+    std::shared_ptr<NcclWork> launch(const char* kind, std::uint64_t bytes,
+                                     std::initializer_list<torch::Tensor> tensors, Fn&& enqueue) {
+        // Hooks may call from autograd's device thread while the main thread is blocked in
+        // backward; NCCL calls on one communicator must not run concurrently.
+        std::lock_guard<std::mutex> lock(mutex_);
+        const auto t0 = Clock::now();
+        c10::cuda::CUDAGuard guard(device_.index());
+        cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+        cudaEvent_t ready = nullptr, done = nullptr;
+        CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(ready, compute));
+        CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), ready, 0));
+        CUDA_CHECK(cudaEventDestroy(ready));
+        // The caching allocator must not hand these blocks out again until our stream is done.
+        for (const torch::Tensor& t : tensors)
+            c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+        enqueue(stream_.stream());
+        CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(done, stream_.stream()));
+        if (bytes > 0) {
+            CommStats& s = stats_[kind];
+            s.calls += 1;
+            s.bytes += bytes;
+            s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+        return std::make_shared<NcclWork>(done, device_.index(), comm_);
+    }
+
+    torch::Device device_;
+    c10::cuda::CUDAStream stream_;  // where our collectives run
+    int rank_ = 0, size_ = 1;
+    ncclComm_t comm_ = nullptr;
+    mutable std::mutex mutex_;
+    std::map<std::string, CommStats> stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device) {
+    return std::make_unique<NcclCommunicator>(comm, device);
+}
+
+}  // namespace trainscope::dist::detail

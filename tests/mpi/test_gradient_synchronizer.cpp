@@ -1,0 +1,1 @@
+// dist tests (being written)
