@@ -42,6 +42,14 @@ add_library(trainscope_torch INTERFACE)
 target_link_libraries(trainscope_torch INTERFACE ${TORCH_LIBRARIES})
 target_compile_options(trainscope_torch INTERFACE ${_torch_cxx_flags})
 set(TRAINSCOPE_LIBTORCH_VERSION "${Torch_VERSION}")
+# A pip torch loads its CUDA libraries (cuBLAS, cuDNN, NCCL, ...) from the nvidia-* wheels next to
+# it (RUNPATH $ORIGIN/../../nvidia/...). Let the linker resolve libtorch_cuda's dependencies in the
+# same place, not in an older system copy (e.g. a toolkit NCCL lacking symbols LibTorch uses).
+get_filename_component(_torch_site "${Torch_DIR}/../../../.." ABSOLUTE)
+file(GLOB _torch_nvidia_libdirs LIST_DIRECTORIES true "${_torch_site}/nvidia/*/lib")
+foreach(d IN LISTS _torch_nvidia_libdirs)
+  target_link_options(trainscope_torch INTERFACE "LINKER:-rpath-link,${d}")
+endforeach()
 
 # --- CUDA --------------------------------------------------------------------------------------------
 set(TRAINSCOPE_HAVE_CUDA OFF)

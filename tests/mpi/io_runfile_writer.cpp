@@ -1,5 +1,5 @@
-// Test helper (not installed): writes a run file the way the app will, from every rank, so tests can
-// read it back with h5py/h5dump, including after the job was SIGKILLed mid-run.
+// Test helper (not installed): writes a run file the way the app will, from every rank, so tests
+// can read it back with h5py/h5dump, including after the job was SIGKILLed mid-run.
 //   mpirun -np N io_runfile_writer <path> <rows> <flush_every> [completed|kill]
 // Rank r appends rows + r rows of 15 columns (value r*1000 + i + c/100, column "iteration" = i) and
 // flushes every flush_every rows. "kill" buffers 3 more rows after the last flush and SIGKILLs
@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc < 4) {
         if (rank == 0)
-            std::fprintf(stderr, "usage: %s <path> <rows> <flush_every> [completed|kill]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s <path> <rows> <flush_every> [completed|kill]\n",
+                         argv[0]);
         MPI_Finalize();
         return 2;
     }
@@ -45,10 +46,10 @@ int main(int argc, char** argv) {
                           std::to_string(rank)});
 
         const std::vector<io::Column> columns = {
-            {"iteration", "1"},  {"epoch", "1"},       {"t_start", "s"},     {"data_s", "s"},
-            {"h2d_s", "s"},      {"forward_s", "s"},   {"backward_s", "s"},  {"comm_wait_s", "s"},
-            {"optimizer_s", "s"}, {"step_s", "s"},     {"loss", "1"},        {"samples", "samples"},
-            {"tokens", "tokens"}, {"lr", "1"},         {"mem_bytes", "bytes"}};
+            {"iteration", "1"},   {"epoch", "1"},     {"t_start", "s"},      {"data_s", "s"},
+            {"h2d_s", "s"},       {"forward_s", "s"}, {"backward_s", "s"},   {"comm_wait_s", "s"},
+            {"optimizer_s", "s"}, {"step_s", "s"},    {"loss", "1"},         {"samples", "samples"},
+            {"tokens", "tokens"}, {"lr", "1"},        {"mem_bytes", "bytes"}};
         file.declare_series("iterations", columns);
 
         auto row = [&](int i) {
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
         int flushes = 0;
         for (int i = 0; i < max_rows; ++i) {
             if (i < my_rows) file.append("iterations", row(i));
-            if ((i + 1) % flush_every == 0) {  // the same on every rank: flush is collective
+            if ((i + 1) % flush_every == 0) { // the same on every rank: flush is collective
                 const double t0 = MPI_Wtime();
                 file.flush();
                 flush_seconds += MPI_Wtime() - t0;
@@ -79,8 +80,9 @@ int main(int argc, char** argv) {
                         1e3 * flush_seconds / flushes);
 
         if (mode == "kill") {
-            for (int i = my_rows; i < my_rows + 3; ++i) file.append("iterations", row(i));
-            MPI_Barrier(MPI_COMM_WORLD);  // every rank flushed before anyone dies
+            for (int i = my_rows; i < my_rows + 3; ++i)
+                file.append("iterations", row(i));
+            MPI_Barrier(MPI_COMM_WORLD); // every rank flushed before anyone dies
             std::fflush(stdout);
             std::raise(SIGKILL);
         }

@@ -1,1 +1,363 @@
-// dist tests (being written)
+// dist module under MPI (np 1, 2, 4): the MPI communicator's collectives checked exactly against
+// closed forms, asynchronous allreduce ordering, accounting, collective error agreement, option
+// resolution, topology and CPU device binding.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <regex>
+#include <set>
+#include <stdexcept>
+
+#include "trainscope/core/build_config.hpp"
+#include "trainscope/core/config.hpp"
+#include "trainscope/core/error.hpp"
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/device.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/dist/options.hpp"
+#include "trainscope/dist/topology.hpp"
+
+namespace dist = trainscope::dist;
+namespace core = trainscope::core;
+
+namespace {
+
+int world_rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+int world_size() {
+    int s = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &s);
+    return s;
+}
+
+std::unique_ptr<dist::Communicator> mpi_communicator() {
+    return dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU));
+}
+
+// 0, 1, ..., n-1 as `dtype`.
+torch::Tensor iota(std::int64_t n, torch::Dtype dtype) {
+    return torch::arange(n, torch::TensorOptions().dtype(torch::kInt64)).to(dtype);
+}
+
+const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, torch::kInt64};
+
+} // namespace
+
+TEST(MpiCommunicator, AllreduceMatchesClosedForms) {
+    auto comm = mpi_communicator();
+    const int r = world_rank(), w = world_size();
+    ASSERT_EQ(comm->rank(), r);
+    ASSERT_EQ(comm->size(), w);
+    EXPECT_EQ(comm->backend(), "mpi");
+    for (auto dtype : kDtypes) {
+        for (std::int64_t n : {7, 1000}) {
+            // Rank r holds (r+1)*(i-3): negative and positive entries make max/min non-trivial.
+            const auto base = iota(n, torch::kInt64) - 3;
+            const auto pos = (base >= 0);
+            auto mine = [&] { return (base * (r + 1)).to(dtype); };
+            SCOPED_TRACE(std::string(c10::toString(dtype)) + " n=" + std::to_string(n));
+
+            auto t = mine();
+            comm->allreduce(t, dist::ReduceOp::Sum);
+            EXPECT_TRUE(torch::equal(t, (base * (w * (w + 1) / 2)).to(dtype)));
+
+            t = mine();
+            comm->allreduce(t, dist::ReduceOp::Max);
+            EXPECT_TRUE(torch::equal(t, torch::where(pos, base * w, base).to(dtype)));
+
+            t = mine();
+            comm->allreduce(t, dist::ReduceOp::Min);
+            EXPECT_TRUE(torch::equal(t, torch::where(pos, base, base * w).to(dtype)));
+
+            if (dtype != torch::kInt64) {
+                // mean of (r+1) over ranks = (w+1)/2: exact in binary for w = 1, 2, 4.
+                t = mine();
+                comm->allreduce(t, dist::ReduceOp::Average);
+                EXPECT_TRUE(torch::equal(t, base.to(dtype) * ((w + 1) / 2.0)));
+            }
+        }
+    }
+}
+
+TEST(MpiCommunicator, BroadcastFromLastRank) {
+    auto comm = mpi_communicator();
+    const int r = world_rank(), w = world_size(), root = w - 1;
+    for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kInt64, torch::kUInt8}) {
+        auto t = (iota(7, torch::kInt64) + 10 * r).to(dtype);
+        comm->broadcast(t, root);
+        EXPECT_TRUE(torch::equal(t, (iota(7, torch::kInt64) + 10 * root).to(dtype)))
+            << c10::toString(dtype);
+    }
+    EXPECT_THROW(comm->broadcast(torch::zeros({3}), w), core::InternalError);
+}
+
+TEST(MpiCommunicator, AllgatherInRankOrder) {
+    auto comm = mpi_communicator();
+    const int r = world_rank(), w = world_size();
+    for (auto dtype : kDtypes) {
+        auto in = (iota(7, torch::kInt64) + 100 * r).to(dtype);
+        auto out = torch::full({7 * w}, -1, torch::TensorOptions().dtype(dtype));
+        comm->allgather(in, out);
+        // Element r*7+i came from rank r: 100*r + i.
+        auto j = iota(7 * w, torch::kInt64);
+        auto expected = (torch::floor_divide(j, 7) * 100 + torch::remainder(j, 7)).to(dtype);
+        EXPECT_TRUE(torch::equal(out, expected)) << c10::toString(dtype);
+    }
+    EXPECT_THROW(comm->allgather(torch::zeros({7}), torch::zeros({7 * w + 1})),
+                 core::InternalError);
+}
+
+TEST(MpiCommunicator, ReduceScatterBlocks) {
+    auto comm = mpi_communicator();
+    const int r = world_rank(), w = world_size();
+    const std::int64_t m = 5;
+    for (auto dtype : kDtypes) {
+        auto in = (iota(m * w, torch::kInt64) * (r + 1)).to(dtype);
+        auto out = torch::zeros({m}, torch::TensorOptions().dtype(dtype));
+        comm->reduce_scatter(in, out, dist::ReduceOp::Sum);
+        // Block r of sum over ranks of (rank+1)*j = j * w(w+1)/2 for j in [r*m, (r+1)*m).
+        auto j = iota(m, torch::kInt64) + r * m;
+        EXPECT_TRUE(torch::equal(out, (j * (w * (w + 1) / 2)).to(dtype))) << c10::toString(dtype);
+        if (dtype != torch::kInt64) {
+            comm->reduce_scatter(in, out, dist::ReduceOp::Average);
+            EXPECT_TRUE(torch::equal(out, j.to(dtype) * ((w + 1) / 2.0)));
+        }
+    }
+    EXPECT_THROW(
+        comm->reduce_scatter(torch::zeros({m * w + 1}), torch::zeros({m}), dist::ReduceOp::Sum),
+        core::InternalError);
+}
+
+TEST(MpiCommunicator, EmptyTensorsAreNoOpsAndKeepRanksInStep) {
+    auto comm = mpi_communicator();
+    const int w = world_size();
+    auto empty = torch::zeros({0}, torch::kFloat64);
+    auto work = comm->allreduce_async(empty, dist::ReduceOp::Sum);
+    EXPECT_TRUE(work->completed());
+    work->wait();
+    comm->broadcast(empty, 0);
+    comm->allgather(empty, torch::zeros({0}, torch::kFloat64));
+    comm->reduce_scatter(empty, torch::zeros({0}, torch::kFloat64), dist::ReduceOp::Sum);
+    EXPECT_TRUE(comm->stats().empty()); // nothing was communicated
+    // A real collective afterwards still matches across ranks.
+    auto one = torch::ones({3}, torch::kFloat64);
+    comm->allreduce(one, dist::ReduceOp::Sum);
+    EXPECT_TRUE(torch::equal(one, torch::full({3}, double(w), torch::kFloat64)));
+}
+
+TEST(MpiCommunicator, AsyncAllreducesCompleteInLaunchOrder) {
+    auto comm = mpi_communicator();
+    const int r = world_rank(), w = world_size();
+    std::vector<torch::Tensor> tensors;
+    std::vector<std::shared_ptr<dist::Work>> works;
+    for (int k = 0; k < 8; ++k) {
+        tensors.push_back(
+            torch::full({std::int64_t{1} << (2 * k)}, double(r + 1) * (k + 1), torch::kFloat64));
+        works.push_back(comm->allreduce_async(tensors.back(), dist::ReduceOp::Sum));
+    }
+    // A blocking collective on the caller's thread while those are in flight does not mix with
+    // them (separate duplicated communicators).
+    auto b = torch::full({4}, double(r), torch::kFloat64);
+    comm->broadcast(b, w - 1);
+    EXPECT_TRUE(torch::equal(b, torch::full({4}, double(w - 1), torch::kFloat64)));
+
+    works.back()->wait();
+    // FIFO progress thread: once the last one is done, every earlier one is done too.
+    for (int k = 0; k < 8; ++k)
+        EXPECT_TRUE(works[k]->completed()) << k;
+    for (int k = 0; k < 8; ++k) {
+        works[k]->wait();
+        const double expected = (k + 1) * w * (w + 1) / 2.0;
+        EXPECT_TRUE(torch::equal(tensors[k], torch::full_like(tensors[k], expected))) << k;
+    }
+}
+
+TEST(MpiCommunicator, AccountsCallsAndBytesPerKind) {
+    auto comm = mpi_communicator();
+    const int w = world_size();
+    for (int i = 0; i < 3; ++i)
+        comm->allreduce(torch::ones({7}, torch::kFloat64), dist::ReduceOp::Sum);
+    comm->broadcast(torch::ones({5}, torch::kFloat32), 0);
+    comm->allgather(torch::ones({2}, torch::kInt64), torch::zeros({2 * w}, torch::kInt64));
+    comm->reduce_scatter(torch::ones({4 * w}, torch::kFloat32), torch::zeros({4}, torch::kFloat32),
+                         dist::ReduceOp::Sum);
+    auto s = comm->stats();
+    ASSERT_EQ(s.size(), 4u);
+    EXPECT_EQ(s["allreduce"].calls, 3u);
+    EXPECT_EQ(s["allreduce"].bytes, 3u * 7 * 8);
+    EXPECT_EQ(s["broadcast"].bytes, 20u);
+    EXPECT_EQ(s["allgather"].bytes, 16u);
+    EXPECT_EQ(s["reduce_scatter"].bytes, 16u);
+    EXPECT_GE(s["allreduce"].seconds, 0.0);
+}
+
+TEST(MpiCommunicator, RejectsWhatItCannotReduce) {
+    auto comm = mpi_communicator();
+    EXPECT_THROW(comm->allreduce(torch::ones({3}, torch::kInt64), dist::ReduceOp::Average),
+                 core::InternalError);
+    try {
+        comm->allreduce(torch::ones({3}, torch::kFloat16), dist::ReduceOp::Sum);
+        ADD_FAILURE() << "float16 allreduce on the MPI backend should throw";
+    } catch (const core::DistributedError& e) {
+        EXPECT_NE(std::string(e.what()).find("Half"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(comm->allreduce(torch::ones({4, 4}).t(), dist::ReduceOp::Sum),
+                 core::InternalError); // not contiguous
+    // Bytewise collectives accept any dtype.
+    auto h = torch::full({3}, world_rank(), torch::kFloat16);
+    comm->broadcast(h, 0);
+    EXPECT_TRUE(torch::equal(h, torch::zeros({3}, torch::kFloat16)));
+}
+
+TEST(MakeCommunicator, RejectsImpossibleBackends) {
+    try {
+        dist::make_communicator("nccl", MPI_COMM_WORLD, torch::Device(torch::kCPU));
+        ADD_FAILURE() << "nccl on a CPU device should throw";
+    } catch (const core::ConfigError& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find(TRAINSCOPE_HAVE_NCCL ? "needs a CUDA device" : "built without NCCL"),
+                  std::string::npos)
+            << m;
+    }
+    EXPECT_THROW(dist::make_communicator("gloo", MPI_COMM_WORLD, torch::Device(torch::kCPU)),
+                 core::ConfigError);
+}
+
+// ---- collective error agreement ---------------------------------------------------------------
+
+TEST(AgreeOnErrors, ReturnsWhenNobodyThrows) {
+    int calls = 0;
+    dist::agree_on_errors(MPI_COMM_WORLD, [&] { ++calls; });
+    EXPECT_EQ(calls, 1);
+}
+
+TEST(AgreeOnErrors, OneFailingRankMakesEveryRankThrowTheSameKind) {
+    const int r = world_rank(), w = world_size(), bad = w - 1;
+    try {
+        dist::agree_on_errors(MPI_COMM_WORLD, [&] {
+            if (r == bad) throw core::ConfigError("data.path '/nope' does not exist\nsecond line");
+        });
+        ADD_FAILURE() << "every rank must throw";
+    } catch (const core::ConfigError& e) {
+        EXPECT_TRUE(e.collective());
+        if (r == bad)
+            EXPECT_STREQ(e.what(), "data.path '/nope' does not exist\nsecond line");
+        else
+            EXPECT_EQ(std::string(e.what()),
+                      "rank " + std::to_string(bad) + " failed: data.path '/nope' does not exist");
+    }
+}
+
+TEST(AgreeOnErrors, SeveralFailingRanksAndForeignExceptions) {
+    const int r = world_rank(), w = world_size();
+    try {
+        dist::agree_on_errors(MPI_COMM_WORLD, [&] {
+            if (r == 0) throw std::runtime_error("bad thing on 0");
+            if (r == w - 1) throw core::InputError("bad thing on last");
+        });
+        ADD_FAILURE() << "every rank must throw";
+    } catch (const core::InternalError& e) {
+        // Rank 0 (the lowest failing one) threw a std::runtime_error: it becomes InternalError
+        // on every rank that did not fail itself, and on rank 0.
+        EXPECT_TRUE(e.collective());
+        if (w > 1) EXPECT_NE(r, w - 1);
+        const std::string m = e.what();
+        if (r == 0) {
+            EXPECT_EQ(m, "bad thing on 0");
+        } else {
+            EXPECT_EQ(m, "ranks 0, " + std::to_string(w - 1) + " failed; rank 0: bad thing on 0");
+        }
+    } catch (const core::InputError& e) {
+        EXPECT_EQ(r, w - 1);
+        EXPECT_NE(r, 0);
+        EXPECT_TRUE(e.collective());
+        EXPECT_STREQ(e.what(), "bad thing on last");
+    }
+}
+
+// ---- options, topology, device binding
+// ------------------------------------------------------------
+
+TEST(DistOptions, ResolvesAutoAndRejectsImpossibleCombinations) {
+    core::OptionRegistry reg;
+    dist::declare_options(reg);
+    auto cfg = [&](std::map<std::string, std::string> v) {
+        return core::Config::from_values(reg, v);
+    };
+
+    auto o = dist::resolve_options(cfg({}), /*visible_cuda_devices=*/0);
+    EXPECT_EQ(o.device, "cpu");
+    EXPECT_EQ(o.backend, "mpi");
+    EXPECT_EQ(o.bucket_cap_bytes, 25u * 1024 * 1024);
+
+    o = dist::resolve_options(cfg({}), 4);
+    EXPECT_EQ(o.device, TRAINSCOPE_HAVE_CUDA ? "cuda" : "cpu");
+    if (TRAINSCOPE_HAVE_CUDA && TRAINSCOPE_HAVE_NCCL) EXPECT_EQ(o.backend, "nccl");
+
+    o = dist::resolve_options(
+        cfg({{"run.device", "cuda"}, {"dist.backend", "mpi"}, {"dist.bucket_mb", "0.5"}}), 0);
+    EXPECT_EQ(o.backend, "mpi");
+    EXPECT_EQ(o.bucket_cap_bytes, 512u * 1024);
+
+    try {
+        dist::resolve_options(cfg({{"run.device", "cpu"}, {"dist.backend", "nccl"}}), 0);
+        ADD_FAILURE() << "nccl with a cpu device must be rejected";
+    } catch (const core::ConfigError& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("dist.backend=nccl"), std::string::npos) << m;
+        if (TRAINSCOPE_HAVE_NCCL) EXPECT_NE(m.find("run.device=cpu"), std::string::npos) << m;
+    }
+    EXPECT_THROW(dist::resolve_options(cfg({{"dist.bucket_mb", "0"}}), 0), core::ConfigError);
+    EXPECT_THROW(cfg({{"dist.bucket_mb", "-1"}}), core::ConfigError);
+    EXPECT_THROW(cfg({{"dist.backend", "gloo"}}), core::ConfigError);
+}
+
+TEST(Topology, DescribesRanksNodesAndHosts) {
+    auto t = dist::discover_topology(MPI_COMM_WORLD);
+    EXPECT_EQ(t.rank, world_rank());
+    EXPECT_EQ(t.world_size, world_size());
+    ASSERT_EQ(t.hostnames.size(), static_cast<std::size_t>(t.world_size));
+    EXPECT_EQ(t.hostnames[t.rank], t.hostname);
+    EXPECT_FALSE(t.hostname.empty());
+    std::set<std::string> hosts(t.hostnames.begin(), t.hostnames.end());
+    EXPECT_EQ(t.num_nodes, static_cast<int>(hosts.size()));
+    EXPECT_GE(t.node, 0);
+    EXPECT_LT(t.node, t.num_nodes);
+    EXPECT_GE(t.local_rank, 0);
+    EXPECT_LT(t.local_rank, t.local_size);
+    // Local size = ranks on this host; node leaders count the nodes.
+    EXPECT_EQ(t.local_size,
+              static_cast<int>(std::count(t.hostnames.begin(), t.hostnames.end(), t.hostname)));
+    int leaders = t.local_rank == 0 ? 1 : 0, total = 0;
+    MPI_Allreduce(&leaders, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(total, t.num_nodes);
+    EXPECT_NE(dist::mpi_library_version().find("MPI"), std::string::npos);
+}
+
+TEST(DeviceBinding, CpuAndMissingGpu) {
+    auto topo = dist::discover_topology(MPI_COMM_WORLD);
+    auto b = dist::bind_device("cpu", topo, /*nccl_backend=*/false);
+    EXPECT_TRUE(b.device.is_cpu());
+    EXPECT_EQ(b.name, "cpu");
+    EXPECT_EQ(b.pci_bus_id, "");
+    EXPECT_TRUE(
+        std::regex_match(b.cpu_affinity, std::regex("[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")))
+        << b.cpu_affinity;
+
+    if (torch::cuda::is_available())
+        GTEST_SKIP() << "a GPU is visible: the no-GPU error cannot occur";
+    try {
+        dist::bind_device("cuda", topo, false);
+        ADD_FAILURE() << "run.device=cuda without a GPU must be rejected";
+    } catch (const core::ConfigError& e) {
+        EXPECT_EQ(
+            std::string(e.what()).rfind(
+                "run.device=cuda but no CUDA device is visible on host " + topo.hostname + ": ", 0),
+            0u)
+            << e.what();
+    }
+}

@@ -45,14 +45,16 @@ std::string find_idx_file(const DataOptions& o, const std::string& base) {
               "data.path to the directory holding the Fashion-MNIST IDX files"
             : "set data.path to a directory holding the MNIST IDX files "
               "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-...)";
-    throw InputError("data.dataset=" + o.dataset + ": '" + tried + "' not found (data.path=" +
-                     o.path + "): " + fix);
+    throw InputError("data.dataset=" + o.dataset + ": '" + tried +
+                     "' not found (data.path=" + o.path + "): " + fix);
 }
 
 // Uniform double in [0, 1) from the top 53 bits: portable, unlike std::uniform_real_distribution.
-double unit(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+double unit(std::mt19937_64& rng) {
+    return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+}
 
-}  // namespace
+} // namespace
 
 ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path) {
     IdxArray im = read_idx(images_path);
@@ -70,9 +72,10 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
     const std::int64_t n = im.dims[0], h = im.dims[1], w = im.dims[2];
 
     ImageSet set;
-    set.images = torch::empty({n, 1, h, w}, torch::kUInt8);  // [N, 1, H, W]
-    if (!im.data.empty()) std::memcpy(set.images.data_ptr<std::uint8_t>(), im.data.data(), im.data.size());
-    set.labels = torch::empty({n}, torch::kInt64);  // [N]
+    set.images = torch::empty({n, 1, h, w}, torch::kUInt8); // [N, 1, H, W]
+    if (!im.data.empty())
+        std::memcpy(set.images.data_ptr<std::uint8_t>(), im.data.data(), im.data.size());
+    set.labels = torch::empty({n}, torch::kInt64); // [N]
     auto* labels = set.labels.data_ptr<std::int64_t>();
     int max_label = -1;
     for (std::int64_t i = 0; i < n; ++i) {
@@ -83,7 +86,9 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
     return set;
 }
 
-DatasetSplits open_dataset(const core::Config& cfg) { return open_dataset(data_options(cfg)); }
+DatasetSplits open_dataset(const core::Config& cfg) {
+    return open_dataset(data_options(cfg));
+}
 
 DatasetSplits open_dataset(const DataOptions& o) {
     DatasetSplits s;
@@ -108,10 +113,13 @@ DatasetSplits open_dataset(const DataOptions& o) {
     if (o.dataset != "fashion-mnist" && o.dataset != "mnist")
         throw core::ConfigError("data.dataset = '" + o.dataset +
                                 "' is invalid: expected fashion-mnist, mnist or synthetic");
-    s.train = load_idx_pair(find_idx_file(o, "train-images-idx3-ubyte"),
-                            find_idx_file(o, "train-labels-idx1-ubyte"));
-    s.test = load_idx_pair(find_idx_file(o, "t10k-images-idx3-ubyte"),
-                           find_idx_file(o, "t10k-labels-idx1-ubyte"));
+    // Look every file up before reading any, in a fixed order (argument evaluation order is not).
+    const std::string train_images = find_idx_file(o, "train-images-idx3-ubyte");
+    const std::string train_labels = find_idx_file(o, "train-labels-idx1-ubyte");
+    const std::string test_images = find_idx_file(o, "t10k-images-idx3-ubyte");
+    const std::string test_labels = find_idx_file(o, "t10k-labels-idx1-ubyte");
+    s.train = load_idx_pair(train_images, train_labels);
+    s.test = load_idx_pair(test_images, test_labels);
     if (!s.train.images.sizes().slice(1).equals(s.test.images.sizes().slice(1)))
         throw InputError("data.path=" + o.path + ": training images are " +
                          shape_text(s.train.images) + " but test images are " +
@@ -149,20 +157,20 @@ ImageSet make_synthetic(std::int64_t n, int channels, int height, int width, int
             for (int y = 0; y < height; ++y)
                 for (int x = 0; x < width; ++x)
                     templates[((static_cast<std::size_t>(c) * channels + k) * height + y) * width +
-                              x] = static_cast<float>(
-                        std::sin(kTwoPi * (sx * fx * x / width + fy * y / height) + phase +
-                                 k * 2.0));
+                              x] =
+                        static_cast<float>(std::sin(
+                            kTwoPi * (sx * fx * x / width + fy * y / height) + phase + k * 2.0));
     }
 
     ImageSet set;
-    set.images = torch::empty({n, channels, height, width}, torch::kUInt8);  // [N, C, H, W]
+    set.images = torch::empty({n, channels, height, width}, torch::kUInt8); // [N, C, H, W]
     set.labels = torch::empty({n}, torch::kInt64);                          // [N]
     auto* img = set.images.data_ptr<std::uint8_t>();
     auto* lab = set.labels.data_ptr<std::int64_t>();
     for (std::int64_t i = 0; i < n; ++i) {
-        const int c = static_cast<int>(i % num_classes);  // balanced; the sampler shuffles
+        const int c = static_cast<int>(i % num_classes); // balanced; the sampler shuffles
         lab[i] = c;
-        const double contrast = 40.0 + 50.0 * unit(rng);  // per-image amplitude
+        const double contrast = 40.0 + 50.0 * unit(rng); // per-image amplitude
         const float* t = &templates[static_cast<std::size_t>(c) * channels * plane];
         std::uint8_t* out = img + i * channels * plane;
         for (std::int64_t p = 0; p < channels * plane; ++p) {
@@ -182,9 +190,9 @@ torch::Tensor AdaptedTransform::apply(const torch::Tensor& batch, bool pinned_ou
     if (!batch.defined() || batch.dim() != 4 || batch.scalar_type() != torch::kUInt8)
         throw core::InternalError(
             "AdaptedTransform expects a uint8 [B, C, H, W] batch, got " +
-            (batch.defined() ? std::string(c10::toString(batch.scalar_type())) + " " +
-                                   shape_text(batch)
-                             : std::string("an undefined tensor")));
+            (batch.defined()
+                 ? std::string(c10::toString(batch.scalar_type())) + " " + shape_text(batch)
+                 : std::string("an undefined tensor")));
     const std::int64_t b = batch.size(0), c = batch.size(1);
     if (c != 1 && c != channels)
         throw core::InternalError("AdaptedTransform: a batch with " + std::to_string(c) +
@@ -192,19 +200,19 @@ torch::Tensor AdaptedTransform::apply(const torch::Tensor& batch, bool pinned_ou
     // (v/255 - mean)/std as one multiply-add on the small image.
     torch::Tensor x = batch.to(torch::kFloat32)
                           .mul_(1.0 / (255.0 * std))
-                          .add_(-static_cast<double>(mean) / std);  // [B, c, H, W]
+                          .add_(-static_cast<double>(mean) / std); // [B, c, H, W]
     if (x.size(2) != image_size || x.size(3) != image_size) {
         namespace F = torch::nn::functional;
         x = F::interpolate(x, F::InterpolateFuncOptions()
                                   .size(std::vector<std::int64_t>{image_size, image_size})
                                   .mode(torch::kBilinear)
                                   .align_corners(false)
-                                  .antialias(false));  // [B, c, S, S]
+                                  .antialias(false)); // [B, c, S, S]
     }
     if (c == channels && !pinned_output) return x;
-    torch::Tensor out = torch::empty({b, channels, image_size, image_size},
-                                     torch::TensorOptions(torch::kFloat32)
-                                         .pinned_memory(pinned_output));  // [B, C, S, S]
+    torch::Tensor out = torch::empty(
+        {b, channels, image_size, image_size},
+        torch::TensorOptions(torch::kFloat32).pinned_memory(pinned_output)); // [B, C, S, S]
     out.copy_(x.expand({b, channels, image_size, image_size}));
     return out;
 }
@@ -212,10 +220,10 @@ torch::Tensor AdaptedTransform::apply(const torch::Tensor& batch, bool pinned_ou
 AdaptedTransform adapted_transform(const ImageSet& set, const DataOptions& o) {
     const std::int64_t c = set.images.size(1);
     if (c != 1 && c != o.channels)
-        throw core::ConfigError("cv.channels=" + std::to_string(o.channels) + " but the dataset has " +
-                                std::to_string(c) + " channels: use cv.channels=" +
-                                std::to_string(c));
+        throw core::ConfigError("cv.channels=" + std::to_string(o.channels) +
+                                " but the dataset has " + std::to_string(c) +
+                                " channels: use cv.channels=" + std::to_string(c));
     return AdaptedTransform{o.channels, o.image_size, set.mean, set.std};
 }
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

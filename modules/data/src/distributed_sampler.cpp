@@ -26,12 +26,13 @@ std::uint64_t mix64(std::uint64_t x) {
 std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t bound) {
     const std::uint64_t threshold = (0 - bound) % bound;
     std::uint64_t r;
-    do r = rng();
+    do
+        r = rng();
     while (r < threshold);
     return r % bound;
 }
 
-}  // namespace
+} // namespace
 
 std::vector<std::int64_t> seeded_permutation(std::size_t n, std::uint64_t seed,
                                              std::int64_t epoch) {
@@ -57,8 +58,8 @@ DistributedSampler::DistributedSampler(std::size_t dataset_size, int rank, int w
     const auto n = dataset_size, w = static_cast<std::size_t>(world_size);
     num_samples_ = drop_last ? n / w : (n + w - 1) / w;
     if (num_samples_ == 0)
-        throw core::ConfigError("the dataset has " + std::to_string(n) + " samples, fewer than the " +
-                                std::to_string(w) +
+        throw core::ConfigError("the dataset has " + std::to_string(n) +
+                                " samples, fewer than the " + std::to_string(w) +
                                 " ranks: with data.drop_last=true some ranks would get none; use "
                                 "more samples, fewer ranks or data.drop_last=false");
 }
@@ -74,8 +75,9 @@ std::vector<std::int64_t> DistributedSampler::indices() const {
     // Position k of the padded (wrapped) or truncated order is order[k mod n].
     std::vector<std::int64_t> mine(num_samples_);
     const auto w = static_cast<std::size_t>(world_size_), r = static_cast<std::size_t>(rank_);
-    for (std::size_t i = 0; i < num_samples_; ++i) mine[i] = order[(r + i * w) % dataset_size_];
+    for (std::size_t i = 0; i < num_samples_; ++i)
+        mine[i] = order[(r + i * w) % dataset_size_];
     return mine;
 }
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

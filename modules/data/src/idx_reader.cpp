@@ -76,7 +76,8 @@ std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std:
             if (rest == 0) break;
             if (rest < 2 || in[consumed] != 0x1f || in[consumed + 1] != 0x8b) {
                 bool zeros = true;
-                for (std::size_t i = consumed; i < in.size() && zeros; ++i) zeros = in[i] == 0;
+                for (std::size_t i = consumed; i < in.size() && zeros; ++i)
+                    zeros = in[i] == 0;
                 if (zeros) break;
                 throw corrupt(std::to_string(rest) + " stray bytes after the compressed data");
             }
@@ -93,21 +94,28 @@ std::vector<std::uint8_t> gunzip(const std::vector<std::uint8_t>& in, const std:
 
 const char* idx_type_name(std::uint8_t type) {
     switch (type) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
+    case 0x08:
+        return "unsigned byte";
+    case 0x09:
+        return "signed byte";
+    case 0x0B:
+        return "int16";
+    case 0x0C:
+        return "int32";
+    case 0x0D:
+        return "float32";
+    case 0x0E:
+        return "float64";
     }
     return nullptr;
 }
 
-}  // namespace
+} // namespace
 
 std::string format_dims(const std::vector<std::int64_t>& dims) {
     std::string s;
-    for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? "x" : "") + std::to_string(dims[i]);
+    for (std::size_t i = 0; i < dims.size(); ++i)
+        s += (i ? "x" : "") + std::to_string(dims[i]);
     return s.empty() ? "scalar" : s;
 }
 
@@ -128,8 +136,8 @@ IdxArray read_idx(const std::string& path) {
                          hex32(kIdxImagesMagic) + " for images or " + hex32(kIdxLabelsMagic) +
                          " for labels)");
     if (type != 0x08)
-        throw InputError(where + " holds " + idx_type_name(type) +
-                         " elements (magic " + hex32(magic) +
+        throw InputError(where + " holds " + idx_type_name(type) + " elements (magic " +
+                         hex32(magic) +
                          "); only unsigned-byte IDX files (MNIST-family images and labels) are "
                          "supported");
     const std::size_t header = 4 + 4 * ndims;
@@ -143,8 +151,8 @@ IdxArray read_idx(const std::string& path) {
     bool overflow = false;
     for (std::size_t d = 0; d < ndims; ++d) {
         const std::uint8_t* p = bytes.data() + 4 + 4 * d;
-        std::uint32_t n = std::uint32_t(p[0]) << 24 | std::uint32_t(p[1]) << 16 |
-                          std::uint32_t(p[2]) << 8 | p[3];
+        std::uint32_t n =
+            std::uint32_t(p[0]) << 24 | std::uint32_t(p[1]) << 16 | std::uint32_t(p[2]) << 8 | p[3];
         out.dims.push_back(n);
         if (n != 0 && count > std::numeric_limits<std::uint64_t>::max() / n) overflow = true;
         count *= n;
@@ -162,4 +170,4 @@ IdxArray read_idx(const std::string& path) {
     return out;
 }
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

@@ -26,7 +26,7 @@ void limit_intra_op_threads_of_this_thread() {
     if (omp_set_num_threads) omp_set_num_threads(1);
 }
 
-}  // namespace
+} // namespace
 
 Loader::Loader(const ImageSet& set, AdaptedTransform transform, std::vector<std::int64_t> indices,
                std::int64_t batch_size, int workers, int prefetch, bool pin_memory, bool drop_last)
@@ -48,7 +48,8 @@ Loader::Loader(const ImageSet& set, AdaptedTransform transform, std::vector<std:
     pin_ = pin_memory && torch::cuda::is_available();
     ring_.resize(static_cast<std::size_t>(prefetch));
     const std::int64_t threads = std::min<std::int64_t>(workers, num_batches_);
-    for (std::int64_t t = 0; t < threads; ++t) threads_.emplace_back([this] { work(); });
+    for (std::int64_t t = 0; t < threads; ++t)
+        threads_.emplace_back([this] { work(); });
 }
 
 Loader::~Loader() {
@@ -58,7 +59,8 @@ Loader::~Loader() {
     }
     work_cv_.notify_all();
     // A worker in the middle of build() finishes that one batch, then sees stop_.
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads_)
+        t.join();
 }
 
 Batch Loader::build(std::int64_t k) const {
@@ -67,11 +69,11 @@ Batch Loader::build(std::int64_t k) const {
         std::min<std::int64_t>(batch_size_, static_cast<std::int64_t>(indices_.size()) - begin);
     // A view of this batch's indices; index_select only reads it.
     torch::Tensor idx = torch::from_blob(const_cast<std::int64_t*>(indices_.data() + begin), {b},
-                                         torch::kInt64);  // [B]
+                                         torch::kInt64); // [B]
     Batch out;
     out.size = b;
-    out.images = transform_.apply(set_.images.index_select(0, idx), pin_);  // [B, C, S, S]
-    out.labels = set_.labels.index_select(0, idx);                          // [B]
+    out.images = transform_.apply(set_.images.index_select(0, idx), pin_); // [B, C, S, S]
+    out.labels = set_.labels.index_select(0, idx);                         // [B]
     if (pin_) {
         torch::Tensor pinned =
             torch::empty({b}, torch::TensorOptions(torch::kInt64).pinned_memory(true));
@@ -137,4 +139,4 @@ std::optional<Batch> Loader::next() {
     return std::move(slot.batch);
 }
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

@@ -12,9 +12,10 @@ void declare_options(core::OptionRegistry& r) {
     r.add_string("data.path", "/usr/share/datasets/fashion-mnist",
                  "directory with train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz), "
                  "t10k-images-idx3-ubyte(.gz), t10k-labels-idx1-ubyte(.gz)");
-    r.add_int("data.synthetic_samples", 4096,
-              "training images of data.dataset=synthetic (28x28 gray; plus 1/4 as many test images)",
-              1, 1e8);
+    r.add_int(
+        "data.synthetic_samples", 4096,
+        "training images of data.dataset=synthetic (28x28 gray; plus 1/4 as many test images)", 1,
+        1e8);
     r.add_int("data.synthetic_classes", 10, "classes of data.dataset=synthetic", 2, 1000);
     r.add_int("data.workers", 1,
               "loader threads building batches ahead; 0 = build them in the training thread", 0,
@@ -47,4 +48,4 @@ DataOptions data_options(const core::Config& cfg) {
     return o;
 }
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

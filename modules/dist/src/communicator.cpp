@@ -32,10 +32,14 @@ namespace trainscope::dist {
 
 const char* to_string(ReduceOp op) {
     switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Average: return "average";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+        return "sum";
+    case ReduceOp::Average:
+        return "average";
+    case ReduceOp::Max:
+        return "max";
+    case ReduceOp::Min:
+        return "min";
     }
     return "?";
 }
@@ -55,12 +59,18 @@ double seconds_since(Clock::time_point t0) {
 // Element type of a reduction; bytewise operations (broadcast, allgather) accept any dtype.
 MPI_Datatype mpi_reduce_type(const torch::Tensor& t) {
     switch (t.scalar_type()) {
-    case torch::kFloat32: return MPI_FLOAT;
-    case torch::kFloat64: return MPI_DOUBLE;
-    case torch::kInt32: return MPI_INT32_T;
-    case torch::kInt64: return MPI_INT64_T;
-    case torch::kUInt8: return MPI_UINT8_T;
-    default: break;
+    case torch::kFloat32:
+        return MPI_FLOAT;
+    case torch::kFloat64:
+        return MPI_DOUBLE;
+    case torch::kInt32:
+        return MPI_INT32_T;
+    case torch::kInt64:
+        return MPI_INT64_T;
+    case torch::kUInt8:
+        return MPI_UINT8_T;
+    default:
+        break;
     }
     throw core::DistributedError(
         std::string("the MPI backend cannot reduce ") + c10::toString(t.scalar_type()) +
@@ -71,9 +81,12 @@ MPI_Datatype mpi_reduce_type(const torch::Tensor& t) {
 MPI_Op mpi_op(ReduceOp op) {
     switch (op) {
     case ReduceOp::Sum:
-    case ReduceOp::Average: return MPI_SUM;
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Average:
+        return MPI_SUM;
+    case ReduceOp::Max:
+        return MPI_MAX;
+    case ReduceOp::Min:
+        return MPI_MIN;
     }
     return MPI_SUM;
 }
@@ -167,9 +180,9 @@ struct ProgressState {
     std::deque<Task> queue;
     bool stop = false;
     bool running = false;
-    MPI_Comm comm = MPI_COMM_NULL;  // the progress thread's own duplicate
+    MPI_Comm comm = MPI_COMM_NULL; // the progress thread's own duplicate
 
-    std::mutex stats_mutex;  // the caller's thread accounts blocking collectives too
+    std::mutex stats_mutex; // the caller's thread accounts blocking collectives too
     std::map<std::string, CommStats> stats;
     void account(const char* kind, std::uint64_t bytes, double seconds) {
         std::lock_guard<std::mutex> lock(stats_mutex);
@@ -186,7 +199,7 @@ void progress_loop(std::shared_ptr<ProgressState> s) {
         {
             std::unique_lock<std::mutex> lock(s->m);
             s->cv.wait(lock, [&] { return s->stop || !s->queue.empty(); });
-            if (s->queue.empty()) return;  // stop requested and nothing left
+            if (s->queue.empty()) return; // stop requested and nothing left
             task = std::move(s->queue.front());
             s->queue.pop_front();
             s->running = true;
@@ -275,7 +288,7 @@ class MpiCommunicator final : public Communicator {
         }
         torch::Tensor host = tensor;
         if (!tensor.is_cpu()) {
-            host = tensor.to(torch::kCPU);  // synchronous with the caller's stream
+            host = tensor.to(torch::kCPU); // synchronous with the caller's stream
             work->set_after([tensor, host]() mutable {
                 torch::NoGradGuard no_grad;
                 tensor.copy_(host);
@@ -284,7 +297,7 @@ class MpiCommunicator final : public Communicator {
         const MPI_Datatype type = mpi_reduce_type(host);
         const std::uint64_t bytes = host.nbytes();
         const int size = size_;
-        ProgressState* state = state_.get();  // alive while the thread runs (it co-owns it)
+        ProgressState* state = state_.get(); // alive while the thread runs (it co-owns it)
         Task task{[host, op, type, bytes, size, state]() mutable {
                       const auto t0 = Clock::now();
                       allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
@@ -316,16 +329,18 @@ class MpiCommunicator final : public Communicator {
         require_contiguous(out, "allgather output");
         if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
             throw core::InternalError("allgather: output must hold size() x input elements of the "
-                                      "same dtype (input " + std::to_string(in.numel()) +
-                                      ", output " + std::to_string(out.numel()) + ", size " +
+                                      "same dtype (input " +
+                                      std::to_string(in.numel()) + ", output " +
+                                      std::to_string(out.numel()) + ", size " +
                                       std::to_string(size_) + ")");
         if (in.numel() == 0) return;
         const auto t0 = Clock::now();
         torch::Tensor src = in.to(torch::kCPU).contiguous();
-        torch::Tensor dst = out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        torch::Tensor dst =
+            out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
         const int bytes = checked_int(static_cast<std::int64_t>(src.nbytes()), "allgather");
-        MPI_CHECK(MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes, MPI_BYTE,
-                                comm_));
+        MPI_CHECK(
+            MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes, MPI_BYTE, comm_));
         if (!out.is_cpu()) copy_back(out, dst);
         account("allgather", src.nbytes(), seconds_since(t0));
     }
@@ -335,13 +350,15 @@ class MpiCommunicator final : public Communicator {
         check_reduction(out, op);
         if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
             throw core::InternalError("reduce_scatter: input must hold size() x output elements of "
-                                      "the same dtype (input " + std::to_string(in.numel()) +
-                                      ", output " + std::to_string(out.numel()) + ", size " +
+                                      "the same dtype (input " +
+                                      std::to_string(in.numel()) + ", output " +
+                                      std::to_string(out.numel()) + ", size " +
                                       std::to_string(size_) + "); pad to an exact split");
         if (out.numel() == 0) return;
         const auto t0 = Clock::now();
         torch::Tensor src = in.to(torch::kCPU).contiguous();
-        torch::Tensor dst = out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        torch::Tensor dst =
+            out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
         MPI_CHECK(MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(),
                                            checked_int(dst.numel(), "reduce_scatter"),
                                            mpi_reduce_type(dst), mpi_op(op), comm_));
@@ -360,8 +377,8 @@ class MpiCommunicator final : public Communicator {
   private:
     void check_root(int root) const {
         if (root < 0 || root >= size_)
-            throw core::InternalError("broadcast root " + std::to_string(root) +
-                                      " outside [0, " + std::to_string(size_) + ")");
+            throw core::InternalError("broadcast root " + std::to_string(root) + " outside [0, " +
+                                      std::to_string(size_) + ")");
     }
     static void copy_back(torch::Tensor& device_tensor, const torch::Tensor& host) {
         torch::NoGradGuard no_grad;
@@ -373,12 +390,12 @@ class MpiCommunicator final : public Communicator {
 
     torch::Device device_;
     int rank_ = 0, size_ = 1;
-    MPI_Comm comm_ = MPI_COMM_NULL;  // blocking collectives (caller's thread)
+    MPI_Comm comm_ = MPI_COMM_NULL; // blocking collectives (caller's thread)
     std::shared_ptr<ProgressState> state_;
     std::thread thread_;
 };
 
-}  // namespace
+} // namespace
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
                                                 torch::Device device) {
@@ -387,18 +404,21 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_
 #if TRAINSCOPE_HAVE_NCCL
         if (!device.is_cuda())
             throw core::ConfigError("dist.backend=nccl needs a CUDA device but this rank computes "
-                                    "on " + device.str() + ": use dist.backend=mpi for CPU runs");
+                                    "on " +
+                                    device.str() + ": use dist.backend=mpi for CPU runs");
         return detail::make_nccl_communicator(comm, device);
 #else
         throw core::ConfigError("dist.backend=nccl but this trainscope was built without NCCL: "
                                 "use dist.backend=mpi, or rebuild with CUDA and NCCL available");
 #endif
     }
-    throw core::ConfigError("dist.backend = '" + backend + "' is not a communicator backend; use "
+    throw core::ConfigError("dist.backend = '" + backend +
+                            "' is not a communicator backend; use "
                             "mpi or nccl");
 }
 
-// ---- device binding ------------------------------------------------------------------------------
+// ---- device binding
+// ------------------------------------------------------------------------------
 
 int cuda_device_count() {
 #if TRAINSCOPE_HAVE_CUDA
@@ -419,7 +439,8 @@ std::string cpu_affinity_string() {
             continue;
         }
         int end = c;
-        while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) ++end;
+        while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set))
+            ++end;
         if (!out.empty()) out += ',';
         out += std::to_string(c);
         if (end > c) out += "-" + std::to_string(end);
@@ -433,14 +454,16 @@ DeviceBinding bind_device(const std::string& requested, const Topology& topo, bo
     b.cpu_affinity = cpu_affinity_string();
     if (requested == "cpu") {
         if (nccl_backend)
-            throw core::ConfigError("dist.backend=nccl needs run.device=cuda (run.device=cpu): NCCL "
-                                    "cannot communicate host memory; use dist.backend=mpi");
+            throw core::ConfigError(
+                "dist.backend=nccl needs run.device=cuda (run.device=cpu): NCCL "
+                "cannot communicate host memory; use dist.backend=mpi");
         b.device = torch::Device(torch::kCPU);
         b.name = "cpu";
         return b;
     }
     if (requested != "cuda")
-        throw core::ConfigError("run.device = '" + requested + "': expected cpu or cuda (resolve "
+        throw core::ConfigError("run.device = '" + requested +
+                                "': expected cpu or cuda (resolve "
                                 "'auto' with dist::resolve_options first)");
     const int gpus = cuda_device_count();
     if (gpus == 0)
@@ -466,4 +489,4 @@ DeviceBinding bind_device(const std::string& requested, const Topology& topo, bo
     return b;
 }
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

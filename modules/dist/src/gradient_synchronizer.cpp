@@ -18,13 +18,13 @@ namespace trainscope::dist {
 
 struct GradientSynchronizer::Impl {
     struct Bucket {
-        std::vector<std::size_t> members;   // parameter indices, in packing order
-        std::vector<std::int64_t> offsets;  // element offset of each member in `buffer`
+        std::vector<std::size_t> members;  // parameter indices, in packing order
+        std::vector<std::int64_t> offsets; // element offset of each member in `buffer`
         std::int64_t numel = 0;
         std::size_t bytes = 0;
         torch::ScalarType dtype = torch::kFloat32;
-        torch::Tensor buffer;  // [numel] flat, on the parameters' device (only when communicating)
-        std::size_t pending = 0;  // members whose gradient has not arrived in this iteration
+        torch::Tensor buffer; // [numel] flat, on the parameters' device (only when communicating)
+        std::size_t pending = 0; // members whose gradient has not arrived in this iteration
         bool launched = false;
         std::shared_ptr<Work> work;
     };
@@ -34,14 +34,14 @@ struct GradientSynchronizer::Impl {
     Communicator& comm;
     std::vector<torch::Tensor> params;
     std::vector<Bucket> buckets;
-    std::vector<std::size_t> bucket_of;  // parameter index -> bucket index
-    bool communicate = false;            // world size > 1
+    std::vector<std::size_t> bucket_of; // parameter index -> bucket index
+    bool communicate = false;           // world size > 1
 
     // Iteration state, guarded by `mutex` (hooks may run on autograd's device threads).
     std::mutex mutex;
     bool armed = false;
     std::vector<char> ready;
-    std::size_t next_bucket = 0;  // first bucket not launched yet
+    std::size_t next_bucket = 0; // first bucket not launched yet
     std::size_t in_backward = 0, in_finish = 0;
     std::size_t last_in_backward = 0, last_in_finish = 0;
 
@@ -70,7 +70,7 @@ struct GradientSynchronizer::Impl {
 
 void GradientSynchronizer::Impl::on_gradient_ready(std::size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
-    if (!armed) return;  // outside begin_iteration()/finish(): local accumulation only
+    if (!armed) return; // outside begin_iteration()/finish(): local accumulation only
     if (ready[index])
         throw core::InternalError(
             "GradientSynchronizer: parameter " + std::to_string(index) +
@@ -95,7 +95,7 @@ void GradientSynchronizer::Impl::launch(Bucket& b, bool from_hook) {
             const torch::Tensor& grad = params[b.members[k]].grad();
             torch::Tensor dst = slice(b, k);
             if (!grad.defined()) {
-                dst.zero_();  // parameter got no gradient this iteration on this rank
+                dst.zero_(); // parameter got no gradient this iteration on this rank
             } else {
                 if (grad.is_sparse())
                     throw core::InternalError("GradientSynchronizer: sparse gradients are not "
@@ -163,8 +163,8 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
     s.communicate = comm.size() > 1;
     if (s.communicate)
         for (auto& b : s.buckets)
-            b.buffer = torch::zeros({b.numel}, torch::TensorOptions().dtype(b.dtype).device(
-                                                   comm.device()));
+            b.buffer = torch::zeros({b.numel},
+                                    torch::TensorOptions().dtype(b.dtype).device(comm.device()));
     s.ready.assign(s.params.size(), 0);
     for (std::size_t i = 0; i < s.params.size(); ++i)
         torch::autograd::impl::set_post_acc_grad_hooks(
@@ -187,9 +187,11 @@ void GradientSynchronizer::broadcast_parameters(int root,
     torch::NoGradGuard no_grad;
     // Parameters travel packed in their gradient buckets' buffers: few, large messages.
     for (auto& b : s.buckets) {
-        for (std::size_t k = 0; k < b.members.size(); ++k) s.slice(b, k).copy_(s.params[b.members[k]]);
+        for (std::size_t k = 0; k < b.members.size(); ++k)
+            s.slice(b, k).copy_(s.params[b.members[k]]);
         s.comm.broadcast(b.buffer, root);
-        for (std::size_t k = 0; k < b.members.size(); ++k) s.params[b.members[k]].copy_(s.slice(b, k));
+        for (std::size_t k = 0; k < b.members.size(); ++k)
+            s.params[b.members[k]].copy_(s.slice(b, k));
     }
     for (const torch::Tensor& buffer : buffers) {
         if (!buffer.defined() || buffer.numel() == 0) continue;
@@ -223,7 +225,8 @@ double GradientSynchronizer::finish() {
         throw core::InternalError("GradientSynchronizer: finish() without begin_iteration()");
     s.armed = false;
     // Buckets with parameters that got no gradient (or that wait behind such a bucket).
-    for (auto& b : s.buckets) b.pending = 0;
+    for (auto& b : s.buckets)
+        b.pending = 0;
     s.launch_ready_buckets(/*from_hook=*/false);
     s.last_in_backward = s.in_backward;
     s.last_in_finish = s.in_finish;
@@ -243,32 +246,39 @@ double GradientSynchronizer::finish() {
                 if (!grad.defined()) grad = torch::zeros_like(p);
                 continue;
             }
-            if (grad.defined()) grad.copy_(s.slice(b, k));
-            else grad = s.slice(b, k).clone();
+            if (grad.defined())
+                grad.copy_(s.slice(b, k));
+            else
+                grad = s.slice(b, k).clone();
         }
         b.work.reset();
     }
     return waited;
 }
 
-std::size_t GradientSynchronizer::num_buckets() const { return impl_->buckets.size(); }
+std::size_t GradientSynchronizer::num_buckets() const {
+    return impl_->buckets.size();
+}
 
 std::vector<std::size_t> GradientSynchronizer::bucket_bytes() const {
     std::vector<std::size_t> out;
-    for (const auto& b : impl_->buckets) out.push_back(b.bytes);
+    for (const auto& b : impl_->buckets)
+        out.push_back(b.bytes);
     return out;
 }
 
 std::vector<std::vector<std::size_t>> GradientSynchronizer::bucket_parameters() const {
     std::vector<std::vector<std::size_t>> out;
-    for (const auto& b : impl_->buckets) out.push_back(b.members);
+    for (const auto& b : impl_->buckets)
+        out.push_back(b.members);
     return out;
 }
 
 std::uint64_t GradientSynchronizer::bytes_per_iteration() const {
     if (!impl_->communicate) return 0;
     std::uint64_t total = 0;
-    for (const auto& b : impl_->buckets) total += b.bytes;
+    for (const auto& b : impl_->buckets)
+        total += b.bytes;
     return total;
 }
 
@@ -279,4 +289,4 @@ std::size_t GradientSynchronizer::buckets_launched_in_finish() const {
     return impl_->last_in_finish;
 }
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

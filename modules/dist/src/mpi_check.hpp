@@ -1,6 +1,6 @@
-// MPI_CHECK: turns a failing MPI call into a DistributedError naming the call and MPI's own message.
-// Only meaningful on communicators whose error handler is MPI_ERRORS_RETURN (ours are; the default
-// MPI_ERRORS_ARE_FATAL aborts before we could report).
+// MPI_CHECK: turns a failing MPI call into a DistributedError naming the call and MPI's own
+// message. Only meaningful on communicators whose error handler is MPI_ERRORS_RETURN (ours are; the
+// default MPI_ERRORS_ARE_FATAL aborts before we could report).
 #pragma once
 
 #include <mpi.h>
@@ -20,6 +20,6 @@ inline void mpi_check(int code, const char* call, const char* file, int line) {
                                  file + ":" + std::to_string(line) + ")");
 }
 
-}  // namespace trainscope::dist::detail
+} // namespace trainscope::dist::detail
 
 #define MPI_CHECK(call) ::trainscope::dist::detail::mpi_check((call), #call, __FILE__, __LINE__)

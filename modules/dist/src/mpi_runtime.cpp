@@ -20,7 +20,9 @@ namespace {
 
 std::atomic<bool> g_aborted{false};
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+std::string first_line(const std::string& text) {
+    return text.substr(0, text.find('\n'));
+}
 
 std::string local_hostname() {
     char name[MPI_MAX_PROCESSOR_NAME] = {};
@@ -31,23 +33,30 @@ std::string local_hostname() {
     return "unknown";
 }
 
-// An error of `kind` as the typed exception main() and tests catch.
-[[noreturn]] void throw_kind(core::ErrorKind kind, const std::string& message) {
-    auto raise = [](auto error) {
-        error.set_collective(true);
-        throw error;
-    };
-    switch (kind) {
-    case core::ErrorKind::Config: raise(core::ConfigError(message));
-    case core::ErrorKind::Input: raise(core::InputError(message));
-    case core::ErrorKind::Output: raise(core::OutputError(message));
-    case core::ErrorKind::Distributed: raise(core::DistributedError(message));
-    case core::ErrorKind::Internal: break;
-    }
-    raise(core::InternalError(message));
+template <class E> [[noreturn]] void raise_collective(const std::string& message) {
+    E error(message);
+    error.set_collective(true);
+    throw error;
 }
 
-}  // namespace
+// An error of `kind` as the typed exception main() and tests catch, marked collective.
+[[noreturn]] void throw_kind(core::ErrorKind kind, const std::string& message) {
+    switch (kind) {
+    case core::ErrorKind::Config:
+        raise_collective<core::ConfigError>(message);
+    case core::ErrorKind::Input:
+        raise_collective<core::InputError>(message);
+    case core::ErrorKind::Output:
+        raise_collective<core::OutputError>(message);
+    case core::ErrorKind::Distributed:
+        raise_collective<core::DistributedError>(message);
+    case core::ErrorKind::Internal:
+        break;
+    }
+    raise_collective<core::InternalError>(message);
+}
+
+} // namespace
 
 MpiRuntime::MpiRuntime(int& argc, char**& argv) {
     int initialized = 0;
@@ -76,7 +85,7 @@ MpiRuntime::~MpiRuntime() {
 void MpiRuntime::abort(int code) {
     g_aborted = true;
     MPI_Abort(MPI_COMM_WORLD, code);
-    std::_Exit(code);  // MPI_Abort should not return; make sure this rank ends regardless
+    std::_Exit(code); // MPI_Abort should not return; make sure this rank ends regardless
 }
 
 std::string thread_level_name(int level) {
@@ -112,7 +121,7 @@ Topology discover_topology(MPI_Comm comm) {
     // Node leaders (local rank 0) ordered by world rank number the nodes.
     MPI_Comm leaders = MPI_COMM_NULL;
     MPI_CHECK(MPI_Comm_split(comm, t.local_rank == 0 ? 0 : MPI_UNDEFINED, t.rank, &leaders));
-    int node_info[2] = {0, 1};  // node index, number of nodes
+    int node_info[2] = {0, 1}; // node index, number of nodes
     if (leaders != MPI_COMM_NULL) {
         MPI_CHECK(MPI_Comm_rank(leaders, &node_info[0]));
         MPI_CHECK(MPI_Comm_size(leaders, &node_info[1]));
@@ -130,7 +139,8 @@ Topology discover_topology(MPI_Comm comm) {
     std::vector<char> all(mine.size() * static_cast<std::size_t>(t.world_size));
     MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(),
                             static_cast<int>(mine.size()), MPI_CHAR, comm));
-    for (int r = 0; r < t.world_size; ++r) t.hostnames.emplace_back(all.data() + r * mine.size());
+    for (int r = 0; r < t.world_size; ++r)
+        t.hostnames.emplace_back(all.data() + r * mine.size());
     return t;
 }
 
@@ -195,4 +205,4 @@ void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn) {
     throw_kind(static_cast<core::ErrorKind>(header[0]), who + line);
 }
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

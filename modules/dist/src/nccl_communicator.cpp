@@ -25,26 +25,26 @@ namespace {
     throw core::DistributedError(what + " (" + file + ":" + std::to_string(line) + ")");
 }
 
-}  // namespace
-}  // namespace trainscope::dist::detail
+} // namespace
+} // namespace trainscope::dist::detail
 
 #define CUDA_CHECK(call)                                                                           \
     do {                                                                                           \
         cudaError_t trainscope_err_ = (call);                                                      \
         if (trainscope_err_ != cudaSuccess)                                                        \
-            ::trainscope::dist::detail::fail(std::string(#call) + " failed: " +                    \
-                                                 cudaGetErrorString(trainscope_err_),              \
-                                             __FILE__, __LINE__);                                  \
+            ::trainscope::dist::detail::fail(                                                      \
+                std::string(#call) + " failed: " + cudaGetErrorString(trainscope_err_), __FILE__,  \
+                __LINE__);                                                                         \
     } while (0)
 
 #define NCCL_CHECK(call)                                                                           \
     do {                                                                                           \
         ncclResult_t trainscope_res_ = (call);                                                     \
         if (trainscope_res_ != ncclSuccess && trainscope_res_ != ncclInProgress)                   \
-            ::trainscope::dist::detail::fail(std::string(#call) + " failed: " +                    \
-                                                 ncclGetErrorString(trainscope_res_) +             \
-                                                 " (set NCCL_DEBUG=WARN for NCCL's reason)",       \
-                                             __FILE__, __LINE__);                                  \
+            ::trainscope::dist::detail::fail(                                                      \
+                std::string(#call) + " failed: " + ncclGetErrorString(trainscope_res_) +           \
+                    " (set NCCL_DEBUG=WARN for NCCL's reason)",                                    \
+                __FILE__, __LINE__);                                                               \
     } while (0)
 
 namespace trainscope::dist::detail {
@@ -54,15 +54,24 @@ using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(torch::ScalarType t) {
     switch (t) {
-    case torch::kFloat32: return ncclFloat32;
-    case torch::kFloat64: return ncclFloat64;
-    case torch::kFloat16: return ncclFloat16;
-    case torch::kBFloat16: return ncclBfloat16;
-    case torch::kInt32: return ncclInt32;
-    case torch::kInt64: return ncclInt64;
-    case torch::kUInt8: return ncclUint8;
-    case torch::kInt8: return ncclInt8;
-    default: break;
+    case torch::kFloat32:
+        return ncclFloat32;
+    case torch::kFloat64:
+        return ncclFloat64;
+    case torch::kFloat16:
+        return ncclFloat16;
+    case torch::kBFloat16:
+        return ncclBfloat16;
+    case torch::kInt32:
+        return ncclInt32;
+    case torch::kInt64:
+        return ncclInt64;
+    case torch::kUInt8:
+        return ncclUint8;
+    case torch::kInt8:
+        return ncclInt8;
+    default:
+        break;
     }
     throw core::DistributedError(std::string("the NCCL backend cannot communicate ") +
                                  c10::toString(t) + " tensors");
@@ -70,14 +79,17 @@ ncclDataType_t nccl_type(torch::ScalarType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op, const torch::Tensor& t) {
     switch (op) {
-    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Sum:
+        return ncclSum;
     case ReduceOp::Average:
         if (!t.is_floating_point())
             throw core::InternalError("ReduceOp::Average on an integer tensor: the mean would be "
                                       "truncated; reduce with Sum and divide");
         return ncclAvg;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Max:
+        return ncclMax;
+    case ReduceOp::Min:
+        return ncclMin;
     }
     return ncclSum;
 }
@@ -96,12 +108,13 @@ class NcclWork final : public Work {
     NcclWork(cudaEvent_t done, c10::DeviceIndex device, ncclComm_t comm)
         : done_(done), device_(device), comm_(comm) {}
     ~NcclWork() override {
-        if (done_) cudaEventDestroy(done_);  // safe while pending: released when it completes
+        if (done_) cudaEventDestroy(done_); // safe while pending: released when it completes
     }
     void wait() override {
         if (!done_) return;
         c10::cuda::CUDAGuard guard(device_);
-        CUDA_CHECK(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), done_, 0));
+        CUDA_CHECK(
+            cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), done_, 0));
         check_async_error(comm_);
     }
     bool completed() override {
@@ -116,7 +129,8 @@ class NcclWork final : public Work {
     // Host-side wait that keeps checking NCCL's asynchronous error state instead of blocking in
     // the driver forever when a peer is gone (used by barrier()).
     void host_wait() {
-        while (!completed()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        while (!completed())
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
 
   private:
@@ -133,7 +147,7 @@ class NcclCommunicator final : public Communicator {
         MPI_CHECK(MPI_Comm_rank(comm, &rank_));
         MPI_CHECK(MPI_Comm_size(comm, &size_));
         c10::cuda::CUDAGuard guard(device_.index());
-        CUDA_CHECK(cudaSetDevice(device_.index()));  // NCCL binds the communicator to this device
+        CUDA_CHECK(cudaSetDevice(device_.index())); // NCCL binds the communicator to this device
         ncclUniqueId id{};
         if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
         MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
@@ -143,7 +157,7 @@ class NcclCommunicator final : public Communicator {
     ~NcclCommunicator() override {
         if (!comm_) return;
         if (std::uncaught_exceptions() > 0) {
-            ncclCommAbort(comm_);  // a peer may be gone: do not wait for outstanding work
+            ncclCommAbort(comm_); // a peer may be gone: do not wait for outstanding work
         } else {
             ncclCommFinalize(comm_);
             ncclCommDestroy(comm_);
@@ -185,11 +199,11 @@ class NcclCommunicator final : public Communicator {
             throw core::InternalError("allgather: output must hold size() x input elements of the "
                                       "same dtype");
         if (in.numel() == 0) return;
-        torch::Tensor src = in.contiguous();  // on the compute stream, before the launch event
+        torch::Tensor src = in.contiguous(); // on the compute stream, before the launch event
         launch("allgather", src.nbytes(), {src, out}, [&](cudaStream_t s) {
             NCCL_CHECK(ncclAllGather(src.data_ptr(), out.data_ptr(),
-                                     static_cast<size_t>(src.numel()),
-                                     nccl_type(src.scalar_type()), comm_, s));
+                                     static_cast<size_t>(src.numel()), nccl_type(src.scalar_type()),
+                                     comm_, s));
         })->wait();
     }
 
@@ -212,8 +226,8 @@ class NcclCommunicator final : public Communicator {
         // A one-element allreduce, waited for on the host (so it is a real barrier).
         auto token = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(device_));
         auto work = launch("barrier", 0, {token}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclInt32, ncclSum,
-                                     comm_, s));
+            NCCL_CHECK(
+                ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclInt32, ncclSum, comm_, s));
         });
         work->host_wait();
     }
@@ -226,7 +240,8 @@ class NcclCommunicator final : public Communicator {
   private:
     void check(const torch::Tensor& t, const char* what) const {
         if (!t.defined() || !t.is_contiguous())
-            throw core::InternalError(std::string(what) + ": tensor must be defined and contiguous");
+            throw core::InternalError(std::string(what) +
+                                      ": tensor must be defined and contiguous");
         if (t.device() != device_)
             throw core::InternalError(std::string(what) + ": tensor on " + t.device().str() +
                                       " but the NCCL communicator works on " + device_.str());
@@ -265,17 +280,17 @@ class NcclCommunicator final : public Communicator {
     }
 
     torch::Device device_;
-    c10::cuda::CUDAStream stream_;  // where our collectives run
+    c10::cuda::CUDAStream stream_; // where our collectives run
     int rank_ = 0, size_ = 1;
     ncclComm_t comm_ = nullptr;
     mutable std::mutex mutex_;
     std::map<std::string, CommStats> stats_;
 };
 
-}  // namespace
+} // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device) {
     return std::make_unique<NcclCommunicator>(comm, device);
 }
 
-}  // namespace trainscope::dist::detail
+} // namespace trainscope::dist::detail

@@ -15,4 +15,4 @@ namespace trainscope::dist::detail {
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device);
 #endif
 
-}  // namespace trainscope::dist::detail
+} // namespace trainscope::dist::detail

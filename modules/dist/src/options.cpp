@@ -28,8 +28,10 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
         o.device = (TRAINSCOPE_HAVE_CUDA && visible_cuda_devices > 0) ? "cuda" : "cpu";
     else
         o.device = device;
-    if (backend == "auto") o.backend = o.device == "cuda" ? "nccl" : "mpi";
-    else o.backend = backend;
+    if (backend == "auto")
+        o.backend = o.device == "cuda" ? "nccl" : "mpi";
+    else
+        o.backend = backend;
 
     if (o.backend == "nccl" && !TRAINSCOPE_HAVE_NCCL)
         throw core::ConfigError("dist.backend=nccl but this trainscope was built without NCCL: use "
@@ -59,4 +61,4 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
     return o;
 }
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

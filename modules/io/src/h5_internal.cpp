@@ -24,9 +24,11 @@ herr_t collect_error(unsigned /*n*/, const H5E_error2_t* err, void* data) {
     return 0;
 }
 
-}  // namespace
+} // namespace
 
-void silence_hdf5_error_printing() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+void silence_hdf5_error_printing() {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
 
 void throw_h5_error(std::string_view call, std::string_view file, std::string_view object) {
     std::vector<std::string> lines;
@@ -44,9 +46,10 @@ void throw_h5_error(std::string_view call, std::string_view file, std::string_vi
         // the outer ones only repeat the API call.
         message += ": ";
         const std::size_t shown = std::min<std::size_t>(lines.size(), 3);
-        for (std::size_t i = 0; i < shown; ++i) message += (i ? "; " : "") + lines[i];
+        for (std::size_t i = 0; i < shown; ++i)
+            message += (i ? "; " : "") + lines[i];
     }
     throw core::OutputError(message);
 }
 
-}  // namespace trainscope::io::detail
+} // namespace trainscope::io::detail

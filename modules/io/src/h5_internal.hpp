@@ -49,7 +49,7 @@ class Handle {
     hid_t get() const { return id_; }
     operator hid_t() const { return id_; }
     void reset() {
-        if (id_ >= 0 && closer_) closer_(id_);  // nothing useful to do with a failed close here
+        if (id_ >= 0 && closer_) closer_(id_); // nothing useful to do with a failed close here
         id_ = H5I_INVALID_HID;
     }
     // Forgets the identifier without closing it (used when a rank must avoid any HDF5 call).
@@ -60,8 +60,8 @@ class Handle {
     Closer closer_ = nullptr;
 };
 
-}  // namespace trainscope::io::detail
+} // namespace trainscope::io::detail
 
 // H5_CHECK(call, file, object): evaluates the HDF5 call once, returns its value, throws on < 0.
-#define H5_CHECK(call, file, object)                                                            \
+#define H5_CHECK(call, file, object)                                                               \
     ::trainscope::io::detail::h5_check((call), #call, (file), (object))

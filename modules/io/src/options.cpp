@@ -12,4 +12,4 @@ void declare_options(core::OptionRegistry& registry) {
                      "iterations between collective flushes of buffered rows to the run file", 1);
 }
 
-}  // namespace trainscope::io
+} // namespace trainscope::io

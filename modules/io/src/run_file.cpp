@@ -38,8 +38,8 @@ void mpi_check(int rc, const char* call) {
     char text[MPI_MAX_ERROR_STRING] = {0};
     int len = 0;
     MPI_Error_string(rc, text, &len);
-    throw core::DistributedError(std::string("MPI call ") + call + " failed in the run file: " +
-                                 text);
+    throw core::DistributedError(std::string("MPI call ") + call +
+                                 " failed in the run file: " + text);
 }
 
 // Replaces `text` on every rank by rank `root`'s value.
@@ -80,16 +80,14 @@ std::string agree_on_error(MPI_Comm comm, const std::string& local_error) {
 
 // Attributes travel from rank 0 as one byte string: per attribute the variant index, the name and
 // the value (strings length-prefixed).
-template <class T>
-void put(std::string& out, const T& value) {
+template <class T> void put(std::string& out, const T& value) {
     out.append(reinterpret_cast<const char*>(&value), sizeof value);
 }
 void put_text(std::string& out, const std::string& text) {
     put(out, static_cast<std::uint64_t>(text.size()));
     out += text;
 }
-template <class T>
-T take(const std::string& in, std::size_t& pos) {
+template <class T> T take(const std::string& in, std::size_t& pos) {
     T value;
     std::memcpy(&value, in.data() + pos, sizeof value);
     pos += sizeof value;
@@ -157,7 +155,8 @@ std::string check_output_path(const std::string& path, bool overwrite) {
     const auto dir_status = fs::status(dir, ec);
     if (!fs::exists(dir_status)) {
         return "cannot create output file '" + path + "': directory '" + dir.string() +
-               "' does not exist (" + (ec ? ec.message() : std::string("No such file or directory")) +
+               "' does not exist (" +
+               (ec ? ec.message() : std::string("No such file or directory")) +
                "); create it (mkdir -p " + dir.string() +
                ") or set output.file to a path in an existing directory";
     }
@@ -213,7 +212,7 @@ Handle fixed_string_type(std::size_t width, const std::string& file) {
     return type;
 }
 
-}  // namespace
+} // namespace
 
 std::string utc_now_iso8601() {
     const std::time_t now = std::time(nullptr);
@@ -227,7 +226,7 @@ std::string utc_now_iso8601() {
 // ------------------------------------------------------------------------------------------------
 
 struct Series {
-    std::string group;  // normalized, e.g. "/iterations"
+    std::string group; // normalized, e.g. "/iterations"
     std::vector<Column> columns;
     std::vector<Handle> datasets;             // one per column, [world_size, extent]
     std::vector<std::vector<double>> pending; // per column: this rank's rows not yet written
@@ -242,17 +241,23 @@ struct RunFile::Impl {
     int size = 1;
     std::string path;
     hid_t file = H5I_INVALID_HID;
-    Handle dxpl;  // collective MPI-IO transfers
+    Handle dxpl; // collective MPI-IO transfers
+    // Link, group, dataset and attribute access lists asking for collective metadata reads. On
+    // HDF5 1.10.5-1.10.8 the file-wide setting is ignored (HDFFV-11260, fixed in 1.10.9) and only
+    // these per-call lists make the reads collective.
+    Handle lapl, gapl, dapl, aapl;
     std::vector<Series> series;
-    std::map<std::string, std::size_t> series_index;  // normalized group -> position in `series`
+    std::map<std::string, std::size_t> series_index; // normalized group -> position in `series`
 
     ~Impl() {
         // Reached with the file open only when a rank unwinds an exception: HDF5 closes the file
         // at MPI_Finalize/exit, and no call here may wait for peers that are elsewhere.
         if (file >= 0) {
             for (auto& s : series)
-                for (auto& d : s.datasets) d.release();
-            dxpl.release();
+                for (auto& d : s.datasets)
+                    d.release();
+            for (Handle* h : {&dxpl, &lapl, &gapl, &dapl, &aapl})
+                h->release();
             return;
         }
         if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
@@ -260,23 +265,22 @@ struct RunFile::Impl {
 
     // Opens group `group_path` (normalized), creating missing parents; collective.
     Handle ensure_group(const std::string& group_path) {
-        if (group_path == "/") return Handle(H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT), path, "/"),
-                                             H5Gclose);
+        if (group_path == "/")
+            return Handle(H5_CHECK(H5Gopen2(file, "/", gapl), path, "/"), H5Gclose);
         std::string current;
         Handle group;
         std::size_t pos = 1;
         while (pos <= group_path.size()) {
             const std::size_t end = std::min(group_path.find('/', pos), group_path.size());
             current = group_path.substr(0, end);
-            const htri_t exists =
-                H5_CHECK(H5Lexists(file, current.c_str(), H5P_DEFAULT), path, current);
-            group = exists > 0 ? Handle(H5_CHECK(H5Gopen2(file, current.c_str(), H5P_DEFAULT),
-                                                 path, current),
-                                        H5Gclose)
-                               : Handle(H5_CHECK(H5Gcreate2(file, current.c_str(), H5P_DEFAULT,
-                                                            H5P_DEFAULT, H5P_DEFAULT),
-                                                 path, current),
-                                        H5Gclose);
+            const htri_t exists = H5_CHECK(H5Lexists(file, current.c_str(), lapl), path, current);
+            group = exists > 0
+                        ? Handle(H5_CHECK(H5Gopen2(file, current.c_str(), gapl), path, current),
+                                 H5Gclose)
+                        : Handle(H5_CHECK(H5Gcreate2(file, current.c_str(), H5P_DEFAULT,
+                                                     H5P_DEFAULT, gapl),
+                                          path, current),
+                                 H5Gclose);
             pos = end + 1;
         }
         return group;
@@ -284,8 +288,8 @@ struct RunFile::Impl {
 
     // Removes the link `object` if it exists (to replace a dataset); collective.
     void unlink_if_exists(const std::string& object) {
-        if (H5_CHECK(H5Lexists(file, object.c_str(), H5P_DEFAULT), path, object) > 0)
-            H5_CHECK(H5Ldelete(file, object.c_str(), H5P_DEFAULT), path, object);
+        if (H5_CHECK(H5Lexists(file, object.c_str(), lapl), path, object) > 0)
+            H5_CHECK(H5Ldelete(file, object.c_str(), lapl), path, object);
     }
 
     // Writes attribute `name` on `obj`, replacing an existing one; rewritten in place when the
@@ -294,12 +298,11 @@ struct RunFile::Impl {
                          hid_t file_type, hid_t mem_type, hid_t space, const void* buf) {
         const std::string where = obj_path + (obj_path == "/" ? "" : "/") + "@" + name;
         if (H5_CHECK(H5Aexists(obj, name.c_str()), path, where) > 0) {
-            Handle attr(H5_CHECK(H5Aopen(obj, name.c_str(), H5P_DEFAULT), path, where), H5Aclose);
+            Handle attr(H5_CHECK(H5Aopen(obj, name.c_str(), aapl), path, where), H5Aclose);
             Handle old_type(H5_CHECK(H5Aget_type(attr), path, where), H5Tclose);
             Handle old_space(H5_CHECK(H5Aget_space(attr), path, where), H5Sclose);
-            const bool same =
-                H5_CHECK(H5Tequal(old_type, file_type), path, where) > 0 &&
-                H5_CHECK(H5Sextent_equal(old_space, space), path, where) > 0;
+            const bool same = H5_CHECK(H5Tequal(old_type, file_type), path, where) > 0 &&
+                              H5_CHECK(H5Sextent_equal(old_space, space), path, where) > 0;
             if (same) {
                 H5_CHECK(H5Awrite(attr, mem_type, buf), path, where);
                 return;
@@ -307,8 +310,7 @@ struct RunFile::Impl {
             attr.reset();
             H5_CHECK(H5Adelete(obj, name.c_str()), path, where);
         }
-        Handle attr(H5_CHECK(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT,
-                                        H5P_DEFAULT),
+        Handle attr(H5_CHECK(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT, aapl),
                              path, where),
                     H5Aclose);
         H5_CHECK(H5Awrite(attr, mem_type, buf), path, where);
@@ -331,8 +333,7 @@ struct RunFile::Impl {
                          const std::vector<std::int64_t>& values) {
         const hsize_t n = values.size();
         Handle space(H5_CHECK(H5Screate_simple(1, &n, nullptr), path, obj_path), H5Sclose);
-        write_attribute(obj, obj_path, name, H5T_STD_I64LE, H5T_NATIVE_INT64, space,
-                        values.data());
+        write_attribute(obj, obj_path, name, H5T_STD_I64LE, H5T_NATIVE_INT64, space, values.data());
     }
 
     void write_units(hid_t obj, const std::string& obj_path, const std::string& units) {
@@ -344,7 +345,8 @@ struct RunFile::Impl {
         std::string packed = rank == 0 ? pack(attrs) : std::string();
         bcast_string(comm, packed);
         Handle root = ensure_group("/");
-        for (const auto& a : unpack(packed)) write_attribute(root, "/", a);
+        for (const auto& a : unpack(packed))
+            write_attribute(root, "/", a);
     }
 
     // Collective: writes every rank's buffered rows of every series (no H5Fflush).
@@ -363,10 +365,11 @@ struct RunFile::Impl {
         for (std::size_t g = 0; g < groups; ++g) {
             Series& s = series[g];
             std::vector<std::int64_t> rank_rows(size);
-            for (int r = 0; r < size; ++r) rank_rows[r] = all[r * groups + g];
-            if (rank_rows == s.rank_rows) continue;  // no rank has new rows
-            const hsize_t extent = static_cast<hsize_t>(
-                *std::max_element(rank_rows.begin(), rank_rows.end()));
+            for (int r = 0; r < size; ++r)
+                rank_rows[r] = all[r * groups + g];
+            if (rank_rows == s.rank_rows) continue; // no rank has new rows
+            const hsize_t extent =
+                static_cast<hsize_t>(*std::max_element(rank_rows.begin(), rank_rows.end()));
             const hsize_t n = s.pending[0].size();
 
             for (std::size_t c = 0; c < s.columns.size(); ++c) {
@@ -383,9 +386,9 @@ struct RunFile::Impl {
                 if (n > 0) {
                     const hsize_t start[2] = {static_cast<hsize_t>(rank), s.written};
                     const hsize_t count[2] = {1, n};
-                    H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count,
-                                                 nullptr),
-                             path, object);
+                    H5_CHECK(
+                        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr),
+                        path, object);
                 } else {
                     // A rank with nothing new still takes part in the collective write.
                     H5_CHECK(H5Sselect_none(fspace), path, object);
@@ -393,17 +396,16 @@ struct RunFile::Impl {
                 }
                 static const double nothing = 0.0;
                 const double* buf = n > 0 ? s.pending[c].data() : &nothing;
-                H5_CHECK(H5Dwrite(ds, H5T_NATIVE_DOUBLE, mspace, fspace, dxpl, buf), path,
-                         object);
+                H5_CHECK(H5Dwrite(ds, H5T_NATIVE_DOUBLE, mspace, fspace, dxpl, buf), path, object);
             }
-            Handle group(H5_CHECK(H5Gopen2(file, s.group.c_str(), H5P_DEFAULT), path, s.group),
-                         H5Gclose);
+            Handle group(H5_CHECK(H5Gopen2(file, s.group.c_str(), gapl), path, s.group), H5Gclose);
             write_attribute(group, s.group, Attribute{"rows", static_cast<std::int64_t>(extent)});
             write_attribute(group, s.group, "rank_rows", rank_rows);
             s.extent = extent;
             s.written += n;
             s.rank_rows = std::move(rank_rows);
-            for (auto& column : s.pending) column.clear();
+            for (auto& column : s.pending)
+                column.clear();
         }
     }
 
@@ -412,8 +414,8 @@ struct RunFile::Impl {
     Series& find_series(const std::string& group, const char* what) {
         const auto it = series_index.find(normalize(group));
         if (it == series_index.end())
-            throw core::InternalError(std::string("RunFile::") + what + ": series group '" +
-                                      group + "' was not declared in '" + path + "'");
+            throw core::InternalError(std::string("RunFile::") + what + ": series group '" + group +
+                                      "' was not declared in '" + path + "'");
         return series[it->second];
     }
 };
@@ -438,7 +440,7 @@ RunFile& RunFile::operator=(RunFile&& other) noexcept {
 
 RunFile::~RunFile() {
     if (!impl_ || impl_->file < 0) return;
-    if (std::uncaught_exceptions() > 0) return;  // see the header: never wait for absent peers
+    if (std::uncaught_exceptions() > 0) return; // see the header: never wait for absent peers
     try {
         close();
     } catch (const std::exception& e) {
@@ -475,7 +477,7 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
     }
     const std::string shared_error = agree_on_error(impl->comm, local_error);
     if (!shared_error.empty()) {
-        if (impl->file >= 0) {  // created on some ranks only: close it there (best effort)
+        if (impl->file >= 0) { // created on some ranks only: close it there (best effort)
             H5Fclose(impl->file);
             impl->file = H5I_INVALID_HID;
         }
@@ -484,6 +486,13 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
 
     impl->dxpl = Handle(H5_CHECK(H5Pcreate(H5P_DATASET_XFER), path, "transfer list"), H5Pclose);
     H5_CHECK(H5Pset_dxpl_mpio(impl->dxpl, H5FD_MPIO_COLLECTIVE), path, "transfer list");
+    for (auto [list, cls] :
+         {std::pair{&impl->lapl, H5P_LINK_ACCESS}, std::pair{&impl->gapl, H5P_GROUP_ACCESS},
+          std::pair{&impl->dapl, H5P_DATASET_ACCESS},
+          std::pair{&impl->aapl, H5P_ATTRIBUTE_ACCESS}}) {
+        *list = Handle(H5_CHECK(H5Pcreate(cls), path, "access list"), H5Pclose);
+        H5_CHECK(H5Pset_all_coll_metadata_ops(*list, 1), path, "access list");
+    }
 
     std::vector<Attribute> attrs = {
         {"schema", std::string(kSchema)},
@@ -504,7 +513,8 @@ void RunFile::set_attributes(const std::string& group_path, const std::vector<At
     bcast_string(m.comm, packed);
     const std::string group_name = normalize(group_path);
     Handle group = m.ensure_group(group_name);
-    for (const auto& a : unpack(packed)) m.write_attribute(group, group_name, a);
+    for (const auto& a : unpack(packed))
+        m.write_attribute(group, group_name, a);
 }
 
 void RunFile::write_string_dataset(const std::string& dataset_path, const std::string& text) {
@@ -517,10 +527,10 @@ void RunFile::write_string_dataset(const std::string& dataset_path, const std::s
 
     Handle type = fixed_string_type(shared.size(), m.path);
     Handle space(H5_CHECK(H5Screate(H5S_SCALAR), m.path, object), H5Sclose);
-    Handle ds(H5_CHECK(H5Dcreate2(m.file, object.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT,
-                                  H5P_DEFAULT),
-                       m.path, object),
-              H5Dclose);
+    Handle ds(
+        H5_CHECK(H5Dcreate2(m.file, object.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT, m.dapl),
+                 m.path, object),
+        H5Dclose);
     // Rank 0 writes the value; the others join the collective write with empty selections.
     Handle mspace(H5_CHECK(H5Screate(H5S_SCALAR), m.path, object), H5Sclose);
     Handle fspace(H5_CHECK(H5Dget_space(ds), m.path, object), H5Sclose);
@@ -528,7 +538,7 @@ void RunFile::write_string_dataset(const std::string& dataset_path, const std::s
         H5_CHECK(H5Sselect_none(mspace), m.path, object);
         H5_CHECK(H5Sselect_none(fspace), m.path, object);
     }
-    shared.resize(std::max<std::size_t>(shared.size(), 1), '\0');  // width is at least 1
+    shared.resize(std::max<std::size_t>(shared.size(), 1), '\0'); // width is at least 1
     H5_CHECK(H5Dwrite(ds, type, mspace, fspace, m.dxpl, shared.data()), m.path, object);
     m.write_units(ds, object, "text");
 }
@@ -536,16 +546,16 @@ void RunFile::write_string_dataset(const std::string& dataset_path, const std::s
 void RunFile::write_ranks(const RankRow& mine) {
     Impl& m = checked("write_ranks");
     const std::string object = "/ranks";
-    const std::array<const std::string*, 5> texts = {&mine.hostname, &mine.device,
-                                                     &mine.device_name, &mine.pci_bus_id,
-                                                     &mine.cpu_affinity};
+    const std::array<const std::string*, 5> texts = {
+        &mine.hostname, &mine.device, &mine.device_name, &mine.pci_bus_id, &mine.cpu_affinity};
     // Fixed-length string fields as wide as the longest value on any rank.
     std::array<std::int64_t, 5> local{}, width{};
     for (std::size_t i = 0; i < texts.size(); ++i)
         local[i] = static_cast<std::int64_t>(texts[i]->size());
     mpi_check(MPI_Allreduce(local.data(), width.data(), 5, MPI_INT64_T, MPI_MAX, m.comm),
               "MPI_Allreduce");
-    for (auto& w : width) w = std::max<std::int64_t>(w, 1);
+    for (auto& w : width)
+        w = std::max<std::int64_t>(w, 1);
 
     // Packed record layout, in the order of RankRow; file and memory types differ only in the
     // byte order of the integers (HDF5 converts field by field, matched by name).
@@ -554,7 +564,7 @@ void RunFile::write_ranks(const RankRow& mine) {
         std::size_t offset;
         hid_t file_type;
         hid_t mem_type;
-        std::size_t text;  // index into texts/width, or npos for integers
+        std::size_t text; // index into texts/width, or npos for integers
     };
     constexpr std::size_t npos = std::numeric_limits<std::size_t>::max();
     std::vector<Field> fields;
@@ -595,7 +605,8 @@ void RunFile::write_ranks(const RankRow& mine) {
     std::vector<char> row(record, '\0');
     const std::int32_t ints[3] = {mine.rank, mine.local_rank, mine.node};
     const std::int64_t pid = mine.pid;
-    for (std::size_t i = 0; i < 3; ++i) std::memcpy(row.data() + fields[i].offset, &ints[i], 4);
+    for (std::size_t i = 0; i < 3; ++i)
+        std::memcpy(row.data() + fields[i].offset, &ints[i], 4);
     std::memcpy(row.data() + fields[4].offset, &pid, 8);
     for (const auto& f : fields)
         if (f.text != npos)
@@ -605,13 +616,13 @@ void RunFile::write_ranks(const RankRow& mine) {
     const hsize_t n = static_cast<hsize_t>(m.size);
     Handle space(H5_CHECK(H5Screate_simple(1, &n, nullptr), m.path, object), H5Sclose);
     Handle ds(H5_CHECK(H5Dcreate2(m.file, object.c_str(), file_type, space, H5P_DEFAULT,
-                                  H5P_DEFAULT, H5P_DEFAULT),
+                                  H5P_DEFAULT, m.dapl),
                        m.path, object),
               H5Dclose);
     const hsize_t start = static_cast<hsize_t>(m.rank), count = 1;
     Handle fspace(H5_CHECK(H5Dget_space(ds), m.path, object), H5Sclose);
-    H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
-             m.path, object);
+    H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr), m.path,
+             object);
     Handle mspace(H5_CHECK(H5Screate_simple(1, &count, nullptr), m.path, object), H5Sclose);
     H5_CHECK(H5Dwrite(ds, mem_type, mspace, fspace, m.dxpl, row.data()), m.path, object);
     m.write_units(ds, object, "1");
@@ -622,8 +633,9 @@ void RunFile::declare_series(const std::string& group, const std::vector<Column>
     Impl& m = checked("declare_series");
     const std::string name = normalize(group);
     if (name == "/" || columns.empty() || chunk_rows == 0)
-        throw core::InternalError("RunFile::declare_series('" + group +
-                                  "'): needs a group name, at least one column and chunk_rows >= 1");
+        throw core::InternalError(
+            "RunFile::declare_series('" + group +
+            "'): needs a group name, at least one column and chunk_rows >= 1");
     if (m.series_index.count(name))
         throw core::InternalError("RunFile::declare_series: series '" + name +
                                   "' is already declared in '" + m.path + "'");
@@ -666,7 +678,7 @@ void RunFile::declare_series(const std::string& group, const std::vector<Column>
     for (const auto& c : columns) {
         const std::string object = name + "/" + c.name;
         s.datasets.emplace_back(H5_CHECK(H5Dcreate2(m.file, object.c_str(), H5T_IEEE_F64LE, space,
-                                                    H5P_DEFAULT, dcpl, H5P_DEFAULT),
+                                                    H5P_DEFAULT, dcpl, m.dapl),
                                          m.path, object),
                                 H5Dclose);
         m.write_units(s.datasets.back(), object, c.units);
@@ -685,7 +697,8 @@ void RunFile::append(const std::string& group, const std::vector<double>& row) {
         throw core::InternalError("RunFile::append('" + s.group + "'): row has " +
                                   std::to_string(row.size()) + " values, the series has " +
                                   std::to_string(s.columns.size()) + " columns");
-    for (std::size_t c = 0; c < row.size(); ++c) s.pending[c].push_back(row[c]);
+    for (std::size_t c = 0; c < row.size(); ++c)
+        s.pending[c].push_back(row[c]);
 }
 
 std::size_t RunFile::rows(const std::string& group) const {
@@ -723,7 +736,8 @@ void RunFile::write_ragged(const std::string& dataset_path, const std::vector<do
     std::vector<std::int64_t> counts(m.size), offsets(m.size, 0);
     mpi_check(MPI_Allgather(&n, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, m.comm),
               "MPI_Allgather");
-    for (int r = 1; r < m.size; ++r) offsets[r] = offsets[r - 1] + counts[r - 1];
+    for (int r = 1; r < m.size; ++r)
+        offsets[r] = offsets[r - 1] + counts[r - 1];
     const hsize_t total = static_cast<hsize_t>(offsets.back() + counts.back());
 
     m.ensure_group(parent_of(object));
@@ -733,7 +747,7 @@ void RunFile::write_ragged(const std::string& dataset_path, const std::vector<do
         m.unlink_if_exists(name);
         Handle space(H5_CHECK(H5Screate_simple(1, &length, nullptr), m.path, name), H5Sclose);
         Handle ds(H5_CHECK(H5Dcreate2(m.file, name.c_str(), file_type, space, H5P_DEFAULT,
-                                      H5P_DEFAULT, H5P_DEFAULT),
+                                      H5P_DEFAULT, m.dapl),
                            m.path, name),
                   H5Dclose);
         const hsize_t mdims = std::max<hsize_t>(count, 1);
@@ -746,19 +760,19 @@ void RunFile::write_ragged(const std::string& dataset_path, const std::vector<do
             H5_CHECK(H5Sselect_none(fspace), m.path, name);
             H5_CHECK(H5Sselect_none(mspace), m.path, name);
         }
-        H5_CHECK(H5Dwrite(ds, mem_type, mspace, fspace, m.dxpl, count > 0 ? buf : &nothing),
-                 m.path, name);
+        H5_CHECK(H5Dwrite(ds, mem_type, mspace, fspace, m.dxpl, count > 0 ? buf : &nothing), m.path,
+                 name);
         m.write_units(ds, name, u);
     };
-    write_1d(object, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, total, static_cast<hsize_t>(offsets[m.rank]),
-             mine.size(), mine.data(), units);
+    write_1d(object, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, total,
+             static_cast<hsize_t>(offsets[m.rank]), mine.size(), mine.data(), units);
     // The index datasets are identical on every rank: rank 0 writes them whole.
     const hsize_t ws = static_cast<hsize_t>(m.size);
     const hsize_t index_count = m.rank == 0 ? ws : 0;
     write_1d(object + "_offset", H5T_STD_I64LE, H5T_NATIVE_INT64, ws, 0, index_count,
              offsets.data(), "1");
-    write_1d(object + "_count", H5T_STD_I64LE, H5T_NATIVE_INT64, ws, 0, index_count,
-             counts.data(), "1");
+    write_1d(object + "_count", H5T_STD_I64LE, H5T_NATIVE_INT64, ws, 0, index_count, counts.data(),
+             "1");
 }
 
 void RunFile::close() {
@@ -774,7 +788,8 @@ void RunFile::close() {
     }
     m.series.clear();
     m.series_index.clear();
-    m.dxpl.reset();
+    for (Handle* h : {&m.dxpl, &m.lapl, &m.gapl, &m.dapl, &m.aapl})
+        h->reset();
     const hid_t file = std::exchange(m.file, H5I_INVALID_HID);
     const herr_t closed = H5Fclose(file);
     if (m.comm != MPI_COMM_NULL) MPI_Comm_free(&m.comm);
@@ -782,7 +797,9 @@ void RunFile::close() {
     if (closed < 0) detail::throw_h5_error("H5Fclose", m.path, "");
 }
 
-bool RunFile::is_open() const { return impl_ && impl_->file >= 0; }
+bool RunFile::is_open() const {
+    return impl_ && impl_->file >= 0;
+}
 
 const std::string& RunFile::path() const {
     static const std::string moved_from;
@@ -791,10 +808,10 @@ const std::string& RunFile::path() const {
 
 RunFile::Impl& RunFile::checked(const char* what) const {
     if (!impl_ || impl_->file < 0)
-        throw core::InternalError(std::string("RunFile::") + what + " called on a " +
-                                  (impl_ ? "closed run file '" + impl_->path + "'"
-                                         : std::string("moved-from RunFile")));
+        throw core::InternalError(
+            std::string("RunFile::") + what + " called on a " +
+            (impl_ ? "closed run file '" + impl_->path + "'" : std::string("moved-from RunFile")));
     return *impl_;
 }
 
-}  // namespace trainscope::io
+} // namespace trainscope::io

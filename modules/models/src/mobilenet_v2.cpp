@@ -19,17 +19,6 @@ std::int64_t make_divisible(double value, std::int64_t divisor = 8) {
     return v;
 }
 
-torch::nn::Sequential conv_bn_relu6(std::int64_t in, std::int64_t out, std::int64_t kernel,
-                                    std::int64_t stride, std::int64_t groups) {
-    return torch::nn::Sequential(
-        torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
-                              .stride(stride)
-                              .padding((kernel - 1) / 2)
-                              .groups(groups)
-                              .bias(false)),
-        torch::nn::BatchNorm2d(out), torch::nn::ReLU6(torch::nn::ReLU6Options().inplace(true)));
-}
-
 struct BlockSetting {
     std::int64_t expand, channels, repeats, stride;  // t, c, n, s in the paper's table 2
 };
@@ -62,13 +51,28 @@ MobileNetV2Options mobilenet_options_from_config(const core::Config& cfg, std::i
     return o;
 }
 
+ConvBNReLU6Impl::ConvBNReLU6Impl(std::int64_t in, std::int64_t out, std::int64_t kernel,
+                                 std::int64_t stride, std::int64_t groups) {
+    conv_ = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
+                                                          .stride(stride)
+                                                          .padding((kernel - 1) / 2)
+                                                          .groups(groups)
+                                                          .bias(false)));
+    bn_ = register_module("bn", torch::nn::BatchNorm2d(out));
+}
+
+torch::Tensor ConvBNReLU6Impl::forward(const torch::Tensor& x) {
+    torch::Tensor y = bn_->forward(conv_->forward(x));
+    return torch::hardtanh_(y, 0.0, 6.0);  // in-place ReLU6
+}
+
 InvertedResidualImpl::InvertedResidualImpl(std::int64_t in, std::int64_t out, std::int64_t stride,
                                            std::int64_t expand_ratio)
     : use_residual_(stride == 1 && in == out) {
     const std::int64_t hidden = in * expand_ratio;
     torch::nn::Sequential body;
-    if (expand_ratio != 1) body->push_back(conv_bn_relu6(in, hidden, 1, 1, 1));
-    body->push_back(conv_bn_relu6(hidden, hidden, 3, stride, /*groups=*/hidden));  // depthwise
+    if (expand_ratio != 1) body->push_back(ConvBNReLU6(in, hidden, 1, 1, 1));
+    body->push_back(ConvBNReLU6(hidden, hidden, 3, stride, /*groups=*/hidden));  // depthwise
     body->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(hidden, out, 1).bias(false)));
     body->push_back(torch::nn::BatchNorm2d(out));
     body_ = register_module("conv", body);
@@ -82,7 +86,7 @@ MobileNetV2Impl::MobileNetV2Impl(const MobileNetV2Options& o) {
     std::int64_t in = make_divisible(kStemChannels * o.width_mult);
     const std::int64_t last = make_divisible(kLastChannels * std::max(1.0, o.width_mult));
     torch::nn::Sequential f;
-    f->push_back(conv_bn_relu6(o.in_channels, in, 3, 2, 1));
+    f->push_back(ConvBNReLU6(o.in_channels, in, 3, 2, 1));
     for (const auto& s : kSettings) {
         const std::int64_t out = make_divisible(s.channels * o.width_mult);
         for (std::int64_t i = 0; i < s.repeats; ++i) {
@@ -90,7 +94,7 @@ MobileNetV2Impl::MobileNetV2Impl(const MobileNetV2Options& o) {
             in = out;
         }
     }
-    f->push_back(conv_bn_relu6(in, last, 1, 1, 1));
+    f->push_back(ConvBNReLU6(in, last, 1, 1, 1));
     features = register_module("features", f);
     classifier = register_module(
         "classifier", torch::nn::Sequential(torch::nn::Dropout(o.dropout),

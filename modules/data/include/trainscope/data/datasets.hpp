@@ -1,6 +1,7 @@
 // Image datasets held in host memory as uint8 tensors (MNIST / Fashion-MNIST from IDX files, or a
 // generated synthetic set), and the studies' "adapted MNIST" transform that turns a gathered uint8
-// batch into the network input. Everything stays uint8 until a batch is built: 60000x28x28 is 47 MB.
+// batch into the network input. Everything stays uint8 until a batch is built: 60000x28x28 is 47
+// MB.
 #pragma once
 
 #include <torch/torch.h>
@@ -17,8 +18,8 @@ class Config;
 namespace trainscope::data {
 
 struct ImageSet {
-    torch::Tensor images;  // uint8 [N, C, H, W] (C = 1 for the MNIST family)
-    torch::Tensor labels;  // int64 [N], values in [0, num_classes)
+    torch::Tensor images; // uint8 [N, C, H, W] (C = 1 for the MNIST family)
+    torch::Tensor labels; // int64 [N], values in [0, num_classes)
     int num_classes = 0;
     // Normalisation statistics of the pixel values scaled to [0, 1] (published values for
     // MNIST/Fashion-MNIST, so that results compare with the PyTorch studies).
@@ -35,8 +36,8 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
 
 struct DatasetSplits {
     ImageSet train, test;
-    std::string name;         // "fashion-mnist", "mnist", "synthetic"
-    std::string description;  // one line for the log and the run file
+    std::string name;        // "fashion-mnist", "mnist", "synthetic"
+    std::string description; // one line for the log and the run file
 };
 
 // The dataset selected by data.dataset:
@@ -76,4 +77,4 @@ struct AdaptedTransform {
 // The transform for a dataset (its mean/std) and the configured input geometry.
 AdaptedTransform adapted_transform(const ImageSet& set, const DataOptions& options);
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

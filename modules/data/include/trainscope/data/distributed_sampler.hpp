@@ -56,4 +56,4 @@ class DistributedSampler {
 // for single-process shuffling.
 std::vector<std::int64_t> seeded_permutation(std::size_t n, std::uint64_t seed, std::int64_t epoch);
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

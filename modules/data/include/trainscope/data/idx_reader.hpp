@@ -1,7 +1,8 @@
 // Reader of IDX files, the format of MNIST and Fashion-MNIST: a big-endian header
 // (0x00 0x00 <type> <ndims>, then ndims uint32 sizes) followed by the raw elements. Files may be
-// gzip-compressed (recognised by the gzip magic 1f 8b, not by the file name). Only the unsigned-byte
-// element type (0x08) is read: that is what every MNIST-family file uses. No LibTorch here.
+// gzip-compressed (recognised by the gzip magic 1f 8b, not by the file name). Only the
+// unsigned-byte element type (0x08) is read: that is what every MNIST-family file uses. No LibTorch
+// here.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +12,8 @@
 namespace trainscope::data {
 
 struct IdxArray {
-    std::vector<std::int64_t> dims;  // e.g. {60000, 28, 28} for images, {60000} for labels
-    std::vector<std::uint8_t> data;  // row-major, product(dims) bytes
+    std::vector<std::int64_t> dims; // e.g. {60000, 28, 28} for images, {60000} for labels
+    std::vector<std::uint8_t> data; // row-major, product(dims) bytes
 };
 
 // Magic numbers of the two MNIST file kinds (type 0x08 = unsigned byte, last byte = ndims).
@@ -27,4 +28,4 @@ IdxArray read_idx(const std::string& path);
 // "60000x28x28"
 std::string format_dims(const std::vector<std::int64_t>& dims);
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

@@ -36,7 +36,7 @@ class Loader {
   public:
     Loader(const ImageSet& set, AdaptedTransform transform, std::vector<std::int64_t> indices,
            std::int64_t batch_size, int workers, int prefetch, bool pin_memory, bool drop_last);
-    ~Loader();  // stops and joins the workers, also in the middle of an epoch
+    ~Loader(); // stops and joins the workers, also in the middle of an epoch
     Loader(const Loader&) = delete;
     Loader& operator=(const Loader&) = delete;
 
@@ -55,8 +55,8 @@ class Loader {
         bool ready = false;
     };
 
-    Batch build(std::int64_t k) const;  // gather + transform of batch k
-    void work();                        // worker thread body
+    Batch build(std::int64_t k) const; // gather + transform of batch k
+    void work();                       // worker thread body
 
     ImageSet set_;
     AdaptedTransform transform_;
@@ -67,14 +67,14 @@ class Loader {
     bool pin_;
 
     std::mutex mutex_;
-    std::condition_variable work_cv_;   // workers: a slot became free, or stop
-    std::condition_variable ready_cv_;  // next(): a batch became ready
-    std::vector<Slot> ring_;            // batch k lives in ring_[k % prefetch]
-    std::int64_t next_build_ = 0;       // next batch index a worker claims
-    std::int64_t next_pop_ = 0;         // next batch index next() returns
+    std::condition_variable work_cv_;  // workers: a slot became free, or stop
+    std::condition_variable ready_cv_; // next(): a batch became ready
+    std::vector<Slot> ring_;           // batch k lives in ring_[k % prefetch]
+    std::int64_t next_build_ = 0;      // next batch index a worker claims
+    std::int64_t next_pop_ = 0;        // next batch index next() returns
     bool stop_ = false;
-    std::exception_ptr failed_;  // sticky after the first error
+    std::exception_ptr failed_; // sticky after the first error
     std::vector<std::thread> threads_;
 };
 
-}  // namespace trainscope::data
+} // namespace trainscope::data

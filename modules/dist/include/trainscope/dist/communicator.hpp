@@ -20,11 +20,11 @@ const char* to_string(ReduceOp op);
 class Work {
   public:
     virtual ~Work() = default;
-    // MPI: blocks until the collective finished and its result is in the tensor; rethrows its error.
-    // NCCL: makes the caller's current CUDA stream wait for it (no host synchronisation), so work
-    // queued afterwards on that stream sees the result.
+    // MPI: blocks until the collective finished and its result is in the tensor; rethrows its
+    // error. NCCL: makes the caller's current CUDA stream wait for it (no host synchronisation), so
+    // work queued afterwards on that stream sees the result.
     virtual void wait() = 0;
-    virtual bool completed() = 0;  // non-blocking query
+    virtual bool completed() = 0; // non-blocking query
 };
 
 // Cumulative accounting per collective kind. bytes = payload of the tensor given (for allgather the
@@ -44,17 +44,17 @@ class Communicator {
     virtual ~Communicator() = default;
     virtual int rank() const = 0;
     virtual int size() const = 0;
-    virtual std::string backend() const = 0;  // "mpi" | "nccl"
+    virtual std::string backend() const = 0; // "mpi" | "nccl"
     virtual torch::Device device() const = 0;
 
     // In place. Average divides the sum by size() (floating-point tensors only).
     virtual std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) = 0;
-    void allreduce(torch::Tensor tensor, ReduceOp op);  // allreduce_async + wait
-    virtual void broadcast(torch::Tensor tensor, int root) = 0;  // in place
+    void allreduce(torch::Tensor tensor, ReduceOp op);          // allreduce_async + wait
+    virtual void broadcast(torch::Tensor tensor, int root) = 0; // in place
     // out: size() * in.numel() elements, rank r's input at [r * in.numel(), (r+1) * in.numel()).
     virtual void allgather(const torch::Tensor& in, torch::Tensor out) = 0;
-    // in: size() * out.numel() elements; rank r receives the reduction of block r. The split must be
-    // exact (callers pad), as MPI_Reduce_scatter_block and ncclReduceScatter require.
+    // in: size() * out.numel() elements; rank r receives the reduction of block r. The split must
+    // be exact (callers pad), as MPI_Reduce_scatter_block and ncclReduceScatter require.
     virtual void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) = 0;
     virtual void barrier() = 0;
 
@@ -69,4 +69,4 @@ class Communicator {
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
                                                 torch::Device device);
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

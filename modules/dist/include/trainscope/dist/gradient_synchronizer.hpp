@@ -29,7 +29,7 @@ class GradientSynchronizer {
     // (the tensors share storage with the model's parameters).
     GradientSynchronizer(Communicator& comm, std::vector<torch::Tensor> parameters,
                          std::size_t bucket_cap_bytes);
-    ~GradientSynchronizer();  // removes its hooks
+    ~GradientSynchronizer(); // removes its hooks
     GradientSynchronizer(const GradientSynchronizer&) = delete;
     GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
 
@@ -37,7 +37,7 @@ class GradientSynchronizer {
     // ranks start equal. Collective.
     void broadcast_parameters(int root = 0, const std::vector<torch::Tensor>& buffers = {});
 
-    void begin_iteration();  // before backward: arms the hooks
+    void begin_iteration(); // before backward: arms the hooks
     // After backward: launches the buckets not yet launched (a parameter without .grad contributes
     // zeros; afterwards every parameter has a .grad), waits for all, writes the averaged gradients
     // into .grad. Returns the seconds spent waiting (exposed communication; with NCCL the wait is
@@ -45,8 +45,8 @@ class GradientSynchronizer {
     double finish();
 
     std::size_t num_buckets() const;
-    std::vector<std::size_t> bucket_bytes() const;            // payload per bucket, launch order
-    std::vector<std::vector<std::size_t>> bucket_parameters() const;  // parameter indices per bucket
+    std::vector<std::size_t> bucket_bytes() const; // payload per bucket, launch order
+    std::vector<std::vector<std::size_t>> bucket_parameters() const; // parameter indices per bucket
     // Bytes allreduced per iteration (sum of bucket_bytes(); 0 when world size is 1: no traffic).
     std::uint64_t bytes_per_iteration() const;
     // Of the last finished iteration: buckets launched from hooks during backward vs in finish().
@@ -58,4 +58,4 @@ class GradientSynchronizer {
     std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

@@ -15,11 +15,11 @@ namespace trainscope::dist {
 class MpiRuntime {
   public:
     MpiRuntime(int& argc, char**& argv);
-    ~MpiRuntime();  // MPI_Finalize unless abort() ran or someone else owns MPI
+    ~MpiRuntime(); // MPI_Finalize unless abort() ran or someone else owns MPI
     MpiRuntime(const MpiRuntime&) = delete;
     MpiRuntime& operator=(const MpiRuntime&) = delete;
 
-    int thread_level() const { return provided_; }  // MPI_THREAD_SINGLE..MPI_THREAD_MULTIPLE
+    int thread_level() const { return provided_; } // MPI_THREAD_SINGLE..MPI_THREAD_MULTIPLE
     // MPI_Abort(MPI_COMM_WORLD, code): ends every rank; for errors that not all ranks share.
     [[noreturn]] static void abort(int code);
 
@@ -39,10 +39,11 @@ std::string mpi_library_version();
 //   core::Error becomes a core::InternalError with the same message);
 // - another rank threw: throws an error of the *same kind* as the lowest failing rank's (so every
 //   rank exits with the same code), marked collective, whose message is
-//   "rank k failed: <first line of rank k's message>" ("ranks 1, 3 failed; rank 1: ..." if several).
+//   "rank k failed: <first line of rank k's message>" ("ranks 1, 3 failed; rank 1: ..." if
+//   several).
 // Use it around configuration, data and output checks, so that every rank can report and finalize
 // MPI cleanly instead of one rank calling MPI_Abort. `fn` must not itself communicate in a way
 // that a failing rank would skip.
 void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn);
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

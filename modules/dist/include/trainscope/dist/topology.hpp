@@ -11,13 +11,13 @@ namespace trainscope::dist {
 
 struct Topology {
     int rank = 0, world_size = 1;
-    int local_rank = 0, local_size = 1;  // within this node (MPI_COMM_TYPE_SHARED)
-    int node = 0, num_nodes = 1;         // nodes numbered by their lowest world rank
-    std::string hostname;                // this rank's host
-    std::vector<std::string> hostnames;  // [world_size], per rank
+    int local_rank = 0, local_size = 1; // within this node (MPI_COMM_TYPE_SHARED)
+    int node = 0, num_nodes = 1;        // nodes numbered by their lowest world rank
+    std::string hostname;               // this rank's host
+    std::vector<std::string> hostnames; // [world_size], per rank
 };
 
 // Collective over `comm`.
 Topology discover_topology(MPI_Comm comm);
 
-}  // namespace trainscope::dist
+} // namespace trainscope::dist

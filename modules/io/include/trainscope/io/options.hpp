@@ -9,4 +9,4 @@ namespace trainscope::io {
 // output.file (string), output.overwrite (bool), output.flush_every (int >= 1, iterations).
 void declare_options(core::OptionRegistry& registry);
 
-}  // namespace trainscope::io
+} // namespace trainscope::io

@@ -82,15 +82,16 @@ class RunFile {
 
     // Collective. Writes every rank's buffered rows: the extent of each series becomes the longest
     // rank's row count (shorter rows stay NaN), root attribute flushed_utc and the group attributes
-    // rows / rank_rows are updated, then the file is flushed so a killed job leaves a readable file.
+    // rows / rank_rows are updated, then the file is flushed so a killed job leaves a readable
+    // file.
     void flush();
 
     // Collective. status is running|completed|failed|interrupted; flushes; a final status also
     // writes finished_utc.
     void set_status(const std::string& status);
 
-    // Collective. Variable-length per-rank data: one global 1-D float64 dataset `path` holding every
-    // rank's values in rank order, plus `<path>_offset` / `<path>_count` int64 [world_size].
+    // Collective. Variable-length per-rank data: one global 1-D float64 dataset `path` holding
+    // every rank's values in rank order, plus `<path>_offset` / `<path>_count` int64 [world_size].
     void write_ragged(const std::string& path, const std::vector<double>& mine,
                       const std::string& units);
 
@@ -102,11 +103,11 @@ class RunFile {
   private:
     struct Impl;
     explicit RunFile(std::unique_ptr<Impl> impl);
-    Impl& checked(const char* what) const;  // throws InternalError when closed or moved from
+    Impl& checked(const char* what) const; // throws InternalError when closed or moved from
     std::unique_ptr<Impl> impl_;
 };
 
 // "2025-01-31T12:34:56Z": the format of created_utc, flushed_utc and finished_utc.
 std::string utc_now_iso8601();
 
-}  // namespace trainscope::io
+} // namespace trainscope::io

@@ -25,6 +25,19 @@ struct MobileNetV2Options {
     std::int64_t in_channels = 3;
 };
 
+// Convolution → batch-norm → ReLU6, the network's basic unit (padding keeps "same" size at stride 1).
+class ConvBNReLU6Impl : public torch::nn::Module {
+  public:
+    ConvBNReLU6Impl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
+                    std::int64_t groups);
+    torch::Tensor forward(const torch::Tensor& x);
+
+  private:
+    torch::nn::Conv2d conv_{nullptr};
+    torch::nn::BatchNorm2d bn_{nullptr};
+};
+TORCH_MODULE(ConvBNReLU6);
+
 // One inverted-residual block: 1x1 expansion (skipped when t == 1) → 3x3 depthwise → 1x1 linear
 // projection; a residual connection when stride is 1 and channels are unchanged.
 class InvertedResidualImpl : public torch::nn::Module {

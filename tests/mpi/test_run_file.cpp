@@ -1,0 +1,590 @@
+// MPI tests of io::RunFile at 1, 2 and 4 ranks: every rank writes collectively, then rank 0 reads
+// the closed file back with the serial HDF5 C API and checks values, shapes, NaN padding,
+// attributes and units; refusals (existing file, missing or unwritable directory) must be the same
+// OutputError on every rank.
+#include "trainscope/core/config.hpp"
+#include "trainscope/core/error.hpp"
+#include "trainscope/io/options.hpp"
+#include "trainscope/io/run_file.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <mpi.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace io = trainscope::io;
+namespace core = trainscope::core;
+namespace fs = std::filesystem;
+
+namespace {
+
+int world_rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+int world_size() {
+    int n = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
+std::string bcast_from_0(std::string text) {
+    int n = static_cast<int>(text.size());
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    text.resize(n);
+    MPI_Bcast(text.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+    return text;
+}
+
+std::string file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// --- serial read-back helpers (rank 0, after the file is closed) --------------------------------
+
+struct Reader {
+    hid_t file;
+    explicit Reader(const std::string& path)
+        : file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT)) {}
+    ~Reader() {
+        if (file >= 0) H5Fclose(file);
+    }
+
+    hid_t open_attr(const std::string& obj, const std::string& name) const {
+        return H5Aopen_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
+    }
+    bool has_attr(const std::string& obj, const std::string& name) const {
+        return H5Aexists_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT) > 0;
+    }
+    std::string str_attr(const std::string& obj, const std::string& name) const {
+        const hid_t a = open_attr(obj, name);
+        if (a < 0) return "<missing " + obj + "@" + name + ">";
+        const hid_t t = H5Aget_type(a);
+        std::string value = "<not a variable-length string>";
+        if (H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0) {
+            char* text = nullptr;
+            H5Aread(a, t, &text);
+            value = text ? text : "";
+            H5free_memory(text);
+        }
+        H5Tclose(t);
+        H5Aclose(a);
+        return value;
+    }
+    std::int64_t int_attr(const std::string& obj, const std::string& name) const {
+        std::int64_t v = -12345;
+        const hid_t a = open_attr(obj, name);
+        if (a >= 0) {
+            const hid_t t = H5Aget_type(a);
+            if (H5Tget_class(t) == H5T_INTEGER) H5Aread(a, H5T_NATIVE_INT64, &v);
+            H5Tclose(t);
+            H5Aclose(a);
+        }
+        return v;
+    }
+    double float_attr(const std::string& obj, const std::string& name) const {
+        double v = -12345;
+        const hid_t a = open_attr(obj, name);
+        if (a >= 0) {
+            const hid_t t = H5Aget_type(a);
+            if (H5Tget_class(t) == H5T_FLOAT) H5Aread(a, H5T_NATIVE_DOUBLE, &v);
+            H5Tclose(t);
+            H5Aclose(a);
+        }
+        return v;
+    }
+    std::vector<std::int64_t> int_array_attr(const std::string& obj,
+                                             const std::string& name) const {
+        const hid_t a = open_attr(obj, name);
+        if (a < 0) return {};
+        const hid_t s = H5Aget_space(a);
+        std::vector<std::int64_t> v(H5Sget_simple_extent_npoints(s));
+        H5Aread(a, H5T_NATIVE_INT64, v.data());
+        H5Sclose(s);
+        H5Aclose(a);
+        return v;
+    }
+
+    struct Array {
+        std::vector<hsize_t> dims, max_dims, chunk;
+        std::vector<double> values; // row-major
+        double at(hsize_t r, hsize_t c) const { return values[r * dims[1] + c]; }
+    };
+    Array doubles(const std::string& path) const {
+        Array out;
+        const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
+        if (d < 0) return out;
+        const hid_t s = H5Dget_space(d);
+        const int rank = H5Sget_simple_extent_ndims(s);
+        out.dims.resize(rank);
+        out.max_dims.resize(rank);
+        H5Sget_simple_extent_dims(s, out.dims.data(), out.max_dims.data());
+        const hid_t plist = H5Dget_create_plist(d);
+        if (H5Pget_layout(plist) == H5D_CHUNKED) {
+            out.chunk.resize(rank);
+            H5Pget_chunk(plist, rank, out.chunk.data());
+        }
+        out.values.resize(H5Sget_simple_extent_npoints(s));
+        if (!out.values.empty())
+            H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.values.data());
+        H5Pclose(plist);
+        H5Sclose(s);
+        H5Dclose(d);
+        return out;
+    }
+    std::vector<std::int64_t> ints(const std::string& path) const {
+        const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
+        if (d < 0) return {};
+        const hid_t s = H5Dget_space(d);
+        std::vector<std::int64_t> v(H5Sget_simple_extent_npoints(s));
+        H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+        H5Sclose(s);
+        H5Dclose(d);
+        return v;
+    }
+    std::string fixed_string(const std::string& path) const {
+        const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
+        if (d < 0) return "<missing " + path + ">";
+        const hid_t t = H5Dget_type(d);
+        std::string v(H5Tget_size(t), '\0');
+        H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+        H5Tclose(t);
+        H5Dclose(d);
+        return v.substr(0, v.find('\0'));
+    }
+};
+
+// Every test works in a fresh directory made by rank 0 and shared with the other ranks.
+class RunFileTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        std::string made;
+        if (world_rank() == 0) {
+            const char* tmp = std::getenv("TMPDIR");
+            std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/ts_io_XXXXXX";
+            made = mkdtemp(pattern.data()) ? pattern : "";
+        }
+        dir_ = bcast_from_0(made);
+        ASSERT_FALSE(dir_.empty());
+    }
+    void TearDown() override {
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (world_rank() == 0) {
+            std::error_code ec;
+            fs::remove_all(dir_, ec);
+        }
+    }
+
+    // Runs `create`; expects an OutputError raised collectively with the same message everywhere.
+    template <class F> std::string expect_collective_output_error(F&& create) {
+        std::string message;
+        bool threw = false, collective = false;
+        int exit_code = 0;
+        try {
+            create();
+        } catch (const core::OutputError& e) {
+            threw = true;
+            collective = e.collective();
+            exit_code = e.exit_code();
+            message = e.what();
+        }
+        EXPECT_TRUE(threw);
+        EXPECT_TRUE(collective);
+        EXPECT_EQ(exit_code, 4);
+        EXPECT_EQ(message, bcast_from_0(message)) << "ranks disagree on the error";
+        return message;
+    }
+
+    std::string dir_;
+};
+
+double iteration_value(int rank, int row, int column) {
+    return rank * 1000.0 + row + column * 0.25;
+}
+int iteration_rows(int rank) {
+    return 5 + 3 * rank;
+} // 5 + r before the first flush, 2r after
+int epoch_rows(int rank, int size) {
+    return (rank == 0 ? 1 : 0) + (rank == size - 1 ? 6 : 0);
+}
+
+TEST_F(RunFileTest, WritesAttributesStringsRanksAndSeriesFromEveryRank) {
+    const int r = world_rank(), n = world_size();
+    const std::string path = dir_ + "/run.h5";
+    const std::string ini = "[train]\nlr = 0.2\nbatch_size = 64\n# ünïcode\n";
+    {
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false,
+                                        {{"workload", "cv"},
+                                         {"num_nodes", std::int64_t{1}},
+                                         {"lr0", 0.05},
+                                         {"decided_by", r == 0 ? "rank 0" : "another rank"}});
+        EXPECT_EQ(file.path(), path);
+        // Values are rank 0's even where other ranks pass different ones.
+        file.set_attributes("/config", {{"train.batch_size", std::int64_t{r == 0 ? 64 : 999}},
+                                        {"train.lr", 0.1},
+                                        {"train.epochs", std::int64_t{3}}});
+        file.set_attributes("config", {{"train.lr", 0.2}});           // same type: in place
+        file.set_attributes("/config/", {{"train.epochs", "three"}}); // int -> string
+        file.write_string_dataset("/config/ini", r == 0 ? ini : "not rank 0's text");
+        file.write_ranks({r, r % 2, r / 2, "host" + std::string(r, 'x'), 1000L + r, "cpu",
+                          "test CPU", "", std::to_string(r)});
+
+        file.declare_series("iterations", {{"iteration", "1"}, {"forward_s", "s"}, {"loss", "1"}});
+        file.declare_series("/epochs", {{"epoch_s", "s"}, {"val_accuracy", "1"}}, 4);
+        auto add_iterations = [&](int from, int to) {
+            for (int i = from; i < to; ++i)
+                file.append("iterations", {iteration_value(r, i, 0), iteration_value(r, i, 1),
+                                           iteration_value(r, i, 2)});
+        };
+        auto add_epochs = [&](int count) {
+            for (int i = 0; i < count; ++i) {
+                const int row = static_cast<int>(file.rows("epochs"));
+                file.append("epochs", {10.0 * r + row, 0.5 + row});
+            }
+        };
+        add_iterations(0, 5 + r);
+        if (r == 0) add_epochs(1);
+        file.flush();
+        add_iterations(5 + r, iteration_rows(r));
+        if (r == n - 1) add_epochs(6); // crosses the 4-row chunk
+        file.flush();
+        file.flush(); // nothing new anywhere
+        EXPECT_EQ(file.rows("iterations"), static_cast<std::size_t>(iteration_rows(r)));
+        EXPECT_EQ(file.rows("epochs"), static_cast<std::size_t>(epoch_rows(r, n)));
+        file.set_status("completed");
+        file.close();
+        EXPECT_FALSE(file.is_open());
+        file.close(); // idempotent
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r != 0) return;
+
+    Reader f(path);
+    ASSERT_GE(f.file, 0);
+    EXPECT_EQ(f.str_attr("/", "schema"), "trainscope/1");
+    EXPECT_EQ(f.str_attr("/", "status"), "completed");
+    const std::regex iso(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z)");
+    EXPECT_TRUE(std::regex_match(f.str_attr("/", "created_utc"), iso));
+    EXPECT_TRUE(std::regex_match(f.str_attr("/", "flushed_utc"), iso));
+    EXPECT_TRUE(std::regex_match(f.str_attr("/", "finished_utc"), iso));
+    EXPECT_EQ(f.int_attr("/", "world_size"), n);
+    EXPECT_EQ(f.str_attr("/", "workload"), "cv");
+    EXPECT_EQ(f.int_attr("/", "num_nodes"), 1);
+    EXPECT_DOUBLE_EQ(f.float_attr("/", "lr0"), 0.05);
+    EXPECT_EQ(f.str_attr("/", "decided_by"), "rank 0");
+
+    EXPECT_EQ(f.int_attr("/config", "train.batch_size"), 64);
+    EXPECT_DOUBLE_EQ(f.float_attr("/config", "train.lr"), 0.2);
+    EXPECT_EQ(f.str_attr("/config", "train.epochs"), "three");
+    EXPECT_EQ(f.fixed_string("/config/ini"), ini);
+    EXPECT_EQ(f.str_attr("/config/ini", "units"), "text");
+
+    // /ranks: read a subset of the compound's fields into a native struct (matched by name).
+    struct RankMem {
+        int rank, local_rank, node;
+        long long pid;
+        char hostname[32], cpu_affinity[8], pci_bus_id[8], device[8];
+    };
+    const hid_t ranks = H5Dopen2(f.file, "/ranks", H5P_DEFAULT);
+    ASSERT_GE(ranks, 0);
+    const hid_t ftype = H5Dget_type(ranks);
+    ASSERT_EQ(H5Tget_nmembers(ftype), 9);
+    const char* expected_fields[9] = {"rank",   "local_rank",  "node",       "hostname",    "pid",
+                                      "device", "device_name", "pci_bus_id", "cpu_affinity"};
+    for (unsigned i = 0; i < 9; ++i) {
+        char* name = H5Tget_member_name(ftype, i);
+        EXPECT_STREQ(name, expected_fields[i]);
+        H5free_memory(name);
+    }
+    auto str_type = [](std::size_t n) {
+        hid_t t = H5Tcopy(H5T_C_S1);
+        H5Tset_size(t, n);
+        H5Tset_strpad(t, H5T_STR_NULLTERM);
+        H5Tset_cset(t, H5T_CSET_UTF8); // HDF5 does not convert between character sets
+        return t;
+    };
+    const hid_t mtype = H5Tcreate(H5T_COMPOUND, sizeof(RankMem));
+    const hid_t s32 = str_type(32), s8 = str_type(8);
+    H5Tinsert(mtype, "rank", HOFFSET(RankMem, rank), H5T_NATIVE_INT);
+    H5Tinsert(mtype, "local_rank", HOFFSET(RankMem, local_rank), H5T_NATIVE_INT);
+    H5Tinsert(mtype, "node", HOFFSET(RankMem, node), H5T_NATIVE_INT);
+    H5Tinsert(mtype, "pid", HOFFSET(RankMem, pid), H5T_NATIVE_LLONG);
+    H5Tinsert(mtype, "hostname", HOFFSET(RankMem, hostname), s32);
+    H5Tinsert(mtype, "cpu_affinity", HOFFSET(RankMem, cpu_affinity), s8);
+    H5Tinsert(mtype, "pci_bus_id", HOFFSET(RankMem, pci_bus_id), s8);
+    H5Tinsert(mtype, "device", HOFFSET(RankMem, device), s8);
+    std::vector<RankMem> rows(n);
+    EXPECT_GE(H5Dread(ranks, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows.data()), 0);
+    for (int k = 0; k < n; ++k) {
+        EXPECT_EQ(rows[k].rank, k);
+        EXPECT_EQ(rows[k].local_rank, k % 2);
+        EXPECT_EQ(rows[k].node, k / 2);
+        EXPECT_EQ(rows[k].pid, 1000 + k);
+        EXPECT_EQ(std::string(rows[k].hostname), "host" + std::string(k, 'x'));
+        EXPECT_EQ(std::string(rows[k].cpu_affinity), std::to_string(k));
+        EXPECT_EQ(std::string(rows[k].pci_bus_id), "");
+        EXPECT_EQ(std::string(rows[k].device), "cpu");
+    }
+    H5Tclose(s32);
+    H5Tclose(s8);
+    H5Tclose(mtype);
+    H5Tclose(ftype);
+    H5Dclose(ranks);
+    EXPECT_EQ(f.str_attr("/ranks", "units"), "1");
+
+    // /iterations: [n, longest rank], rank k's row holds iteration_rows(k) values, then NaN.
+    const hsize_t longest = iteration_rows(n - 1);
+    EXPECT_EQ(f.str_attr("/iterations", "columns"), "iteration,forward_s,loss");
+    EXPECT_EQ(f.int_attr("/iterations", "rows"), static_cast<std::int64_t>(longest));
+    std::vector<std::int64_t> expected_rank_rows;
+    for (int k = 0; k < n; ++k)
+        expected_rank_rows.push_back(iteration_rows(k));
+    EXPECT_EQ(f.int_array_attr("/iterations", "rank_rows"), expected_rank_rows);
+    const char* names[3] = {"iteration", "forward_s", "loss"};
+    const char* units[3] = {"1", "s", "1"};
+    for (int c = 0; c < 3; ++c) {
+        const std::string ds = std::string("/iterations/") + names[c];
+        const auto a = f.doubles(ds);
+        ASSERT_EQ(a.dims, (std::vector<hsize_t>{hsize_t(n), longest})) << ds;
+        EXPECT_EQ(a.max_dims, (std::vector<hsize_t>{hsize_t(n), H5S_UNLIMITED})) << ds;
+        EXPECT_EQ(a.chunk, (std::vector<hsize_t>{1, 1024})) << ds;
+        EXPECT_EQ(f.str_attr(ds, "units"), units[c]);
+        for (int k = 0; k < n; ++k)
+            for (hsize_t i = 0; i < longest; ++i) {
+                if (static_cast<int>(i) < iteration_rows(k))
+                    EXPECT_EQ(a.at(k, i), iteration_value(k, static_cast<int>(i), c))
+                        << ds << "[" << k << "," << i << "]";
+                else
+                    EXPECT_TRUE(std::isnan(a.at(k, i))) << ds << "[" << k << "," << i << "]";
+            }
+    }
+
+    // /epochs: chunk [1, 4]; rank 0 has one row, rank n-1 six more; everything else NaN.
+    int epochs_longest = 0;
+    for (int k = 0; k < n; ++k)
+        epochs_longest = std::max(epochs_longest, epoch_rows(k, n));
+    const auto e = f.doubles("/epochs/epoch_s");
+    const auto acc = f.doubles("/epochs/val_accuracy");
+    ASSERT_EQ(e.dims, (std::vector<hsize_t>{hsize_t(n), hsize_t(epochs_longest)}));
+    EXPECT_EQ(e.chunk, (std::vector<hsize_t>{1, 4}));
+    EXPECT_EQ(f.str_attr("/epochs/epoch_s", "units"), "s");
+    EXPECT_EQ(f.str_attr("/epochs/val_accuracy", "units"), "1");
+    for (int k = 0; k < n; ++k)
+        for (int i = 0; i < epochs_longest; ++i) {
+            if (i < epoch_rows(k, n)) {
+                EXPECT_EQ(e.at(k, i), 10.0 * k + i);
+                EXPECT_EQ(acc.at(k, i), 0.5 + i);
+            } else {
+                EXPECT_TRUE(std::isnan(e.at(k, i))) << "epochs[" << k << "," << i << "]";
+            }
+        }
+}
+
+TEST_F(RunFileTest, ExistingFileIsRefusedWithoutOverwriteAndReplacedWithIt) {
+    const std::string path = dir_ + "/run.h5";
+    io::RunFile::create(MPI_COMM_WORLD, path, false, {{"workload", "first"}}).close();
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string before = world_rank() == 0 ? file_bytes(path) : "";
+
+    const std::string message = expect_collective_output_error([&] {
+        io::RunFile::create(MPI_COMM_WORLD, path, false, {{"workload", "second"}});
+    });
+    EXPECT_EQ(message, "output file '" + path +
+                           "' exists; set output.overwrite=true or choose another output.file");
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) {
+        EXPECT_FALSE(before.empty());
+        EXPECT_EQ(file_bytes(path), before) << "refused create touched the existing file";
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    io::RunFile::create(MPI_COMM_WORLD, path, true, {{"workload", "second"}}).close();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) {
+        Reader f(path);
+        EXPECT_EQ(f.str_attr("/", "workload"), "second");
+        EXPECT_EQ(f.str_attr("/", "status"), "running"); // closed without a final status
+    }
+}
+
+TEST_F(RunFileTest, MissingDirectoryIsNamedInTheError) {
+    const std::string path = dir_ + "/no/such/dir/run.h5";
+    const std::string message =
+        expect_collective_output_error([&] { io::RunFile::create(MPI_COMM_WORLD, path, false); });
+    EXPECT_NE(message.find("'" + path + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find("directory '" + dir_ + "/no/such/dir' does not exist"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("mkdir -p"), std::string::npos) << message;
+}
+
+TEST_F(RunFileTest, ParentThatIsAFileIsRefused) {
+    if (world_rank() == 0) std::ofstream(dir_ + "/plain") << "x";
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string path = dir_ + "/plain/run.h5";
+    const std::string message =
+        expect_collective_output_error([&] { io::RunFile::create(MPI_COMM_WORLD, path, true); });
+    EXPECT_NE(message.find("'" + dir_ + "/plain' is not a directory"), std::string::npos)
+        << message;
+}
+
+TEST_F(RunFileTest, UnwritableDirectoryIsNamedWithTheOsError) {
+    // root ignores directory permissions, so it uses sysfs, where creating files is refused.
+    std::string path;
+    if (world_rank() == 0) {
+        if (geteuid() != 0) {
+            fs::create_directory(dir_ + "/ro");
+            chmod((dir_ + "/ro").c_str(), 0555);
+            path = dir_ + "/ro/run.h5";
+        } else {
+            path = "/sys/trainscope_io_test.h5";
+            const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+            if (fd >= 0) { // not refused here: cannot test
+                close(fd);
+                unlink(path.c_str());
+                path.clear();
+            }
+        }
+    }
+    path = bcast_from_0(path);
+    if (path.empty()) GTEST_SKIP() << "no unwritable directory available";
+    const std::string message =
+        expect_collective_output_error([&] { io::RunFile::create(MPI_COMM_WORLD, path, false); });
+    EXPECT_NE(message.find("cannot create output file '" + path + "'"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find(geteuid() != 0 ? "Permission denied" : "denied"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("choose a writable directory"), std::string::npos) << message;
+    if (world_rank() == 0 && geteuid() != 0) chmod((dir_ + "/ro").c_str(), 0755);
+}
+
+TEST_F(RunFileTest, HdfFailuresBecomeOutputErrorsWithoutPrintingTheErrorStack) {
+    const std::string path = dir_ + "/run.h5";
+    auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+    file.write_string_dataset("/notes", "a dataset, not a group");
+
+    // Capture stderr while HDF5 fails: nothing may be printed, the exception carries it all.
+    std::fflush(stderr);
+    const std::string capture = dir_ + "/stderr." + std::to_string(world_rank());
+    const int saved = dup(2);
+    const int fd = open(capture.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 2);
+    std::string message;
+    try {
+        file.set_attributes("/notes/inner", {{"x", std::int64_t{1}}});
+    } catch (const core::OutputError& e) {
+        message = e.what();
+    }
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+
+    EXPECT_NE(message.find("HDF5 H5Gopen2 failed on '" + path + "' (/notes)"), std::string::npos)
+        << message;
+    EXPECT_EQ(file_bytes(capture), "");
+    // The failure was the same on every rank, so the file is still usable and closes normally.
+    file.set_attributes("/", {{"after_error", "ok"}});
+    file.close();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) EXPECT_EQ(Reader(path).str_attr("/", "after_error"), "ok");
+}
+
+TEST_F(RunFileTest, MisuseIsAnInternalError) {
+    auto file = io::RunFile::create(MPI_COMM_WORLD, dir_ + "/run.h5", false);
+    file.declare_series("iterations", {{"a", "s"}, {"b", "s"}});
+    EXPECT_THROW(file.append("iterations", {1.0}), core::InternalError);
+    EXPECT_THROW(file.append("epochs", {1.0}), core::InternalError);
+    EXPECT_THROW(file.declare_series("iterations", {{"a", "s"}}), core::InternalError);
+    EXPECT_THROW(file.declare_series("x", {{"a", "s"}, {"a", "1"}}), core::InternalError);
+    EXPECT_THROW(file.set_status("done"), core::InternalError);
+    file.close();
+    EXPECT_THROW(file.flush(), core::InternalError);
+}
+
+TEST_F(RunFileTest, DestructorWritesBufferedRowsAndCloses) {
+    const std::string path = dir_ + "/run.h5";
+    const int r = world_rank();
+    {
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        file.declare_series("telemetry/cpu", {{"util", "percent"}});
+        for (int i = 0; i <= r; ++i)
+            file.append("telemetry/cpu", {r + 0.5 * i});
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r != 0) return;
+    Reader f(path);
+    const auto a = f.doubles("/telemetry/cpu/util");
+    const int n = world_size();
+    ASSERT_EQ(a.dims, (std::vector<hsize_t>{hsize_t(n), hsize_t(n)}));
+    for (int k = 0; k < n; ++k)
+        for (int i = 0; i < n; ++i) {
+            if (i <= k)
+                EXPECT_EQ(a.at(k, i), k + 0.5 * i);
+            else
+                EXPECT_TRUE(std::isnan(a.at(k, i)));
+        }
+    EXPECT_EQ(f.str_attr("/", "status"), "running");
+}
+
+TEST_F(RunFileTest, RaggedTableUsesRankOffsetsAndIndexes) {
+    const std::string path = dir_ + "/run.h5";
+    const int r = world_rank(), n = world_size();
+    auto count = [](int k) { return k == 1 ? 0 : k + 2; }; // rank 1 has nothing
+    {
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        std::vector<double> mine;
+        for (int j = 0; j < count(r); ++j)
+            mine.push_back(100.0 * r + j);
+        file.write_ragged("/profile/op_ms", mine, "ms");
+        file.close();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r != 0) return;
+    Reader f(path);
+    const auto values = f.doubles("/profile/op_ms");
+    const auto offsets = f.ints("/profile/op_ms_offset");
+    const auto counts = f.ints("/profile/op_ms_count");
+    ASSERT_EQ(offsets.size(), static_cast<std::size_t>(n));
+    ASSERT_EQ(counts.size(), static_cast<std::size_t>(n));
+    std::int64_t total = 0;
+    for (int k = 0; k < n; ++k) {
+        EXPECT_EQ(offsets[k], total);
+        EXPECT_EQ(counts[k], count(k));
+        for (int j = 0; j < count(k); ++j)
+            EXPECT_EQ(values.values.at(total + j), 100.0 * k + j);
+        total += count(k);
+    }
+    EXPECT_EQ(values.dims, std::vector<hsize_t>{hsize_t(total)});
+    EXPECT_EQ(f.str_attr("/profile/op_ms", "units"), "ms");
+    EXPECT_EQ(f.str_attr("/profile/op_ms_offset", "units"), "1");
+    EXPECT_EQ(f.str_attr("/profile/op_ms_count", "units"), "1");
+}
+
+TEST(IoOptions, DeclaresOutputSection) {
+    core::OptionRegistry registry;
+    io::declare_options(registry);
+    const auto config = core::Config::from_values(registry, {});
+    EXPECT_EQ(config.get_string("output.file"), "trainscope_run.h5");
+    EXPECT_FALSE(config.get_bool("output.overwrite"));
+    EXPECT_EQ(config.get_int("output.flush_every"), 50);
+    EXPECT_THROW(core::Config::from_values(registry, {{"output.flush_every", "0"}}),
+                 core::ConfigError);
+}
+
+} // namespace
