@@ -16,6 +16,9 @@ function(trainscope_use_torch_pch target)
   if(TRAINSCOPE_USE_PCH)
     if(TARGET trainscope_torch_pch)
       target_precompile_headers(${target} REUSE_FROM trainscope_torch_pch)
+      # The shared PCH is built with -fPIC (static libraries); GCC rejects it for executables
+      # compiled with -fPIE and silently parses torch/torch.h again, so match the flag.
+      target_compile_options(${target} PRIVATE -fPIC)
     endif()
   endif()
 endfunction()

@@ -4,6 +4,3 @@ trainscope_add_test(NAME data_unit_tests TORCH
   LIBS trainscope::data ZLIB::ZLIB LABELS data)
 # The sampler test does not include LibTorch.
 set_source_files_properties(unit/test_sampler.cpp PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
-# The shared precompiled LibTorch header is built with -fPIC; executables default to -fPIE, and GCC
-# then ignores the header (-Winvalid-pch) and parses torch again (~3x slower per file).
-target_compile_options(data_unit_tests PRIVATE -fPIC)

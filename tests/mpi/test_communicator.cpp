@@ -279,6 +279,21 @@ TEST(AgreeOnErrors, SeveralFailingRanksAndForeignExceptions) {
     }
 }
 
+TEST(MpiRuntime, LeavesAnMpiItDidNotStartAlone) {
+    int argc = 1;
+    char name[] = "dist_mpi_tests";
+    char* args[] = {name, nullptr};
+    char** argv = args;
+    {
+        dist::MpiRuntime runtime(argc, argv); // the test main already initialised MPI
+        EXPECT_EQ(dist::thread_level_name(runtime.thread_level()), "MPI_THREAD_MULTIPLE");
+    }
+    int finalized = 1;
+    MPI_Finalized(&finalized);
+    EXPECT_EQ(finalized, 0);
+    MPI_Barrier(MPI_COMM_WORLD); // still usable
+}
+
 // ---- options, topology, device binding
 // ------------------------------------------------------------
 

@@ -185,7 +185,7 @@ TEST(GradientSynchronizer, SecondBackwardInOneIterationIsAnError) {
     try {
         loss.backward();
         ADD_FAILURE() << "a second backward before finish() must throw";
-    } catch (const core::InternalError& e) {  // the autograd engine rethrows it unchanged
+    } catch (const core::InternalError& e) { // the autograd engine rethrows it unchanged
         EXPECT_NE(std::string(e.what()).find("backward ran twice"), std::string::npos) << e.what();
     }
     sync.finish(); // the bucket launched by the first backward completes on every rank

@@ -153,13 +153,13 @@ ImageSet make_synthetic(std::int64_t n, int channels, int height, int width, int
     for (int c = 0; c < num_classes; ++c) {
         const double fx = 0.5 + 2.5 * unit(rng), fy = 0.5 + 2.5 * unit(rng);
         const double sx = unit(rng) < 0.5 ? -1 : 1, phase = kTwoPi * unit(rng);
-        for (int k = 0; k < channels; ++k)
+        for (int k = 0; k < channels; ++k) {
+            float* tpl = &templates[(static_cast<std::size_t>(c) * channels + k) * plane];
             for (int y = 0; y < height; ++y)
                 for (int x = 0; x < width; ++x)
-                    templates[((static_cast<std::size_t>(c) * channels + k) * height + y) * width +
-                              x] =
-                        static_cast<float>(std::sin(
-                            kTwoPi * (sx * fx * x / width + fy * y / height) + phase + k * 2.0));
+                    tpl[y * width + x] = static_cast<float>(std::sin(
+                        kTwoPi * (sx * fx * x / width + fy * y / height) + phase + k * 2.0));
+        }
     }
 
     ImageSet set;

@@ -17,6 +17,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/data/datasets.hpp"
+#include "trainscope/data/options.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
@@ -88,7 +89,7 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         p.num_nodes = topo.num_nodes;
         p.epochs = c.get_int("train.epochs");
         p.image_size = c.get_int("cv.image_size");
-        p.channels = c.get_int("cv.channels");
+        p.channels = data::data_options(c).channels;
 
         // Batch split: the per-rank batch, from train.global_batch_size when given.
         p.batch_per_rank = c.get_int("train.batch_size");
