@@ -331,6 +331,11 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
         } else if (k == "dry-run") {
             cl.dry_run = true;
         } else {
+            const OptionSpec* spec = registry.find(k);
+            if (opt.value.empty() && spec && spec->type == OptionType::Bool) {
+                from_cli[k] = "true";  // a bare --section.flag switches it on
+                continue;
+            }
             if (opt.value.empty()) throw ConfigError("option " + k + " needs a value: --" + k + "=VALUE");
             from_cli[k] = opt.value.back();
         }

@@ -3,8 +3,8 @@
 // wait for the collective in turn, so nothing synchronises the host in the training loop.
 #include "nccl_communicator.hpp"
 
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -148,10 +148,20 @@ class NcclCommunicator final : public Communicator {
         MPI_CHECK(MPI_Comm_size(comm, &size_));
         c10::cuda::CUDAGuard guard(device_.index());
         CUDA_CHECK(cudaSetDevice(device_.index())); // NCCL binds the communicator to this device
-        ncclUniqueId id{};
-        if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-        MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm));
-        NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_));
+        // Rank 0's id travels with its status, so a failure there does not leave the other ranks
+        // waiting in ncclCommInitRank.
+        struct {
+            int status = ncclSuccess;
+            ncclUniqueId id{};
+        } boot;
+        if (rank_ == 0) boot.status = ncclGetUniqueId(&boot.id);
+        MPI_CHECK(MPI_Bcast(&boot, sizeof(boot), MPI_BYTE, 0, comm));
+        if (boot.status != ncclSuccess)
+            throw core::DistributedError(
+                std::string("ncclGetUniqueId failed on rank 0: ") +
+                ncclGetErrorString(static_cast<ncclResult_t>(boot.status)) +
+                " (set NCCL_DEBUG=WARN; check the network interfaces NCCL may use)");
+        NCCL_CHECK(ncclCommInitRank(&comm_, size_, boot.id, rank_));
     }
 
     ~NcclCommunicator() override {
@@ -290,6 +300,7 @@ class NcclCommunicator final : public Communicator {
 } // namespace
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device) {
+    if (!device.has_index()) device = torch::Device(torch::kCUDA, c10::cuda::current_device());
     return std::make_unique<NcclCommunicator>(comm, device);
 }
 

@@ -123,8 +123,8 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         p.bucket_mb = d.bucket_mb;
         p.device = s.device.device.str();
     });
-    s.devices = allgather_strings(world, s.device.device.str() +
-                                             (s.device.name.empty() ? "" : " (" + s.device.name + ")"));
+    const bool named = !s.device.name.empty() && s.device.name != s.device.device.str();
+    s.devices = allgather_strings(world, s.device.device.str() + (named ? " (" + s.device.name + ")" : ""));
     at::set_num_threads(p.threads_per_rank);
     try {
         at::set_num_interop_threads(1);
@@ -197,9 +197,8 @@ std::string Session::plan_text() const {
     for (int r = 0; r < p.world_size; ++r)
         o << "    rank " << r << "  host " << s_->topo.hostnames.at(r) << "  device "
           << s_->devices.at(r) << "\n";
-    o << "  data          " << p.dataset_description << ": " << p.train_samples << " train / "
-      << p.test_samples << " test samples, input " << p.channels << "x" << p.image_size << "x"
-      << p.image_size << "\n"
+    o << "  data          " << p.dataset_description << "; network input " << p.channels << "x"
+      << p.image_size << "x" << p.image_size << "\n"
       << "  batch         " << p.batch_per_rank << " per rank x " << p.world_size << " = "
       << p.global_batch << " per iteration; " << p.samples_per_rank_per_epoch
       << " samples per rank per epoch\n"
