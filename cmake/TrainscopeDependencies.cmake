@@ -47,8 +47,10 @@ set(TRAINSCOPE_LIBTORCH_VERSION "${Torch_VERSION}")
 # same place, not in an older system copy (e.g. a toolkit NCCL lacking symbols LibTorch uses).
 get_filename_component(_torch_site "${Torch_DIR}/../../../.." ABSOLUTE)
 file(GLOB _torch_nvidia_libdirs LIST_DIRECTORIES true "${_torch_site}/nvidia/*/lib")
+# The same directories lead the run path, ahead of the toolkit's lib/ that LibTorch's CMake adds,
+# so that at run time the process loads the wheel's CUDA runtime and NCCL, never a second copy.
 foreach(d IN LISTS _torch_nvidia_libdirs)
-  target_link_options(trainscope_torch INTERFACE "LINKER:-rpath-link,${d}")
+  target_link_options(trainscope_torch INTERFACE "LINKER:-rpath-link,${d}" "LINKER:-rpath,${d}")
 endforeach()
 
 # --- CUDA --------------------------------------------------------------------------------------------
@@ -70,6 +72,26 @@ endif()
 set(TRAINSCOPE_CUDA_VERSION "none")
 if(TRAINSCOPE_HAVE_CUDA)
   set(TRAINSCOPE_CUDA_VERSION "${CUDAToolkit_VERSION}")
+  # One CUDA runtime in the process: the one LibTorch itself loads. A pip torch ships it in its
+  # nvidia wheel; trainscope compiles against the toolkit's headers (same major.minor, checked)
+  # and links that very library. Other LibTorch distributions use the toolkit's runtime.
+  add_library(trainscope_cudart INTERFACE)
+  target_include_directories(trainscope_cudart SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
+  file(GLOB _wheel_cudart "${_torch_site}/nvidia/cu*/lib/libcudart.so.*")
+  if(_wheel_cudart)
+    list(GET _wheel_cudart 0 _wheel_cudart)
+    string(REGEX MATCH "libcudart\\.so\\.([0-9]+)" _m "${_wheel_cudart}")
+    if(NOT CMAKE_MATCH_1 STREQUAL CUDAToolkit_VERSION_MAJOR)
+      message(FATAL_ERROR "LibTorch's CUDA runtime (${_wheel_cudart}) is CUDA ${CMAKE_MATCH_1} but "
+        "the toolkit is CUDA ${CUDAToolkit_VERSION}: install the torch wheel built for this CUDA "
+        "(scripts/setup pins one) or load the matching CUDA module")
+    endif()
+    target_link_libraries(trainscope_cudart INTERFACE ${_wheel_cudart})
+    set(TRAINSCOPE_CUDART "${_wheel_cudart} (LibTorch's wheel)")
+  else()
+    target_link_libraries(trainscope_cudart INTERFACE CUDA::cudart)
+    set(TRAINSCOPE_CUDART "${CUDA_cudart_LIBRARY} (toolkit)")
+  endif()
 endif()
 
 # --- NCCL: prefer the copy LibTorch itself loads (pip's nvidia-nccl), so one NCCL is in the process --
@@ -100,7 +122,7 @@ if(TRAINSCOPE_HAVE_CUDA AND NOT TRAINSCOPE_USE_NCCL STREQUAL "OFF")
            "\\1.\\2.\\3" TRAINSCOPE_NCCL_VERSION "${_nccl_ver}")
     add_library(trainscope_nccl INTERFACE)
     target_include_directories(trainscope_nccl SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
-    target_link_libraries(trainscope_nccl INTERFACE ${NCCL_LIBRARY} CUDA::cudart)
+    target_link_libraries(trainscope_nccl INTERFACE ${NCCL_LIBRARY} trainscope_cudart)
     set(TRAINSCOPE_HAVE_NCCL ON)
   elseif(TRAINSCOPE_USE_NCCL STREQUAL "ON")
     message(FATAL_ERROR "TRAINSCOPE_USE_NCCL=ON but nccl.h/libnccl were not found: set NCCL_HOME")
