@@ -1,7 +1,17 @@
-# End-to-end: the real binary under mpirun, checked from Python (h5py, h5dump). Label e2e.
+# End-to-end and Python suites, run by ctest so that one command reports every test.
+#   e2e_app       the real binary under mpirun, checked from Python (h5py, h5dump)   label e2e
+#   python_tests  tests/python: run files from helper programs, the postprocess package  label python
 if(TRAINSCOPE_PYTHON)
+  set(_py_env "TRAINSCOPE_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONPATH=${PROJECT_SOURCE_DIR}/postprocess;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
   add_test(NAME e2e_app
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
   set_tests_properties(e2e_app PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
-    ENVIRONMENT "TRAINSCOPE_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONPATH=${PROJECT_SOURCE_DIR}/postprocess;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
+    ENVIRONMENT "${_py_env}")
+  add_test(NAME python_tests
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)
+  set_tests_properties(python_tests PROPERTIES LABELS "python" TIMEOUT 600 PROCESSORS 2
+    ENVIRONMENT "${_py_env}")
+else()
+  message(WARNING "TRAINSCOPE_PYTHON is not set: the e2e and Python suites are not registered "
+                  "(scripts/build passes the venv's python)")
 endif()
