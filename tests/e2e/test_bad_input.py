@@ -86,7 +86,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(run_ts, tmp_path):
     out = tmp_path / "dry.h5"
     proc = run_ts(2, *QUICK, "--dry-run", f"--output.file={out}", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for needle in ("2 rank", "rank 0", "rank 1", "64 per rank x 2 = 128", "2236682 parameters",
+    for needle in ("2 on 1 node", "rank 0", "rank 1", "64 per rank x 2 = 128", "700490 parameters",
                    "iterations per epoch", "memory/rank"):
         assert needle in proc.stdout, proc.stdout
     assert not out.exists()

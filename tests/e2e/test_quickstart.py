@@ -89,8 +89,9 @@ def test_iteration_series(quickstart_file):
         loss = it["loss"][...]
         assert np.all(np.isfinite(loss)) and np.all(loss > 0)
         assert loss[0, 0] == pytest.approx(np.log(10), rel=0.3)  # untrained 10-class model
-        # Gradients of all 2,236,682 fp32 parameters are reduced every iteration.
-        assert np.all(it["comm_bytes"][...] == 2236682 * 4)
+        # Gradients of every fp32 parameter are reduced every iteration.
+        params = int(f["plan"].attrs["parameters"])
+        assert np.all(it["comm_bytes"][...] == params * 4)
         assert f["iterations/step_s"].attrs["units"] in (b"s", "s")
         assert np.all(it["host_rss_bytes"][...] > 50e6)
         assert np.all(np.isnan(it["device_allocated_bytes"][...]))  # CPU run: not measured
@@ -110,6 +111,17 @@ def test_epochs_and_summary(quickstart_file):
         assert s["median_step_s"] == pytest.approx(np.median(step.max(axis=0)))
         assert s["throughput_samples_per_s"] == pytest.approx(128 / s["median_step_s"])
         assert 0 <= s["rank_step_imbalance"] < 1
+
+
+def test_model_matches_torchvision(quickstart_file):
+    """The plan's parameter count equals torchvision's MobileNetV2 with the same width/classes."""
+    torchvision = pytest.importorskip("torchvision")
+    path, _ = quickstart_file
+    with h5py.File(path, "r") as f:
+        width = float(f["config"].attrs["cv.width_mult"])
+        params = int(f["plan"].attrs["parameters"])
+    ref = torchvision.models.mobilenet_v2(width_mult=width, num_classes=10)
+    assert params == sum(p.numel() for p in ref.parameters())
 
 
 def test_h5dump_reads_the_header(quickstart_file, h5dump):

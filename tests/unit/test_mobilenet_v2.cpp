@@ -42,17 +42,18 @@ TEST(MobileNetV2, TrainsOnATinyProblem) {
     // Two separable classes: a few SGD steps must reduce the loss (the model is wired to learn).
     torch::manual_seed(1);
     MobileNetV2 net(MobileNetV2Options{2, 0.35, 0.0, 3});
-    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3));
     auto x = torch::randn({16, 3, 32, 32});
     auto y = torch::arange(16) % 2;
     x.index_put_({y == 1}, x.index({y == 1}) + 1.5);
     double first = 0, last = 0;
-    for (int i = 0; i < 15; ++i) {
+    for (int i = 0; i < 30; ++i) {
         opt.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(net->forward(x), y);
         loss.backward();
         opt.step();
         (i == 0 ? first : last) = loss.item<double>();
     }
-    EXPECT_LT(last, 0.5 * first);
+    EXPECT_LT(last, first);
+    EXPECT_LT(last, 0.1);  // chance level is ln 2 = 0.69
 }
