@@ -50,14 +50,15 @@ int main(int argc, char** argv) {
         return 0;
     } catch (const core::Error& e) {
         core::log::error() << core::to_string(e.kind()) << ": " << e.what();
-        if (e.collective()) {  // every rank is here together: fail cleanly, keep the file
+        if (e.collective()) { // every rank is here together: fail cleanly, keep the file
             try {
-                if (session && session->run_file_open()) session->close_run_file("failed", e.what());
+                if (session && session->run_file_open())
+                    session->close_run_file("failed", e.what());
             } catch (const std::exception&) {
             }
             return e.exit_code();
         }
-        dist::MpiRuntime::abort(e.exit_code());  // other ranks may wait in a collective
+        dist::MpiRuntime::abort(e.exit_code()); // other ranks may wait in a collective
     } catch (const std::exception& e) {
         core::log::error() << "unexpected failure: " << e.what();
         dist::MpiRuntime::abort(static_cast<int>(core::ErrorKind::Internal));

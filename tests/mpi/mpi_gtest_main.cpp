@@ -1,5 +1,6 @@
 // GoogleTest main for MPI suites: every rank runs every test; only rank 0 prints the usual report,
-// other ranks print their failures. A failure on any rank makes that rank (and mpiexec) exit non-zero.
+// other ranks print their failures. A failure on any rank makes that rank (and mpiexec) exit
+// non-zero.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,7 +17,7 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
   private:
     int rank_;
 };
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
     int provided = 0;

@@ -9,6 +9,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "mpi_test_util.hpp"
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
@@ -23,16 +24,8 @@ namespace core = trainscope::core;
 
 namespace {
 
-int world_rank() {
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
-int world_size() {
-    int s = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &s);
-    return s;
-}
+using trainscope::testing::world_rank;
+using trainscope::testing::world_size;
 
 std::unique_ptr<dist::Communicator> mpi_communicator() {
     return dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU));

@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include "mpi_test_util.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
@@ -14,16 +15,8 @@ namespace core = trainscope::core;
 
 namespace {
 
-int world_rank() {
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
-int world_size() {
-    int s = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &s);
-    return s;
-}
+using trainscope::testing::world_rank;
+using trainscope::testing::world_size;
 
 // 2,411 parameters, registered as conv.weight [4,1,3,3], conv.bias [4], fc1.weight [16,144],
 // fc1.bias [16], fc2.weight [3,16], fc2.bias [3]; no batch-norm, so per-sample gradients are

@@ -2,6 +2,7 @@
 // the closed file back with the serial HDF5 C API and checks values, shapes, NaN padding,
 // attributes and units; refusals (existing file, missing or unwritable directory) must be the same
 // OutputError on every rank.
+#include "mpi_test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/io/options.hpp"
@@ -31,16 +32,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-int world_rank() {
-    int r = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    return r;
-}
-int world_size() {
-    int n = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    return n;
-}
+using trainscope::testing::world_rank;
+using trainscope::testing::world_size;
 
 std::string bcast_from_0(std::string text) {
     int n = static_cast<int>(text.size());

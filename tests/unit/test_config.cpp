@@ -40,7 +40,8 @@ class ConfigTest : public ::testing::Test {
     static core::CommandLine parse(const core::OptionRegistry& r, std::vector<std::string> args) {
         args.insert(args.begin(), "trainscope");
         std::vector<const char*> argv;
-        for (auto& a : args) argv.push_back(a.c_str());
+        for (auto& a : args)
+            argv.push_back(a.c_str());
         return core::CommandLine::parse(r, static_cast<int>(argv.size()), argv.data());
     }
     static std::string error_of(const core::OptionRegistry& r, std::vector<std::string> args) {
@@ -70,8 +71,8 @@ TEST_F(ConfigTest, LaterFilesWinAndCommandLineWinsOverFiles) {
     auto a = write("a.ini", "[train]\nbatch_size = 16\nlr = 0.5\n[run]\nstrategy = ddp\n");
     auto b = write("b.ini", "[train]\nbatch_size = 32\n");
     auto cl = parse(r, {"--config", a, "--config=" + b, "--train.lr=0.25"});
-    EXPECT_EQ(cl.config.get_int("train.batch_size"), 32);  // b.ini after a.ini
-    EXPECT_DOUBLE_EQ(cl.config.get_float("train.lr"), 0.25);  // command line over a.ini
+    EXPECT_EQ(cl.config.get_int("train.batch_size"), 32);    // b.ini after a.ini
+    EXPECT_DOUBLE_EQ(cl.config.get_float("train.lr"), 0.25); // command line over a.ini
     EXPECT_EQ(cl.config.get_string("run.strategy"), "ddp");  // only in a.ini
     EXPECT_EQ(cl.config.source("train.batch_size"), core::ValueSource::File);
     EXPECT_EQ(cl.config.source("train.lr"), core::ValueSource::CommandLine);
@@ -162,4 +163,4 @@ TEST_F(ConfigTest, DeclaringAnInvalidDefaultIsABug) {
     EXPECT_THROW(r.add_int("nodot", 1, "x"), core::InternalError);
 }
 
-}  // namespace
+} // namespace

@@ -26,5 +26,5 @@ TEST(LrSchedule, CosineMatchesClosedForm) {
     EXPECT_DOUBLE_EQ(s.at(0), 0.2);
     EXPECT_NEAR(s.at(50), 0.02 + 0.5 * 0.18 * (1 + std::cos(M_PI * 50 / 101.0)), 1e-15);
     EXPECT_NEAR(s.at(101), 0.02, 1e-15);
-    EXPECT_NEAR(s.at(500), 0.02, 1e-15);  // past the end: stays at the floor
+    EXPECT_NEAR(s.at(500), 0.02, 1e-15); // past the end: stays at the floor
 }

@@ -31,7 +31,8 @@ TEST(MobileNetV2, CostModelMatchesKnownFigures) {
     // Published figure for MobileNetV2 1.0 at 224x224: ~300 M multiply-adds (paper table 3).
     const auto c = mobilenet_v2_cost(MobileNetV2Options{1000, 1.0, 0.2, 3}, 224);
     EXPECT_NEAR(static_cast<double>(c.macs) / 1e6, 300.0, 3.0);
-    // Cost scales with the number of pixels: 4x the side is ~16x the MACs (the classifier does not scale).
+    // Cost scales with the number of pixels: 4x the side is ~16x the MACs (the classifier does not
+    // scale).
     const auto small = mobilenet_v2_cost(MobileNetV2Options{10, 1.0, 0.2, 3}, 32);
     const auto large = mobilenet_v2_cost(MobileNetV2Options{10, 1.0, 0.2, 3}, 128);
     EXPECT_NEAR(static_cast<double>(large.macs) / static_cast<double>(small.macs), 16.0, 1.0);
@@ -55,5 +56,5 @@ TEST(MobileNetV2, TrainsOnATinyProblem) {
         (i == 0 ? first : last) = loss.item<double>();
     }
     EXPECT_LT(last, first);
-    EXPECT_LT(last, 0.1);  // chance level is ln 2 = 0.69
+    EXPECT_LT(last, 0.1); // chance level is ln 2 = 0.69
 }

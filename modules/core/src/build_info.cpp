@@ -24,17 +24,25 @@ BuildInfo build_info() {
 
 std::vector<std::pair<std::string, std::string>> BuildInfo::items() const {
     std::string feats;
-    for (const auto& f : features) feats += (feats.empty() ? "" : ",") + f;
-    return {{"trainscope", trainscope_version}, {"git_sha", git_sha}, {"compiler", compiler},
-            {"build_type", build_type},         {"libtorch", libtorch}, {"cuda", cuda},
-            {"nccl", nccl},                     {"mpi", mpi},          {"hdf5", hdf5},
+    for (const auto& f : features)
+        feats += (feats.empty() ? "" : ",") + f;
+    return {{"trainscope", trainscope_version},
+            {"git_sha", git_sha},
+            {"compiler", compiler},
+            {"build_type", build_type},
+            {"libtorch", libtorch},
+            {"cuda", cuda},
+            {"nccl", nccl},
+            {"mpi", mpi},
+            {"hdf5", hdf5},
             {"features", feats}};
 }
 
 std::string BuildInfo::describe() const {
     std::string out;
-    for (const auto& [k, v] : items()) out += k + ": " + v + "\n";
+    for (const auto& [k, v] : items())
+        out += k + ": " + v + "\n";
     return out;
 }
 
-}  // namespace trainscope::core
+} // namespace trainscope::core

@@ -19,7 +19,8 @@ namespace {
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
     std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (std::size_t j = 0; j <= b.size(); ++j)
+        prev[j] = j;
     for (std::size_t i = 1; i <= a.size(); ++i) {
         cur[0] = i;
         for (std::size_t j = 1; j <= b.size(); ++j) {
@@ -46,17 +47,23 @@ std::string range_text(const OptionSpec& s) {
 
 std::string join(const std::vector<std::string>& v, const std::string& sep) {
     std::string out;
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+    for (std::size_t i = 0; i < v.size(); ++i)
+        out += (i ? sep : "") + v[i];
     return out;
 }
 
 const char* type_name(OptionType t) {
     switch (t) {
-    case OptionType::Int: return "integer";
-    case OptionType::Float: return "number";
-    case OptionType::Bool: return "true|false";
-    case OptionType::String: return "string";
-    case OptionType::Choice: return "choice";
+    case OptionType::Int:
+        return "integer";
+    case OptionType::Float:
+        return "number";
+    case OptionType::Bool:
+        return "true|false";
+    case OptionType::String:
+        return "string";
+    case OptionType::Choice:
+        return "choice";
     }
     return "";
 }
@@ -68,7 +75,7 @@ std::string trim(const std::string& s) {
     return s.substr(b, e - b + 1);
 }
 
-}  // namespace
+} // namespace
 
 OptionRegistry& OptionRegistry::add(OptionSpec spec) {
     if (spec.key.find('.') == std::string::npos)
@@ -155,13 +162,15 @@ std::string OptionRegistry::validate(const std::string& key, const std::string& 
         char* end = nullptr;
         double v = std::strtod(value.c_str(), &end);
         std::string allowed = "a number" + (range_text(*s).empty() ? "" : " " + range_text(*s));
-        if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) throw bad(allowed);
+        if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+            throw bad(allowed);
         if ((s->min && v < *s->min) || (s->max && v > *s->max)) throw bad(allowed);
         return value;
     }
     case OptionType::Bool: {
         std::string v = value;
-        std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::tolower(c); });
+        std::transform(v.begin(), v.end(), v.begin(),
+                       [](unsigned char c) { return std::tolower(c); });
         if (v == "true" || v == "1" || v == "yes" || v == "on") return "true";
         if (v == "false" || v == "0" || v == "no" || v == "off") return "false";
         throw bad("true or false");
@@ -170,7 +179,8 @@ std::string OptionRegistry::validate(const std::string& key, const std::string& 
         if (std::find(s->choices.begin(), s->choices.end(), value) == s->choices.end())
             throw bad("one of " + join(s->choices, ", "));
         return value;
-    case OptionType::String: return value;
+    case OptionType::String:
+        return value;
     }
     return value;
 }
@@ -187,12 +197,12 @@ std::string OptionRegistry::help_text() const {
         out << "\n[" << sec << "]\n";
         for (const auto& s : specs_) {
             if (s.key.compare(0, sec.size() + 1, sec + ".") != 0) continue;
-            std::string allowed = s.type == OptionType::Choice ? join(s.choices, "|")
-                                                               : type_name(s.type);
+            std::string allowed =
+                s.type == OptionType::Choice ? join(s.choices, "|") : type_name(s.type);
             if (!range_text(s).empty()) allowed += ", " + range_text(s);
-            out << "  --" << s.key << "=<" << allowed << ">  (default: "
-                << (s.default_value.empty() ? "\"\"" : s.default_value) << ")\n      " << s.help
-                << "\n";
+            out << "  --" << s.key << "=<" << allowed
+                << ">  (default: " << (s.default_value.empty() ? "\"\"" : s.default_value)
+                << ")\n      " << s.help << "\n";
         }
     }
     return out.str();
@@ -208,7 +218,8 @@ Config Config::from_values(const OptionRegistry& registry,
         c.values_[s.key] = s.default_value;
         c.sources_[s.key] = ValueSource::Default;
     }
-    for (const auto& [k, v] : values) c.set(k, v);
+    for (const auto& [k, v] : values)
+        c.set(k, v);
     return c;
 }
 
@@ -221,8 +232,8 @@ void Config::set(const std::string& key, const std::string& value) {
 const OptionSpec& Config::spec(const std::string& key, OptionType expected) const {
     const OptionSpec* s = registry_ ? registry_->find(key) : nullptr;
     if (!s) throw InternalError("option '" + key + "' read but never declared");
-    bool ok = s->type == expected ||
-              (expected == OptionType::String && s->type == OptionType::Choice);
+    bool ok =
+        s->type == expected || (expected == OptionType::String && s->type == OptionType::Choice);
     if (!ok) throw InternalError("option '" + key + "' read with the wrong type");
     return *s;
 }
@@ -252,7 +263,8 @@ ValueSource Config::source(const std::string& key) const {
 std::vector<std::pair<std::string, std::string>> Config::items() const {
     std::vector<std::pair<std::string, std::string>> out;
     if (!registry_) return out;
-    for (const auto& s : registry_->specs()) out.emplace_back(s.key, values_.at(s.key));
+    for (const auto& s : registry_->specs())
+        out.emplace_back(s.key, values_.at(s.key));
     return out;
 }
 
@@ -275,7 +287,8 @@ std::string Config::to_ini() const {
 std::string CommandLine::usage(const OptionRegistry& registry) {
     return "usage: trainscope [--config FILE.ini]... [--section.key=value]... [--dry-run]\n"
            "                  [--print-config] [--help] [--version]\n\n"
-           "  --config FILE     INI file with [section] key = value lines; repeatable, later wins;\n"
+           "  --config FILE     INI file with [section] key = value lines; repeatable, later "
+           "wins;\n"
            "                    --section.key=value on the command line wins over every file\n"
            "  --dry-run         validate, print the plan (ranks, devices, batch split, model,\n"
            "                    memory estimate) and exit without training\n"
@@ -287,11 +300,12 @@ std::string CommandLine::usage(const OptionRegistry& registry) {
 
 CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const char* const* argv) {
     CommandLine cl;
-    for (int i = 0; i < argc; ++i) cl.command_line += (i ? " " : "") + std::string(argv[i]);
+    for (int i = 0; i < argc; ++i)
+        cl.command_line += (i ? " " : "") + std::string(argv[i]);
 
     po::options_description desc;
-    desc.add_options()("config", po::value<std::vector<std::string>>()->composing(), "")(
-        "help,h", "")("version", "")("print-config", "")("dry-run", "");
+    desc.add_options()("config", po::value<std::vector<std::string>>()->composing(),
+                       "")("help,h", "")("version", "")("print-config", "")("dry-run", "");
     for (const auto& s : registry.specs()) {
         auto* value = po::value<std::string>();
         if (s.type == OptionType::Bool) value->implicit_value("true");
@@ -300,11 +314,12 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
 
     po::parsed_options parsed(&desc);
     try {
-        parsed = po::command_line_parser(argc, argv)
-                     .options(desc)
-                     .style(po::command_line_style::unix_style ^ po::command_line_style::allow_guessing)
-                     .allow_unregistered()
-                     .run();
+        parsed =
+            po::command_line_parser(argc, argv)
+                .options(desc)
+                .style(po::command_line_style::unix_style ^ po::command_line_style::allow_guessing)
+                .allow_unregistered()
+                .run();
     } catch (const po::error& e) {
         throw ConfigError(std::string("command line: ") + e.what() + " (see trainscope --help)");
     }
@@ -317,11 +332,12 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
                 throw ConfigError("unexpected argument '" + name +
                                   "': options are written --section.key=value and config files "
                                   "are given with --config FILE");
-            registry.validate(name, "");  // throws "unknown option ... did you mean"
+            registry.validate(name, ""); // throws "unknown option ... did you mean"
         }
         const std::string& k = opt.string_key;
         if (k == "config") {
-            for (const auto& f : opt.value) cl.config_files.push_back(f);
+            for (const auto& f : opt.value)
+                cl.config_files.push_back(f);
         } else if (k == "help") {
             cl.help = true;
         } else if (k == "version") {
@@ -333,10 +349,11 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
         } else {
             const OptionSpec* spec = registry.find(k);
             if (opt.value.empty() && spec && spec->type == OptionType::Bool) {
-                from_cli[k] = "true";  // a bare --section.flag switches it on
+                from_cli[k] = "true"; // a bare --section.flag switches it on
                 continue;
             }
-            if (opt.value.empty()) throw ConfigError("option " + k + " needs a value: --" + k + "=VALUE");
+            if (opt.value.empty())
+                throw ConfigError("option " + k + " needs a value: --" + k + "=VALUE");
             from_cli[k] = opt.value.back();
         }
     }
@@ -375,4 +392,4 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
     return cl;
 }
 
-}  // namespace trainscope::core
+} // namespace trainscope::core

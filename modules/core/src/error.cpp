@@ -5,13 +5,18 @@ namespace trainscope::core {
 
 const char* to_string(ErrorKind kind) {
     switch (kind) {
-    case ErrorKind::Config: return "configuration error";
-    case ErrorKind::Input: return "input error";
-    case ErrorKind::Output: return "output error";
-    case ErrorKind::Distributed: return "distributed error";
-    case ErrorKind::Internal: return "internal error";
+    case ErrorKind::Config:
+        return "configuration error";
+    case ErrorKind::Input:
+        return "input error";
+    case ErrorKind::Output:
+        return "output error";
+    case ErrorKind::Distributed:
+        return "distributed error";
+    case ErrorKind::Internal:
+        return "internal error";
     }
     return "error";
 }
 
-}  // namespace trainscope::core
+} // namespace trainscope::core

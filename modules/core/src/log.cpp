@@ -24,34 +24,42 @@ std::mutex& output_mutex() {
 }
 const char* tag(Level level) {
     switch (level) {
-    case Level::Debug: return "debug";
-    case Level::Info: return "info";
-    case Level::Warn: return "warning";
-    case Level::Error: return "error";
+    case Level::Debug:
+        return "debug";
+    case Level::Info:
+        return "info";
+    case Level::Warn:
+        return "warning";
+    case Level::Error:
+        return "error";
     }
     return "";
 }
-}  // namespace
+} // namespace
 
 void set_identity(int rank, int world_size, const std::string& host) {
     identity().rank = rank;
     identity().world_size = world_size;
     identity().host = host;
 }
-void set_level(Level level) { identity().level = level; }
-int rank() { return identity().rank; }
+void set_level(Level level) {
+    identity().level = level;
+}
+int rank() {
+    return identity().rank;
+}
 
 Level parse_level(const std::string& name) {
     if (name == "debug") return Level::Debug;
     if (name == "info") return Level::Info;
     if (name == "warn" || name == "warning") return Level::Warn;
     if (name == "error") return Level::Error;
-    throw ConfigError("log.level = '" + name + "' is not a log level; use debug, info, warn or error");
+    throw ConfigError("log.level = '" + name +
+                      "' is not a log level; use debug, info, warn or error");
 }
 
 Line::Line(Level level, bool all_ranks)
-    : level_(level),
-      enabled_(level >= identity().level && (all_ranks || identity().rank == 0)) {}
+    : level_(level), enabled_(level >= identity().level && (all_ranks || identity().rank == 0)) {}
 
 Line::~Line() {
     if (!enabled_) return;
@@ -67,4 +75,4 @@ Line::~Line() {
     std::fflush(out);
 }
 
-}  // namespace trainscope::core::log
+} // namespace trainscope::core::log

@@ -12,15 +12,14 @@ namespace {
 
 // Channels rounded to a multiple of 8, never more than 10% below the request (paper / torchvision).
 std::int64_t make_divisible(double value, std::int64_t divisor = 8) {
-    std::int64_t v =
-        std::max<std::int64_t>(divisor, static_cast<std::int64_t>(value + divisor / 2.0) /
-                                            divisor * divisor);
+    std::int64_t v = std::max<std::int64_t>(
+        divisor, static_cast<std::int64_t>(value + divisor / 2.0) / divisor * divisor);
     if (v < 0.9 * value) v += divisor;
     return v;
 }
 
 struct BlockSetting {
-    std::int64_t expand, channels, repeats, stride;  // t, c, n, s in the paper's table 2
+    std::int64_t expand, channels, repeats, stride; // t, c, n, s in the paper's table 2
 };
 constexpr std::array<BlockSetting, 7> kSettings{{{1, 16, 1, 1},
                                                  {6, 24, 2, 2},
@@ -32,12 +31,12 @@ constexpr std::array<BlockSetting, 7> kSettings{{{1, 16, 1, 1},
 constexpr std::int64_t kStemChannels = 32;
 constexpr std::int64_t kLastChannels = 1280;
 
-}  // namespace
+} // namespace
 
 void declare_options(core::OptionRegistry& r) {
     r.add_choice("cv.model", "mobilenet_v2", {"mobilenet_v2"}, "image classification network");
-    r.add_float("cv.width_mult", 1.0, "MobileNetV2 width multiplier (channels scaled, rounded to 8)",
-                0.05, 4.0);
+    r.add_float("cv.width_mult", 1.0,
+                "MobileNetV2 width multiplier (channels scaled, rounded to 8)", 0.05, 4.0);
     r.add_float("cv.dropout", 0.2, "dropout probability before the classifier", 0.0, 0.99);
 }
 
@@ -63,7 +62,7 @@ ConvBNReLU6Impl::ConvBNReLU6Impl(std::int64_t in, std::int64_t out, std::int64_t
 
 torch::Tensor ConvBNReLU6Impl::forward(const torch::Tensor& x) {
     torch::Tensor y = bn_->forward(conv_->forward(x));
-    return torch::hardtanh_(y, 0.0, 6.0);  // in-place ReLU6
+    return torch::hardtanh_(y, 0.0, 6.0); // in-place ReLU6
 }
 
 InvertedResidualImpl::InvertedResidualImpl(std::int64_t in, std::int64_t out, std::int64_t stride,
@@ -72,7 +71,7 @@ InvertedResidualImpl::InvertedResidualImpl(std::int64_t in, std::int64_t out, st
     const std::int64_t hidden = in * expand_ratio;
     torch::nn::Sequential body;
     if (expand_ratio != 1) body->push_back(ConvBNReLU6(in, hidden, 1, 1, 1));
-    body->push_back(ConvBNReLU6(hidden, hidden, 3, stride, /*groups=*/hidden));  // depthwise
+    body->push_back(ConvBNReLU6(hidden, hidden, 3, stride, /*groups=*/hidden)); // depthwise
     body->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(hidden, out, 1).bias(false)));
     body->push_back(torch::nn::BatchNorm2d(out));
     body_ = register_module("conv", body);
@@ -96,9 +95,9 @@ MobileNetV2Impl::MobileNetV2Impl(const MobileNetV2Options& o) {
     }
     f->push_back(ConvBNReLU6(in, last, 1, 1, 1));
     features = register_module("features", f);
-    classifier = register_module(
-        "classifier", torch::nn::Sequential(torch::nn::Dropout(o.dropout),
-                                            torch::nn::Linear(last, o.num_classes)));
+    classifier = register_module("classifier",
+                                 torch::nn::Sequential(torch::nn::Dropout(o.dropout),
+                                                       torch::nn::Linear(last, o.num_classes)));
 
     torch::NoGradGuard no_grad;
     for (auto& m : modules(/*include_self=*/false)) {
@@ -116,9 +115,9 @@ MobileNetV2Impl::MobileNetV2Impl(const MobileNetV2Options& o) {
 }
 
 torch::Tensor MobileNetV2Impl::forward(const torch::Tensor& x) {
-    auto h = features->forward(x);                                            // [B, 1280, S/32, S/32]
-    h = torch::adaptive_avg_pool2d(h, {1, 1}).flatten(1);                     // [B, 1280]
-    return classifier->forward(h);                                            // [B, classes]
+    auto h = features->forward(x);                        // [B, 1280, S/32, S/32]
+    h = torch::adaptive_avg_pool2d(h, {1, 1}).flatten(1); // [B, 1280]
+    return classifier->forward(h);                        // [B, classes]
 }
 
 std::int64_t count_parameters(const torch::nn::Module& module) {
@@ -140,22 +139,22 @@ ForwardCost mobilenet_v2_cost(const MobileNetV2Options& o, std::int64_t image_si
     };
     std::int64_t side = down(image_size, 2);
     std::int64_t in = make_divisible(kStemChannels * o.width_mult);
-    conv(side, o.in_channels, in, 9, 1);  // stem
+    conv(side, o.in_channels, in, 9, 1); // stem
     for (const auto& s : kSettings) {
         const std::int64_t out = make_divisible(s.channels * o.width_mult);
         for (std::int64_t i = 0; i < s.repeats; ++i) {
             const std::int64_t hidden = in * s.expand;
-            if (s.expand != 1) conv(side, in, hidden, 1, 1);  // expansion 1x1
+            if (s.expand != 1) conv(side, in, hidden, 1, 1); // expansion 1x1
             side = down(side, i == 0 ? s.stride : 1);
-            conv(side, hidden, hidden, 9, hidden);  // depthwise 3x3
-            conv(side, hidden, out, 1, 1);          // linear projection 1x1
+            conv(side, hidden, hidden, 9, hidden); // depthwise 3x3
+            conv(side, hidden, out, 1, 1);         // linear projection 1x1
             in = out;
         }
     }
     const std::int64_t last = make_divisible(kLastChannels * std::max(1.0, o.width_mult));
     conv(side, in, last, 1, 1);
-    c.macs += last * o.num_classes;  // classifier
+    c.macs += last * o.num_classes; // classifier
     return c;
 }
 
-}  // namespace trainscope::models
+} // namespace trainscope::models

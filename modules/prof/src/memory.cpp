@@ -20,8 +20,10 @@ MemorySample sample_memory(int cuda_device) {
     std::string key;
     while (status >> key) {
         double kib = 0;
-        if (key == "VmRSS:" && status >> kib) s.host_rss_bytes = kib * 1024;
-        else if (key == "VmHWM:" && status >> kib) s.host_peak_rss_bytes = kib * 1024;
+        if (key == "VmRSS:" && status >> kib)
+            s.host_rss_bytes = kib * 1024;
+        else if (key == "VmHWM:" && status >> kib)
+            s.host_peak_rss_bytes = kib * 1024;
         status.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
     }
 #if TRAINSCOPE_HAVE_CUDA
@@ -40,4 +42,4 @@ MemorySample sample_memory(int cuda_device) {
     return s;
 }
 
-}  // namespace trainscope::prof
+} // namespace trainscope::prof

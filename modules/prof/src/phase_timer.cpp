@@ -24,9 +24,9 @@ const char* phase_name(Phase p) {
 class Clock {
   public:
     virtual ~Clock() = default;
-    virtual void* mark() = 0;                   // records a timestamp, returns its handle
-    virtual bool ready(void* mark) = 0;         // has the timestamp been reached?
-    virtual double seconds(void* a, void* b) = 0;  // b - a; both ready
+    virtual void* mark() = 0;                     // records a timestamp, returns its handle
+    virtual bool ready(void* mark) = 0;           // has the timestamp been reached?
+    virtual double seconds(void* a, void* b) = 0; // b - a; both ready
     virtual void release(void* mark) = 0;
 };
 
@@ -43,7 +43,9 @@ class HostClock : public Clock {
         auto* tb = static_cast<std::chrono::steady_clock::time_point*>(b);
         return std::chrono::duration<double>(*tb - *ta).count();
     }
-    void release(void* m) override { delete static_cast<std::chrono::steady_clock::time_point*>(m); }
+    void release(void* m) override {
+        delete static_cast<std::chrono::steady_clock::time_point*>(m);
+    }
 };
 
 #if TRAINSCOPE_HAVE_CUDA
@@ -56,16 +58,19 @@ class CudaEventClock : public Clock {
     explicit CudaEventClock(void* stream) : stream_(static_cast<cudaStream_t>(stream)) {}
     void* mark() override {
         cudaEvent_t ev;
-        cuda_check(cudaEventCreate(&ev), "cudaEventCreate");  // default flags: timing enabled
+        cuda_check(cudaEventCreate(&ev), "cudaEventCreate"); // default flags: timing enabled
         cuda_check(cudaEventRecord(ev, stream_), "cudaEventRecord");
         return ev;
     }
-    bool ready(void* m) override { return cudaEventQuery(static_cast<cudaEvent_t>(m)) == cudaSuccess; }
+    bool ready(void* m) override {
+        return cudaEventQuery(static_cast<cudaEvent_t>(m)) == cudaSuccess;
+    }
     double seconds(void* a, void* b) override {
         cuda_check(cudaEventSynchronize(static_cast<cudaEvent_t>(b)), "cudaEventSynchronize");
         float ms = 0;
-        cuda_check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)),
-                   "cudaEventElapsedTime");
+        cuda_check(
+            cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a), static_cast<cudaEvent_t>(b)),
+            "cudaEventElapsedTime");
         return ms * 1e-3;
     }
     void release(void* m) override { cudaEventDestroy(static_cast<cudaEvent_t>(m)); }
@@ -74,7 +79,7 @@ class CudaEventClock : public Clock {
     cudaStream_t stream_;
 };
 #endif
-}  // namespace
+} // namespace
 
 struct PhaseTimer::Pending {
     std::int64_t iteration = 0;
@@ -92,7 +97,8 @@ PhaseTimer::PhaseTimer(bool cuda, void* cuda_stream) : origin_(std::chrono::stea
     if (cuda) clock_ = std::make_unique<CudaEventClock>(cuda_stream);
 #else
     (void)cuda_stream;
-    if (cuda) throw core::InternalError("PhaseTimer: CUDA timing requested in a build without CUDA");
+    if (cuda)
+        throw core::InternalError("PhaseTimer: CUDA timing requested in a build without CUDA");
 #endif
     if (!clock_) clock_ = std::make_unique<HostClock>();
 }
@@ -107,7 +113,8 @@ void PhaseTimer::release(Pending& p) {
 }
 
 PhaseTimer::~PhaseTimer() {
-    for (auto& p : pending_) release(*p);
+    for (auto& p : pending_)
+        release(*p);
     if (current_) release(*current_);
 }
 
@@ -177,4 +184,4 @@ std::vector<PhaseTimes> PhaseTimer::collect(bool wait) {
     return out;
 }
 
-}  // namespace trainscope::prof
+} // namespace trainscope::prof

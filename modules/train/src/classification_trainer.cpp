@@ -28,7 +28,7 @@ std::string format_duration(double seconds) {
     return o.str();
 }
 
-}  // namespace
+} // namespace
 
 struct ClassificationTrainer::State {
     TrainerOptions o;
@@ -40,7 +40,7 @@ struct ClassificationTrainer::State {
     int rank = 0, size = 1;
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<dist::GradientSynchronizer> sync;
-    std::vector<torch::Tensor> float_buffers;  // batch-norm running statistics
+    std::vector<torch::Tensor> float_buffers; // batch-norm running statistics
     std::int64_t per_epoch = 0;
 
     State(const TrainerOptions& opt, models::MobileNetV2 m, const data::DatasetSplits& d,
@@ -64,7 +64,8 @@ struct ClassificationTrainer::State {
         if (size == 1 || float_buffers.empty()) return;
         torch::NoGradGuard g;
         std::vector<torch::Tensor> flat;
-        for (auto& b : float_buffers) flat.push_back(b.reshape(-1));
+        for (auto& b : float_buffers)
+            flat.push_back(b.reshape(-1));
         torch::Tensor all = torch::cat(flat);
         comm.broadcast(all, 0);
         std::int64_t off = 0;
@@ -90,11 +91,11 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
 
     std::vector<torch::Tensor> params = s.model->parameters();
     if (s.o.optimizer == "sgd")
-        s.optimizer = std::make_unique<torch::optim::SGD>(
-            params, torch::optim::SGDOptions(s.o.lr)
-                        .momentum(s.o.momentum)
-                        .weight_decay(s.o.weight_decay)
-                        .nesterov(s.o.nesterov));
+        s.optimizer =
+            std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(s.o.lr)
+                                                            .momentum(s.o.momentum)
+                                                            .weight_decay(s.o.weight_decay)
+                                                            .nesterov(s.o.nesterov));
     else
         s.optimizer = std::make_unique<torch::optim::AdamW>(
             params, torch::optim::AdamWOptions(s.o.lr).weight_decay(s.o.weight_decay));
@@ -110,9 +111,13 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
 
 ClassificationTrainer::~ClassificationTrainer() = default;
 
-std::int64_t ClassificationTrainer::iterations_per_epoch() const { return s_->per_epoch; }
+std::int64_t ClassificationTrainer::iterations_per_epoch() const {
+    return s_->per_epoch;
+}
 
-void ClassificationTrainer::set_schedule(const LrSchedule& schedule) { s_->o.schedule = schedule; }
+void ClassificationTrainer::set_schedule(const LrSchedule& schedule) {
+    s_->o.schedule = schedule;
+}
 
 std::int64_t ClassificationTrainer::total_iterations() const {
     const std::int64_t all = s_->per_epoch * s_->o.epochs;
@@ -125,11 +130,12 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
     const bool on_cuda = s.o.device.is_cuda();
     const int cuda_index = on_cuda ? s.o.device.index() : -1;
     const double global_batch = static_cast<double>(s.o.batch_size) * s.size;
-    std::vector<std::pair<std::int64_t, torch::Tensor>> deferred_losses;  // resolved at flush
+    std::vector<std::pair<std::int64_t, torch::Tensor>> deferred_losses; // resolved at flush
 
     auto flush = [&] {
         if (!recorder) return;
-        for (auto& [it, loss] : deferred_losses) recorder->set_loss(it, loss.item<double>());
+        for (auto& [it, loss] : deferred_losses)
+            recorder->set_loss(it, loss.item<double>());
         deferred_losses.clear();
         recorder->flush();
     };
@@ -145,7 +151,8 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
         data::Loader loader(s.data.train, s.transform, sampler.indices(), s.o.batch_size,
                             s.o.workers, s.o.prefetch, s.o.pin_memory, s.o.drop_last);
         s.model->train();
-        torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device));
+        torch::Tensor loss_sum =
+            torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device));
         std::int64_t epoch_iters = 0;
         double epoch_samples = 0;
 
@@ -157,23 +164,25 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
                 batch = loader.next();
             }
             if (!batch) {
-                timer.cancel_iteration();  // end of epoch: nothing was trained
+                timer.cancel_iteration(); // end of epoch: nothing was trained
                 break;
             }
             const double lr = s.o.schedule.at(iteration);
-            for (auto& group : s.optimizer->param_groups()) group.options().set_lr(lr);
+            for (auto& group : s.optimizer->param_groups())
+                group.options().set_lr(lr);
 
             torch::Tensor x, y;
             {
                 prof::PhaseScope p(timer, prof::Phase::H2D);
-                x = batch->images.to(s.o.device, s.o.dtype, /*non_blocking=*/s.o.pin_memory);  // [B,C,S,S]
-                y = batch->labels.to(s.o.device, /*non_blocking=*/s.o.pin_memory);            // [B]
+                x = batch->images.to(s.o.device, s.o.dtype,
+                                     /*non_blocking=*/s.o.pin_memory);             // [B,C,S,S]
+                y = batch->labels.to(s.o.device, /*non_blocking=*/s.o.pin_memory); // [B]
             }
             torch::Tensor loss;
             {
                 prof::PhaseScope p(timer, prof::Phase::Forward);
                 s.sync_buffers();
-                torch::Tensor logits = s.model->forward(x);  // [B, classes]
+                torch::Tensor logits = s.model->forward(x); // [B, classes]
                 loss = torch::nn::functional::cross_entropy(logits, y);
             }
             {
@@ -202,7 +211,8 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
                 v.epoch = epoch;
                 v.samples = static_cast<double>(batch->size);
                 v.lr = lr;
-                v.comm_bytes = s.size > 1 ? static_cast<double>(s.sync->bytes_per_iteration()) : 0.0;
+                v.comm_bytes =
+                    s.size > 1 ? static_cast<double>(s.sync->bytes_per_iteration()) : 0.0;
                 v.memory = prof::sample_memory(cuda_index);
                 recorder->record_iteration(v);
                 deferred_losses.emplace_back(iteration, loss_d);
@@ -230,8 +240,8 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
         EpochValues ev;
         ev.epoch = epoch;
         ev.samples = epoch_samples;
-        ev.train_loss = epoch_iters ? loss_sum.item<double>() / static_cast<double>(epoch_iters)
-                                    : std::nan("");
+        ev.train_loss =
+            epoch_iters ? loss_sum.item<double>() / static_cast<double>(epoch_iters) : std::nan("");
         if (s.o.eval) {
             auto [vl, va] = evaluate();
             ev.val_loss = vl;
@@ -242,7 +252,8 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
         } else {
             ev.val_loss = ev.val_accuracy = std::nan("");
         }
-        ev.epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_epoch).count();
+        ev.epoch_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_epoch).count();
         if (recorder) recorder->record_epoch(ev);
     }
     flush();
@@ -256,17 +267,19 @@ std::pair<double, double> ClassificationTrainer::evaluate() {
     // Exact shard without padding: rank r takes every size-th sample from r, so each test image
     // counts once however many ranks there are.
     std::vector<std::int64_t> mine;
-    for (std::int64_t i = s.rank; i < n; i += s.size) mine.push_back(i);
+    for (std::int64_t i = s.rank; i < n; i += s.size)
+        mine.push_back(i);
     data::Loader loader(s.data.test, s.transform, mine, s.o.eval_batch_size, s.o.workers,
                         s.o.prefetch, s.o.pin_memory, /*drop_last=*/false);
-    double sums[3] = {0, 0, 0};  // loss sum, correct, count
+    double sums[3] = {0, 0, 0}; // loss sum, correct, count
     while (auto batch = loader.next()) {
         torch::Tensor x = batch->images.to(s.o.device, s.o.dtype);
         torch::Tensor y = batch->labels.to(s.o.device);
         torch::Tensor logits = s.model->forward(x);
-        sums[0] += torch::nn::functional::cross_entropy(
-                       logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                       .item<double>();
+        sums[0] +=
+            torch::nn::functional::cross_entropy(
+                logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                .item<double>();
         sums[1] += logits.argmax(1).eq(y).sum().item<double>();
         sums[2] += static_cast<double>(batch->size);
     }
@@ -276,4 +289,4 @@ std::pair<double, double> ClassificationTrainer::evaluate() {
     return {sums[0] / sums[2], sums[1] / sums[2]};
 }
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

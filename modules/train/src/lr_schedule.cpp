@@ -10,13 +10,16 @@ double LrSchedule::at(std::int64_t it) const {
     if (warmup_iters > 0 && it < warmup_iters)
         return base_lr * static_cast<double>(it + 1) / static_cast<double>(warmup_iters);
     const std::int64_t t = it - warmup_iters;
-    if (kind == "step") return base_lr * std::pow(gamma, static_cast<double>(t / std::max<std::int64_t>(1, step_iters)));
+    if (kind == "step")
+        return base_lr *
+               std::pow(gamma, static_cast<double>(t / std::max<std::int64_t>(1, step_iters)));
     if (kind == "cosine") {
-        const double span = static_cast<double>(std::max<std::int64_t>(1, total_iters - warmup_iters));
+        const double span =
+            static_cast<double>(std::max<std::int64_t>(1, total_iters - warmup_iters));
         const double progress = std::min(1.0, static_cast<double>(t) / span);
         return min_lr + 0.5 * (base_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
     }
     return base_lr;
 }
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

@@ -41,7 +41,8 @@ void declare_options(core::OptionRegistry& r) {
     r.add_int("profile.warmup_iters", 5,
               "first iterations left out of /summary statistics (still recorded)", 0);
     r.add_int("log.every", 20, "rank 0 prints progress every this many iterations (0 = never)", 0);
-    r.add_choice("log.level", "info", {"debug", "info", "warn", "error"}, "least severe level shown");
+    r.add_choice("log.level", "info", {"debug", "info", "warn", "error"},
+                 "least severe level shown");
 }
 
 core::OptionRegistry all_options() {
@@ -54,4 +55,4 @@ core::OptionRegistry all_options() {
     return r;
 }
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

@@ -31,8 +31,8 @@ std::vector<io::Column> iteration_columns() {
 }
 
 std::vector<io::Column> epoch_columns() {
-    return {{"epoch", "1"},        {"epoch_s", "s"},       {"train_loss", "1"},
-            {"val_loss", "1"},     {"val_accuracy", "1"}, {"samples", "samples"}};
+    return {{"epoch", "1"},    {"epoch_s", "s"},      {"train_loss", "1"},
+            {"val_loss", "1"}, {"val_accuracy", "1"}, {"samples", "samples"}};
 }
 
 double median(std::vector<double> v) {
@@ -43,7 +43,7 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-}  // namespace
+} // namespace
 
 Recorder::Recorder(io::RunFile& file, MPI_Comm comm, prof::PhaseTimer& timer, int flush_every,
                    int warmup_iters)
@@ -70,7 +70,9 @@ void Recorder::record_epoch(const EpochValues& v) {
     have_epoch_ = true;
 }
 
-bool Recorder::flush_due() const { return since_flush_ >= flush_every_; }
+bool Recorder::flush_due() const {
+    return since_flush_ >= flush_every_;
+}
 
 void Recorder::flush() {
     for (const prof::PhaseTimes& t : timer_.collect(/*wait=*/true)) {
@@ -83,15 +85,16 @@ void Recorder::flush() {
                                    t.t_start};
         row.insert(row.end(), t.seconds.begin(), t.seconds.end());
         const prof::MemorySample& m = v.memory;
-        row.insert(row.end(), {t.step_seconds, v.loss, v.samples, v.lr, v.comm_bytes,
-                               m.host_rss_bytes, m.host_peak_rss_bytes, m.device_allocated_bytes,
-                               m.device_allocated_peak_bytes, m.device_reserved_bytes,
-                               m.device_reserved_peak_bytes});
+        row.insert(row.end(),
+                   {t.step_seconds, v.loss, v.samples, v.lr, v.comm_bytes, m.host_rss_bytes,
+                    m.host_peak_rss_bytes, m.device_allocated_bytes, m.device_allocated_peak_bytes,
+                    m.device_reserved_bytes, m.device_reserved_peak_bytes});
         file_.append("iterations", row);
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
         if (!std::isnan(m.device_allocated_peak_bytes))
-            peak_device_ = std::isnan(peak_device_) ? m.device_allocated_peak_bytes
-                                                    : std::max(peak_device_, m.device_allocated_peak_bytes);
+            peak_device_ = std::isnan(peak_device_)
+                               ? m.device_allocated_peak_bytes
+                               : std::max(peak_device_, m.device_allocated_peak_bytes);
         if (recorded_ >= warmup_iters_) {
             step_seconds_.push_back(t.step_seconds);
             phase_seconds_.push_back(t.seconds);
@@ -125,23 +128,28 @@ void Recorder::finish(double wall_seconds, double global_batch,
     s.push_back({"wall_s", wall_seconds});
     const double med = median(slowest);
     s.push_back({"median_step_s", med});
-    s.push_back({"mean_step_s",
-                 n ? std::accumulate(slowest.begin(), slowest.end(), 0.0) / static_cast<double>(n) : kNaN});
+    s.push_back(
+        {"mean_step_s",
+         n ? std::accumulate(slowest.begin(), slowest.end(), 0.0) / static_cast<double>(n) : kNaN});
     s.push_back({"global_batch_samples", global_batch});
     s.push_back({"throughput_samples_per_s", med > 0 ? global_batch / med : kNaN});
 
     // Phase medians: per iteration the mean over ranks, then the median over iterations.
     for (std::size_t p = 0; p < prof::kNumPhases; ++p) {
         std::vector<double> per_iter(n);
-        for (long long i = 0; i < n; ++i) per_iter[i] = phase_seconds_[i][p];
-        MPI_Allreduce(MPI_IN_PLACE, per_iter.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm_);
-        for (double& x : per_iter) x /= size;
+        for (long long i = 0; i < n; ++i)
+            per_iter[i] = phase_seconds_[i][p];
+        MPI_Allreduce(MPI_IN_PLACE, per_iter.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM,
+                      comm_);
+        for (double& x : per_iter)
+            x /= size;
         s.push_back({std::string("median_") + prof::phase_name(static_cast<prof::Phase>(p)) + "_s",
                      median(per_iter)});
     }
 
     // Imbalance: spread of the ranks' mean step times relative to their mean.
-    double my_mean = n ? std::accumulate(step_seconds_.begin(), step_seconds_.begin() + n, 0.0) / n : 0;
+    double my_mean =
+        n ? std::accumulate(step_seconds_.begin(), step_seconds_.begin() + n, 0.0) / n : 0;
     std::vector<double> means(size);
     MPI_Allgather(&my_mean, 1, MPI_DOUBLE, means.data(), 1, MPI_DOUBLE, comm_);
     const auto [lo, hi] = std::minmax_element(means.begin(), means.end());
@@ -160,8 +168,9 @@ void Recorder::finish(double wall_seconds, double global_batch,
         s.push_back({"final_val_loss", last_epoch_.val_loss});
         s.push_back({"final_train_loss", last_epoch_.train_loss});
     }
-    for (const auto& [k, v] : extra) s.push_back({k, v});
+    for (const auto& [k, v] : extra)
+        s.push_back({k, v});
     file_.set_attributes("/summary", s);
 }
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

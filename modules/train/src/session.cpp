@@ -39,11 +39,14 @@ std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& min
     std::vector<int> lens(size), offs(size);
     MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm);
     int total = 0;
-    for (int i = 0; i < size; ++i) offs[i] = total, total += lens[i];
+    for (int i = 0; i < size; ++i)
+        offs[i] = total, total += lens[i];
     std::string all(static_cast<std::size_t>(total), '\0');
-    MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR, comm);
+    MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(), MPI_CHAR,
+                   comm);
     std::vector<std::string> out;
-    for (int i = 0; i < size; ++i) out.push_back(all.substr(offs[i], lens[i]));
+    for (int i = 0; i < size; ++i)
+        out.push_back(all.substr(offs[i], lens[i]));
     return out;
 }
 
@@ -53,7 +56,7 @@ std::string mib(double bytes) {
     return o.str();
 }
 
-}  // namespace
+} // namespace
 
 struct Session::State {
     core::Config cfg;
@@ -62,7 +65,7 @@ struct Session::State {
     MPI_Comm world;
     Plan plan;
     dist::DeviceBinding device;
-    std::vector<std::string> devices;  // per rank, for the plan
+    std::vector<std::string> devices; // per rank, for the plan
     std::unique_ptr<dist::Communicator> comm;
     data::DatasetSplits data;
     std::unique_ptr<ClassificationTrainer> trainer;
@@ -96,16 +99,16 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         if (const std::int64_t g = c.get_int("train.global_batch_size"); g > 0) {
             if (g % topo.world_size != 0)
                 throw core::ConfigError(
-                    "train.global_batch_size=" + std::to_string(g) + " cannot be split evenly across " +
-                    std::to_string(topo.world_size) + " ranks: use a multiple of " +
-                    std::to_string(topo.world_size) + " (e.g. " +
+                    "train.global_batch_size=" + std::to_string(g) +
+                    " cannot be split evenly across " + std::to_string(topo.world_size) +
+                    " ranks: use a multiple of " + std::to_string(topo.world_size) + " (e.g. " +
                     std::to_string((g / topo.world_size + 1) * topo.world_size) +
                     "), or set train.batch_size (per rank) instead");
             if (!c.is_default("train.batch_size") && p.batch_per_rank * topo.world_size != g)
-                throw core::ConfigError(
-                    "train.batch_size=" + std::to_string(p.batch_per_rank) + " x " +
-                    std::to_string(topo.world_size) + " ranks != train.global_batch_size=" +
-                    std::to_string(g) + ": set only one of them");
+                throw core::ConfigError("train.batch_size=" + std::to_string(p.batch_per_rank) +
+                                        " x " + std::to_string(topo.world_size) +
+                                        " ranks != train.global_batch_size=" + std::to_string(g) +
+                                        ": set only one of them");
             p.batch_per_rank = g / topo.world_size;
         }
         p.global_batch = p.batch_per_rank * topo.world_size;
@@ -124,7 +127,8 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         p.device = s.device.device.str();
     });
     const bool named = !s.device.name.empty() && s.device.name != s.device.device.str();
-    s.devices = allgather_strings(world, s.device.device.str() + (named ? " (" + s.device.name + ")" : ""));
+    s.devices =
+        allgather_strings(world, s.device.device.str() + (named ? " (" + s.device.name + ")" : ""));
     at::set_num_threads(p.threads_per_rank);
     try {
         at::set_num_interop_threads(1);
@@ -135,8 +139,12 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
 
 Session::~Session() = default;
 
-const Plan& Session::plan() const { return s_->plan; }
-bool Session::run_file_open() const { return s_->file != nullptr; }
+const Plan& Session::plan() const {
+    return s_->plan;
+}
+bool Session::run_file_open() const {
+    return s_->file != nullptr;
+}
 
 void Session::open_run_file() {
     State& s = *s_;
@@ -154,12 +162,14 @@ void Session::open_run_file() {
         s.world, c.get_string("output.file"), c.get_bool("output.overwrite"), root));
 
     std::vector<io::Attribute> config;
-    for (const auto& [k, v] : c.items()) config.push_back({k, v});
+    for (const auto& [k, v] : c.items())
+        config.push_back({k, v});
     s.file->set_attributes("/config", config);
     s.file->write_string_dataset("/config/ini", c.to_ini());
 
     std::vector<io::Attribute> build;
-    for (const auto& [k, v] : core::build_info().items()) build.push_back({k, v});
+    for (const auto& [k, v] : core::build_info().items())
+        build.push_back({k, v});
     build.push_back({"mpi_library", dist::mpi_library_version()});
     s.file->set_attributes("/build", build);
 
@@ -248,17 +258,19 @@ void Session::prepare() {
     t.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
 
     dist::agree_on_errors(s.world, [&] {
-        const std::int64_t per_rank = p.strategy == "ddp-ds"
-                                          ? (t.drop_last ? p.train_samples / p.world_size
-                                                         : (p.train_samples + p.world_size - 1) / p.world_size)
-                                          : p.train_samples;
+        const std::int64_t per_rank =
+            p.strategy == "ddp-ds"
+                ? (t.drop_last ? p.train_samples / p.world_size
+                               : (p.train_samples + p.world_size - 1) / p.world_size)
+                : p.train_samples;
         p.samples_per_rank_per_epoch = per_rank;
         if (per_rank < p.batch_per_rank && t.drop_last)
-            throw core::ConfigError(
-                "train.batch_size=" + std::to_string(p.batch_per_rank) + " is larger than the " +
-                std::to_string(per_rank) + " training samples each rank gets per epoch (" +
-                std::to_string(p.train_samples) + " samples, strategy " + p.strategy + ", " +
-                std::to_string(p.world_size) + " ranks): use a smaller batch or data.drop_last=false");
+            throw core::ConfigError("train.batch_size=" + std::to_string(p.batch_per_rank) +
+                                    " is larger than the " + std::to_string(per_rank) +
+                                    " training samples each rank gets per epoch (" +
+                                    std::to_string(p.train_samples) + " samples, strategy " +
+                                    p.strategy + ", " + std::to_string(p.world_size) +
+                                    " ranks): use a smaller batch or data.drop_last=false");
         s.comm = dist::make_communicator(p.backend, s.world, s.device.device);
     });
 
@@ -271,7 +283,7 @@ void Session::prepare() {
     const double elem = p.precision == "fp64" ? 8.0 : 4.0;
     const double opt_states = t.optimizer == "adamw" ? 2.0 : (t.momentum > 0 ? 1.0 : 0.0);
     p.memory_estimate_bytes =
-        static_cast<double>(p.parameters) * elem * (3.0 + opt_states) +  // weights, grads, buckets
+        static_cast<double>(p.parameters) * elem * (3.0 + opt_states) + // weights, grads, buckets
         static_cast<double>(cost.activation_elements + p.channels * p.image_size * p.image_size) *
             static_cast<double>(p.batch_per_rank) * elem;
 
@@ -283,30 +295,32 @@ void Session::prepare() {
 
     data::AdaptedTransform transform{static_cast<int>(p.channels), static_cast<int>(p.image_size),
                                      s.data.train.mean, s.data.train.std};
-    s.trainer = std::make_unique<ClassificationTrainer>(t, model, s.data, transform, *s.comm, s.world);
+    s.trainer =
+        std::make_unique<ClassificationTrainer>(t, model, s.data, transform, *s.comm, s.world);
     p.iterations_per_epoch = s.trainer->iterations_per_epoch();
     p.total_iterations = s.trainer->total_iterations();
     t.schedule.total_iters = p.total_iterations;
-    t.schedule.step_iters = c.get_int("train.step_epochs") * std::max<std::int64_t>(1, p.iterations_per_epoch);
+    t.schedule.step_iters =
+        c.get_int("train.step_epochs") * std::max<std::int64_t>(1, p.iterations_per_epoch);
     s.trainer->set_schedule(t.schedule);
 
     if (s.file) {
-        s.file->set_attributes(
-            "/plan", {{"strategy", p.strategy},
-                      {"precision", p.precision},
-                      {"device", p.device},
-                      {"backend", p.backend},
-                      {"dataset", p.dataset_description},
-                      {"threads_per_rank", static_cast<std::int64_t>(p.threads_per_rank)},
-                      {"batch_per_rank", p.batch_per_rank},
-                      {"global_batch", p.global_batch},
-                      {"train_samples", p.train_samples},
-                      {"test_samples", p.test_samples},
-                      {"iterations_per_epoch", p.iterations_per_epoch},
-                      {"total_iterations", p.total_iterations},
-                      {"parameters", p.parameters},
-                      {"macs_per_sample", p.macs_per_sample},
-                      {"memory_estimate_bytes", p.memory_estimate_bytes}});
+        s.file->set_attributes("/plan",
+                               {{"strategy", p.strategy},
+                                {"precision", p.precision},
+                                {"device", p.device},
+                                {"backend", p.backend},
+                                {"dataset", p.dataset_description},
+                                {"threads_per_rank", static_cast<std::int64_t>(p.threads_per_rank)},
+                                {"batch_per_rank", p.batch_per_rank},
+                                {"global_batch", p.global_batch},
+                                {"train_samples", p.train_samples},
+                                {"test_samples", p.test_samples},
+                                {"iterations_per_epoch", p.iterations_per_epoch},
+                                {"total_iterations", p.total_iterations},
+                                {"parameters", p.parameters},
+                                {"macs_per_sample", p.macs_per_sample},
+                                {"memory_estimate_bytes", p.memory_estimate_bytes}});
     }
 }
 
@@ -314,16 +328,18 @@ void Session::run() {
     State& s = *s_;
     if (!s.file) throw core::InternalError("Session::run before open_run_file");
     const auto t0 = std::chrono::steady_clock::now();
-    void* stream = nullptr;  // legacy default stream; LibTorch's current stream by default
+    void* stream = nullptr; // legacy default stream; LibTorch's current stream by default
     prof::PhaseTimer timer(s.topt.device.is_cuda(), stream);
-    Recorder recorder(*s.file, s.world, timer, static_cast<int>(s.cfg.get_int("output.flush_every")),
+    Recorder recorder(*s.file, s.world, timer,
+                      static_cast<int>(s.cfg.get_int("output.flush_every")),
                       static_cast<int>(s.cfg.get_int("profile.warmup_iters")));
     core::log::info() << "training " << s.plan.total_iterations << " iterations on "
                       << s.plan.world_size << " rank(s), global batch " << s.plan.global_batch
                       << ", writing " << s.file->path();
     s.trainer->run(&recorder, timer);
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     recorder.finish(wall, static_cast<double>(s.plan.global_batch), {});
 }
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

@@ -13,17 +13,17 @@ struct BuildInfo {
     std::string compiler;
     std::string build_type;
     std::string libtorch;
-    std::string cuda;  // "none" when built without CUDA
-    std::string nccl;  // "none" when built without NCCL
-    std::string mpi;   // compile-time MPI standard + library (runtime library version added by dist)
+    std::string cuda; // "none" when built without CUDA
+    std::string nccl; // "none" when built without NCCL
+    std::string mpi;  // compile-time MPI standard + library (runtime library version added by dist)
     std::string hdf5;
-    std::vector<std::string> features;  // e.g. "cuda", "nccl", "parallel-hdf5"
+    std::vector<std::string> features; // e.g. "cuda", "nccl", "parallel-hdf5"
 
     std::vector<std::pair<std::string, std::string>> items() const;
-    std::string describe() const;  // multi-line text for --version
+    std::string describe() const; // multi-line text for --version
 };
 
 // Build information as configured by CMake (see build_config.hpp.in).
 BuildInfo build_info();
 
-}  // namespace trainscope::core
+} // namespace trainscope::core

@@ -14,12 +14,12 @@ namespace trainscope::core {
 enum class OptionType { Int, Float, Bool, String, Choice };
 
 struct OptionSpec {
-    std::string key;  // "section.key"
+    std::string key; // "section.key"
     OptionType type = OptionType::String;
     std::string default_value;
     std::string help;
-    std::vector<std::string> choices;  // Choice only
-    std::optional<double> min, max;    // Int/Float: inclusive range
+    std::vector<std::string> choices; // Choice only
+    std::optional<double> min, max;   // Int/Float: inclusive range
 };
 
 // The set of known options. Each module has a `declare_options(OptionRegistry&)`.
@@ -65,7 +65,7 @@ class Config {
     std::int64_t get_int(const std::string& key) const;
     double get_float(const std::string& key) const;
     bool get_bool(const std::string& key) const;
-    const std::string& get_string(const std::string& key) const;  // String and Choice
+    const std::string& get_string(const std::string& key) const; // String and Choice
     ValueSource source(const std::string& key) const;
     bool is_default(const std::string& key) const { return source(key) == ValueSource::Default; }
 
@@ -93,7 +93,7 @@ struct CommandLine {
     bool version = false;
     bool print_config = false;
     bool dry_run = false;
-    std::string command_line;  // argv joined, for the run file
+    std::string command_line; // argv joined, for the run file
 
     // Parses argv and the INI files it names. Throws ConfigError on unknown options (with the
     // closest known one), bad values, unreadable or malformed files.
@@ -101,4 +101,4 @@ struct CommandLine {
     static std::string usage(const OptionRegistry& registry);
 };
 
-}  // namespace trainscope::core
+} // namespace trainscope::core

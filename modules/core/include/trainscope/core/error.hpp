@@ -8,19 +8,18 @@
 namespace trainscope::core {
 
 enum class ErrorKind {
-    Config = 2,       // bad option, value or combination of options
-    Input = 3,        // missing, unreadable or corrupt input (dataset, checkpoint, ...)
-    Output = 4,       // output file cannot be created or written
-    Distributed = 5,  // MPI/NCCL/device-binding failures, a peer rank failed
-    Internal = 70,    // a bug in trainscope (EX_SOFTWARE)
+    Config = 2,      // bad option, value or combination of options
+    Input = 3,       // missing, unreadable or corrupt input (dataset, checkpoint, ...)
+    Output = 4,      // output file cannot be created or written
+    Distributed = 5, // MPI/NCCL/device-binding failures, a peer rank failed
+    Internal = 70,   // a bug in trainscope (EX_SOFTWARE)
 };
 
 const char* to_string(ErrorKind kind);
 
 class Error : public std::runtime_error {
   public:
-    Error(ErrorKind kind, const std::string& message)
-        : std::runtime_error(message), kind_(kind) {}
+    Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
     ErrorKind kind() const { return kind_; }
     int exit_code() const { return static_cast<int>(kind_); }
     // True when every rank raised this error together (e.g. after dist::agree_on_errors), so the
@@ -49,4 +48,4 @@ struct InternalError : Error {
     explicit InternalError(const std::string& m) : Error(ErrorKind::Internal, m) {}
 };
 
-}  // namespace trainscope::core
+} // namespace trainscope::core

@@ -11,7 +11,7 @@ enum class Level { Debug = 0, Info = 1, Warn = 2, Error = 3 };
 
 void set_identity(int rank, int world_size, const std::string& host);
 void set_level(Level level);
-Level parse_level(const std::string& name);  // debug|info|warn|error, throws ConfigError
+Level parse_level(const std::string& name); // debug|info|warn|error, throws ConfigError
 int rank();
 
 class Line {
@@ -20,8 +20,7 @@ class Line {
     Line(const Line&) = delete;
     Line& operator=(const Line&) = delete;
     ~Line();
-    template <class T>
-    Line& operator<<(const T& value) {
+    template <class T> Line& operator<<(const T& value) {
         if (enabled_) stream_ << value;
         return *this;
     }
@@ -32,10 +31,20 @@ class Line {
     std::ostringstream stream_;
 };
 
-inline Line debug() { return Line(Level::Debug, false); }
-inline Line info() { return Line(Level::Info, false); }
-inline Line info_all() { return Line(Level::Info, true); }  // info from every rank
-inline Line warn() { return Line(Level::Warn, true); }
-inline Line error() { return Line(Level::Error, true); }
+inline Line debug() {
+    return Line(Level::Debug, false);
+}
+inline Line info() {
+    return Line(Level::Info, false);
+}
+inline Line info_all() {
+    return Line(Level::Info, true);
+} // info from every rank
+inline Line warn() {
+    return Line(Level::Warn, true);
+}
+inline Line error() {
+    return Line(Level::Error, true);
+}
 
-}  // namespace trainscope::core::log
+} // namespace trainscope::core::log

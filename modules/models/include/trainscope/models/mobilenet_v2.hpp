@@ -11,7 +11,7 @@
 namespace trainscope::core {
 class Config;
 class OptionRegistry;
-}  // namespace trainscope::core
+} // namespace trainscope::core
 
 namespace trainscope::models {
 
@@ -25,7 +25,8 @@ struct MobileNetV2Options {
     std::int64_t in_channels = 3;
 };
 
-// Convolution → batch-norm → ReLU6, the network's basic unit (padding keeps "same" size at stride 1).
+// Convolution → batch-norm → ReLU6, the network's basic unit (padding keeps "same" size at stride
+// 1).
 class ConvBNReLU6Impl : public torch::nn::Module {
   public:
     ConvBNReLU6Impl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
@@ -44,7 +45,7 @@ class InvertedResidualImpl : public torch::nn::Module {
   public:
     InvertedResidualImpl(std::int64_t in, std::int64_t out, std::int64_t stride,
                          std::int64_t expand_ratio);
-    torch::Tensor forward(const torch::Tensor& x);  // [B, in, H, W] → [B, out, H/stride, W/stride]
+    torch::Tensor forward(const torch::Tensor& x); // [B, in, H, W] → [B, out, H/stride, W/stride]
 
   private:
     bool use_residual_;
@@ -55,7 +56,7 @@ TORCH_MODULE(InvertedResidual);
 class MobileNetV2Impl : public torch::nn::Module {
   public:
     explicit MobileNetV2Impl(const MobileNetV2Options& options);
-    torch::Tensor forward(const torch::Tensor& x);  // [B, C, S, S] → logits [B, num_classes]
+    torch::Tensor forward(const torch::Tensor& x); // [B, C, S, S] → logits [B, num_classes]
 
     // The layer sequence (stem, 17 blocks, last 1x1 conv), kept separate from the classifier so
     // that a later pipeline strategy can split it into stages.
@@ -80,4 +81,4 @@ struct ForwardCost {
 };
 ForwardCost mobilenet_v2_cost(const MobileNetV2Options& options, std::int64_t image_size);
 
-}  // namespace trainscope::models
+} // namespace trainscope::models

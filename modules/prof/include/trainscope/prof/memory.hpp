@@ -19,4 +19,4 @@ struct MemorySample {
 // `cuda_device` < 0 means no CUDA device.
 MemorySample sample_memory(int cuda_device);
 
-}  // namespace trainscope::prof
+} // namespace trainscope::prof

@@ -16,14 +16,14 @@ namespace trainscope::prof {
 
 enum class Phase { Data = 0, H2D, Forward, Backward, CommWait, Optimizer, kCount };
 constexpr std::size_t kNumPhases = static_cast<std::size_t>(Phase::kCount);
-const char* phase_name(Phase p);  // "data", "h2d", ...
+const char* phase_name(Phase p); // "data", "h2d", ...
 
 // Seconds per phase plus the whole step (first phase start → last phase end).
 struct PhaseTimes {
     std::int64_t iteration = 0;
-    std::array<double, kNumPhases> seconds{};  // NaN for a phase that did not run
+    std::array<double, kNumPhases> seconds{}; // NaN for a phase that did not run
     double step_seconds = 0;
-    double t_start = 0;  // seconds since the timer was created (host clock)
+    double t_start = 0; // seconds since the timer was created (host clock)
 };
 
 // Device timestamps, implemented with a steady clock (CPU) or CUDA events on a stream (GPU).
@@ -31,7 +31,8 @@ class Clock;
 
 class PhaseTimer {
   public:
-    // `cuda_stream` is a cudaStream_t (or nullptr for the legacy default stream) when `cuda` is true.
+    // `cuda_stream` is a cudaStream_t (or nullptr for the legacy default stream) when `cuda` is
+    // true.
     explicit PhaseTimer(bool cuda = false, void* cuda_stream = nullptr);
     ~PhaseTimer();
     PhaseTimer(const PhaseTimer&) = delete;
@@ -72,4 +73,4 @@ class PhaseScope {
     Phase p_;
 };
 
-}  // namespace trainscope::prof
+} // namespace trainscope::prof

@@ -20,7 +20,7 @@
 namespace trainscope::train {
 
 struct TrainerOptions {
-    std::string strategy = "ddp-ds";  // ddp-ds: sharded sampler; ddp: every rank reads everything
+    std::string strategy = "ddp-ds"; // ddp-ds: sharded sampler; ddp: every rank reads everything
     torch::Dtype dtype = torch::kFloat32;
     torch::Device device{torch::kCPU};
     std::int64_t epochs = 1, max_iters = 0, batch_size = 64, eval_batch_size = 256;
@@ -53,4 +53,4 @@ class ClassificationTrainer {
     std::unique_ptr<State> s_;
 };
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

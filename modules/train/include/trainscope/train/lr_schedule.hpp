@@ -8,15 +8,15 @@
 namespace trainscope::train {
 
 struct LrSchedule {
-    std::string kind = "constant";    // constant | step | cosine
+    std::string kind = "constant"; // constant | step | cosine
     double base_lr = 0.1;
-    std::int64_t warmup_iters = 0;    // lr ramps linearly from base_lr/warmup to base_lr
-    std::int64_t total_iters = 1;     // cosine: end of the schedule
-    std::int64_t step_iters = 1;      // step: decay period
-    double gamma = 0.1;               // step: factor per period
-    double min_lr = 0.0;              // cosine: floor
+    std::int64_t warmup_iters = 0; // lr ramps linearly from base_lr/warmup to base_lr
+    std::int64_t total_iters = 1;  // cosine: end of the schedule
+    std::int64_t step_iters = 1;   // step: decay period
+    double gamma = 0.1;            // step: factor per period
+    double min_lr = 0.0;           // cosine: floor
 
-    double at(std::int64_t iteration) const;  // iteration counts from 0
+    double at(std::int64_t iteration) const; // iteration counts from 0
 };
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

@@ -10,4 +10,4 @@ void declare_options(core::OptionRegistry& registry);
 // Every option trainscope knows, in --help order.
 core::OptionRegistry all_options();
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

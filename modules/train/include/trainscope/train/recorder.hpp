@@ -22,18 +22,18 @@ namespace trainscope::train {
 struct IterationValues {
     std::int64_t iteration = 0;
     std::int64_t epoch = 0;
-    double loss = std::numeric_limits<double>::quiet_NaN();  // may be filled in later (GPU)
-    double samples = 0;                                      // samples this rank processed
+    double loss = std::numeric_limits<double>::quiet_NaN(); // may be filled in later (GPU)
+    double samples = 0;                                     // samples this rank processed
     double lr = 0;
-    double comm_bytes = 0;  // bytes this rank reduced in gradient allreduces
+    double comm_bytes = 0; // bytes this rank reduced in gradient allreduces
     prof::MemorySample memory;
 };
 
 struct EpochValues {
     std::int64_t epoch = 0;
     double epoch_s = 0;
-    double train_loss = 0;  // mean over this rank's iterations
-    double val_loss = 0;    // over the whole test set, reduced across ranks
+    double train_loss = 0; // mean over this rank's iterations
+    double val_loss = 0;   // over the whole test set, reduced across ranks
     double val_accuracy = 0;
     double samples = 0;
 };
@@ -49,7 +49,7 @@ class Recorder {
     void record_epoch(const EpochValues& v);
     // True when the caller must resolve deferred values and call flush() now.
     bool flush_due() const;
-    void flush();  // collective
+    void flush(); // collective
     // Collective: flush, then write /summary. `global_batch` = samples per step over all ranks.
     void finish(double wall_seconds, double global_batch,
                 const std::vector<std::pair<std::string, std::string>>& extra);
@@ -63,8 +63,8 @@ class Recorder {
     int warmup_iters_;
     std::int64_t recorded_ = 0;
     std::int64_t since_flush_ = 0;
-    std::map<std::int64_t, IterationValues> pending_;  // waiting for their phase times
-    std::vector<double> step_seconds_;                 // this rank, measured iterations
+    std::map<std::int64_t, IterationValues> pending_; // waiting for their phase times
+    std::vector<double> step_seconds_;                // this rank, measured iterations
     std::vector<std::array<double, prof::kNumPhases>> phase_seconds_;
     std::vector<double> samples_;
     EpochValues last_epoch_;
@@ -73,4 +73,4 @@ class Recorder {
     double peak_device_ = std::numeric_limits<double>::quiet_NaN();
 };
 
-}  // namespace trainscope::train
+} // namespace trainscope::train

@@ -24,7 +24,7 @@ struct Plan {
     std::int64_t epochs = 0, image_size = 0, channels = 0, num_classes = 0;
     std::int64_t parameters = 0, macs_per_sample = 0;
     double bucket_mb = 0;
-    double memory_estimate_bytes = 0;  // params + grads + optimizer state + buckets + activations
+    double memory_estimate_bytes = 0; // params + grads + optimizer state + buckets + activations
     std::string dataset_description;
 };
 
@@ -34,11 +34,11 @@ class Session {
     ~Session();
 
     const Plan& plan() const;
-    std::string plan_text() const;  // --dry-run output (rank 0 prints it)
-    void open_run_file();           // collective: refuses to overwrite unless output.overwrite
-    void prepare();                 // collective: loads data, builds model and communicator
-    void run();                     // collective: trains, records, writes /summary
-    void close_run_file(const std::string& status, const std::string& error = "");  // collective
+    std::string plan_text() const; // --dry-run output (rank 0 prints it)
+    void open_run_file();          // collective: refuses to overwrite unless output.overwrite
+    void prepare();                // collective: loads data, builds model and communicator
+    void run();                    // collective: trains, records, writes /summary
+    void close_run_file(const std::string& status, const std::string& error = ""); // collective
     bool run_file_open() const;
 
   private:
@@ -46,4 +46,4 @@ class Session {
     std::unique_ptr<State> s_;
 };
 
-}  // namespace trainscope::train
+} // namespace trainscope::train
