@@ -25,7 +25,7 @@ Fairness rules (both sides get the same work; the output repeats them):
             also on 1 rank (a world of 1) unless --pytorch-1rank=plain; trainscope: strategy ddp-ds,
             MPI backend, dist.bucket_mb=25 (it broadcasts batch-norm buffers every step like DDP)
   timing    per iteration wall time (time.perf_counter around the whole step; trainscope's steady
-            clock around data..optimizer), max over ranks per iteration, median over the measured
+            clock around data..optimizer), mean over ranks per iteration, median over the measured
             iterations after the same warm-up: trainscope's /summary median_step_s
 """
 from __future__ import annotations
@@ -121,12 +121,13 @@ def pytorch_worker(a: argparse.Namespace) -> int:
         t4 = clock()
         times[k] = torch.tensor([t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3], dtype=torch.float64)
 
-    # As trainscope's Recorder: step = max over ranks per iteration; phases = mean over ranks.
+    # As trainscope's Recorder: step and phases = mean over ranks per iteration.
     step = times[:, 0].clone()
     phases = times[:, 1:].clone()
     if world > 1:
-        dist.all_reduce(step, op=dist.ReduceOp.MAX)
+        dist.all_reduce(step, op=dist.ReduceOp.SUM)
         dist.all_reduce(phases, op=dist.ReduceOp.SUM)
+        step /= world
         phases /= world
     if rank == 0:
         result = {
@@ -261,7 +262,7 @@ def settings_line(a: argparse.Namespace) -> str:
             f"PyTorch {'DDP' if a.pytorch_1rank == 'ddp' else 'plain model'} on 1 rank, DDP "
             f"(gloo, bucket 25 MiB) on more; zero_grad(set_to_none="
             f"{a.pytorch_zero_grad == 'none'}); trainscope: MPI backend, bucket 25 MiB, "
-            f"zero_grad(set_to_none=False); step = max over ranks, median over iterations")
+            f"zero_grad(set_to_none=False); step = mean over ranks, median over iterations")
 
 
 def driver(a: argparse.Namespace) -> int:

@@ -117,20 +117,28 @@ void Recorder::finish(double wall_seconds, double global_batch,
     long long mine = static_cast<long long>(step_seconds_.size()), n = 0;
     MPI_Allreduce(&mine, &n, 1, MPI_LONG_LONG, MPI_MIN, comm_);
 
-    // A synchronous step is as slow as its slowest rank: per iteration, the max over ranks.
-    std::vector<double> slowest(step_seconds_.begin(), step_seconds_.begin() + n);
+    // Ranks run in lock-step (every iteration ends in collectives), so each rank's iteration time
+    // measures the same cycle; per iteration the mean over ranks estimates it without the bias of
+    // a max, which picks up whichever rank waited longest each time and so overstates the cycle.
+    // The slowest rank's series is summarised too, for stragglers.
+    std::vector<double> mean_step(step_seconds_.begin(), step_seconds_.begin() + n);
+    std::vector<double> slowest = mean_step;
+    MPI_Allreduce(MPI_IN_PLACE, mean_step.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm_);
     MPI_Allreduce(MPI_IN_PLACE, slowest.data(), static_cast<int>(n), MPI_DOUBLE, MPI_MAX, comm_);
+    for (double& x : mean_step)
+        x /= size;
 
     std::vector<io::Attribute> s;
     s.push_back({"measured_iterations", static_cast<std::int64_t>(n)});
     s.push_back({"warmup_iterations", static_cast<std::int64_t>(warmup_iters_)});
     s.push_back({"total_iterations", static_cast<std::int64_t>(recorded_)});
     s.push_back({"wall_s", wall_seconds});
-    const double med = median(slowest);
+    const double med = median(mean_step);
     s.push_back({"median_step_s", med});
-    s.push_back(
-        {"mean_step_s",
-         n ? std::accumulate(slowest.begin(), slowest.end(), 0.0) / static_cast<double>(n) : kNaN});
+    s.push_back({"mean_step_s", n ? std::accumulate(mean_step.begin(), mean_step.end(), 0.0) /
+                                        static_cast<double>(n)
+                                  : kNaN});
+    s.push_back({"median_slowest_rank_step_s", median(slowest)});
     s.push_back({"global_batch_samples", global_batch});
     s.push_back({"throughput_samples_per_s", med > 0 ? global_batch / med : kNaN});
 
