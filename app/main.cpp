@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
         if (cli.help || cli.version || cli.print_config) {
             if (topo.rank == 0)
                 std::cout << (cli.help      ? core::CommandLine::usage(options)
-                              : cli.version ? core::build_info().describe()
+                              : cli.version ? core::build_info().describe() + "mpi_library: " +
+                                                  dist::mpi_library_version() + "\n"
                                             : cli.config.to_ini());
             return 0;
         }

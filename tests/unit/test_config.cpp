@@ -93,6 +93,9 @@ TEST_F(ConfigTest, ResolvedIniReproducesTheConfiguration) {
     auto cl = parse(r, {"--train.batch_size=7", "--run.strategy=ddp"});
     auto again = parse(r, {"--config", write("resolved.ini", cl.config.to_ini())});
     EXPECT_EQ(again.config.items(), cl.config.items());
+    // output.* is declared in two separate places: still one [output] block.
+    const std::string ini = cl.config.to_ini();
+    EXPECT_EQ(ini.find("[output]"), ini.rfind("[output]")) << ini;
 }
 
 TEST_F(ConfigTest, UnknownOptionNamesItAndSuggestsTheClosest) {

@@ -269,15 +269,21 @@ std::vector<std::pair<std::string, std::string>> Config::items() const {
 }
 
 std::string Config::to_ini() const {
-    std::ostringstream out;
-    std::string section;
-    for (const auto& [key, value] : items()) {
+    // One [section] block per section, in order of first declaration (modules declare options of
+    // a shared section such as [run] at different times).
+    std::vector<std::string> sections;
+    const auto all = items();
+    for (const auto& [key, value] : all) {
         std::string sec = key.substr(0, key.find('.'));
-        if (sec != section) {
-            out << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
-            section = sec;
-        }
-        out << key.substr(key.find('.') + 1) << " = " << value << "\n";
+        if (std::find(sections.begin(), sections.end(), sec) == sections.end())
+            sections.push_back(sec);
+    }
+    std::ostringstream out;
+    for (std::size_t i = 0; i < sections.size(); ++i) {
+        out << (i ? "\n" : "") << "[" << sections[i] << "]\n";
+        for (const auto& [key, value] : all)
+            if (key.compare(0, sections[i].size() + 1, sections[i] + ".") == 0)
+                out << key.substr(key.find('.') + 1) << " = " << value << "\n";
     }
     return out.str();
 }
