@@ -31,7 +31,7 @@ def quickstart_file(tmp_path_factory, trainscope):
 
 def test_progress_is_printed_by_rank_zero(quickstart_file):
     _, proc = quickstart_file
-    lines = [l for l in proc.stdout.splitlines() if "samples/s" in l]
+    lines = [l for l in proc.stdout.splitlines() if "samples/s  ETA" in l]
     assert len(lines) == ITERS // 4
     assert all(l.startswith("[rank 0/2 ") for l in lines)
     assert f"iter {ITERS}/{ITERS}" in lines[-1] and "ETA" in lines[-1]
@@ -92,6 +92,10 @@ def test_iteration_series(quickstart_file):
         # Gradients of every fp32 parameter are reduced every iteration.
         params = int(f["plan"].attrs["parameters"])
         assert np.all(it["comm_bytes"][...] == params * 4)
+        # Training state on CPU: fp32 weights and gradients, AdamW's two moments per parameter.
+        assert np.all(it["parameter_bytes"][...] == params * 4)
+        assert np.all(it["gradient_bytes"][...] == params * 4)
+        assert np.all(it["optimizer_state_bytes"][...] == 2 * params * 4)
         assert f["iterations/step_s"].attrs["units"] in (b"s", "s")
         assert np.all(it["host_rss_bytes"][...] > 50e6)
         assert np.all(np.isnan(it["device_allocated_bytes"][...]))  # CPU run: not measured
@@ -141,3 +145,72 @@ def test_summary_command(quickstart_file):
     header, row = out.stdout.splitlines()[:2]
     assert "median step [s]" in header and "throughput [samples/s]" in header
     assert "completed" in row and "ddp-ds" in row
+
+
+@pytest.fixture(scope="module")
+def profiled_file(tmp_path_factory, trainscope):
+    """The quickstart with the profiler window, a trace and fast telemetry sampling."""
+    from conftest import mpirun_cmd
+
+    out = tmp_path_factory.mktemp("prof") / "prof.h5"
+    proc = subprocess.run(
+        mpirun_cmd(2, "--config", ROOT / "inputs/quickstart.ini", f"--output.file={out}",
+                   "--train.max_iters=10", "--train.eval=false", "--profile.enabled=true",
+                   "--profile.start_iter=6", "--profile.iters=2", "--profile.trace=true",
+                   "--telemetry.interval_ms=50", "--log.every=0"),
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc
+
+
+def test_profile_window_in_the_file(profiled_file):
+    path, proc = profiled_file
+    with h5py.File(path, "r") as f:
+        assert int(f["profile"].attrs["enabled"]) == 1
+        names = [n.decode() for n in f["profile/categories/name"][...]]
+        assert "cpu_op" in names
+        ops = [n.decode() for n in f["profile/top_ops/name"][...]]
+        assert any("convolution" in o for o in ops)
+        for ds in ("profile/categories/total_s", "profile/breakdown/span_s"):
+            assert f[ds].attrs["units"] not in (b"", "")
+    for rank in (0, 1):
+        trace = path.with_name(f"prof.rank{rank}.trace.json").read_text()
+        assert f'"rank": {rank}' in trace and "ProfilerStep#6" in trace
+
+
+def test_telemetry_and_accounting_in_the_file(profiled_file):
+    path, proc = profiled_file
+    with h5py.File(path, "r") as f:
+        t = f["telemetry/t_s"][...]
+        n = f["telemetry"].attrs["rank_rows"]
+        for r in range(2):
+            ts = t[r, : n[r]]
+            assert n[r] >= 2 and np.all(np.diff(ts) > 0)
+            start = f["iterations/t_start"][r]
+            assert ts[0] <= start[0] and ts[-1] >= start[-1]  # sampling spans the iterations
+        assert int(f["telemetry"].attrs["gpu_available"]) == 0  # no NVML here, and it says so
+        it = f["iterations"]
+        params = int(f["plan"].attrs["parameters"])
+        assert np.all(it["comm_bytes"][...] == params * 4)
+        assert np.all(it["comm_collective_s"][...] > 0)
+        assert f["comm/buckets/bytes"][...].sum() == params * 4
+        s = f["summary"].attrs
+        for key in ("p95_step_s", "imbalance_median", "imbalance_p95", "straggler_ranks"):
+            assert key in s, key
+        assert "mfu" not in s  # CPU: no peak known, so no MFU rather than a wrong one
+    assert "summary over 5 measured iterations" in proc.stdout
+
+
+def test_comm_workload(run_ts, tmp_path):
+    out = tmp_path / "comm.h5"
+    proc = run_ts(2, "--run.workload=comm", f"--output.file={out}", "--comm.max_bytes=65536",
+                  "--comm.iters=3", "--comm.warmup=1", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] in ("completed", b"completed")
+        b = f["comm/allreduce/bytes"][...]
+        assert b[0] == 8 and b[-1] == 65536
+        alg = f["comm/allreduce/algbw_GBps"][...]
+        bus = f["comm/allreduce/busbw_GBps"][...]
+        assert np.allclose(bus, alg * 2 * (2 - 1) / 2)  # nccl-tests' allreduce factor at n = 2
+        assert f["comm/allreduce/time_s"].attrs["units"] in ("s", b"s")

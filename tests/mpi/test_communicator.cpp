@@ -5,6 +5,7 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -167,6 +168,22 @@ TEST(MpiCommunicator, AsyncAllreducesCompleteInLaunchOrder) {
         const double expected = (k + 1) * w * (w + 1) / 2.0;
         EXPECT_TRUE(torch::equal(tensors[k], torch::full_like(tensors[k], expected))) << k;
     }
+}
+
+TEST(MpiCommunicator, WorkReportsTheCollectivesOwnDuration) {
+    auto comm = mpi_communicator();
+    auto t = torch::ones({1 << 18}, torch::kFloat32); // 1 MiB
+    const auto t0 = std::chrono::steady_clock::now();
+    auto work = comm->allreduce_async(t, dist::ReduceOp::Sum);
+    work->wait();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds = work->seconds();
+    EXPECT_GT(seconds, 0.0);
+    EXPECT_LE(seconds, wall); // measured on the progress thread, inside the caller's interval
+    EXPECT_EQ(work->seconds(), seconds);
+    auto empty = comm->allreduce_async(torch::empty({0}), dist::ReduceOp::Sum);
+    EXPECT_EQ(empty->seconds(), 0.0); // no-op
 }
 
 TEST(MpiCommunicator, AccountsCallsAndBytesPerKind) {

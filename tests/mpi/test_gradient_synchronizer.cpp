@@ -5,6 +5,8 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <chrono>
+
 #include "mpi_test_util.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/dist/communicator.hpp"
@@ -218,4 +220,52 @@ TEST(GradientSynchronizer, BroadcastsParametersAndBuffers) {
     EXPECT_TRUE(torch::equal(running_mean, torch::full({5}, float(w - 1))));
     EXPECT_EQ(counter.item<std::int64_t>(), std::int64_t{w - 1} * 7);
     EXPECT_TRUE(p.requires_grad());
+}
+
+TEST(GradientSynchronizer, AccountsBytesCollectiveAndExposedTimePerIteration) {
+    const int r = world_rank(), w = world_size();
+    auto comm = mpi_communicator();
+    Net model = make_net(11);
+    // Cap 1024 B: buckets of 536, 18432 and 320 bytes (kCaps).
+    dist::GradientSynchronizer sync(*comm, model->parameters(), 1024);
+    const auto before = sync.last_iteration(); // before any iteration: zeros, one per bucket
+    EXPECT_EQ(before.bytes, 0.0);
+    EXPECT_EQ(before.bucket_bytes, std::vector<double>(3, 0.0));
+    EXPECT_EQ(before.bucket_s, std::vector<double>(3, 0.0));
+    for (int step = 0; step < 3; ++step) {
+        torch::manual_seed(step);
+        auto x = torch::randn({4, 1, 8, 8}, torch::kFloat64) + r;
+        auto y = torch::randint(0, 3, {4}, torch::kInt64);
+        model->zero_grad();
+        sync.begin_iteration();
+        torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+        const auto t0 = std::chrono::steady_clock::now();
+        const double waited = sync.finish();
+        const double finish_wall =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+        const dist::IterationComm it = sync.last_iteration();
+        EXPECT_EQ(it.exposed_s, waited);
+        EXPECT_GE(it.exposed_s, 0.0);
+        EXPECT_LE(it.exposed_s, finish_wall);
+        ASSERT_EQ(it.bucket_bytes.size(), 3u);
+        ASSERT_EQ(it.bucket_s.size(), 3u);
+        if (w > 1) {
+            EXPECT_EQ(it.bucket_bytes, (std::vector<double>{536, 18432, 320}));
+            EXPECT_EQ(it.bytes, 19288.0);
+            EXPECT_EQ(it.bytes, double(sync.bytes_per_iteration()));
+            double sum = 0;
+            for (double s : it.bucket_s) {
+                EXPECT_GT(s, 0.0);
+                sum += s;
+            }
+            EXPECT_DOUBLE_EQ(it.collective_s, sum);
+        } else { // one rank: nothing is communicated
+            EXPECT_EQ(it.bytes, 0.0);
+            EXPECT_EQ(it.collective_s, 0.0);
+            EXPECT_EQ(it.bucket_bytes, std::vector<double>(3, 0.0));
+        }
+        // Reading twice gives the cached result.
+        EXPECT_EQ(sync.last_iteration().bucket_s, it.bucket_s);
+    }
 }

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -567,6 +568,92 @@ TEST_F(RunFileTest, RaggedTableUsesRankOffsetsAndIndexes) {
     EXPECT_EQ(f.str_attr("/profile/op_ms", "units"), "ms");
     EXPECT_EQ(f.str_attr("/profile/op_ms_offset", "units"), "1");
     EXPECT_EQ(f.str_attr("/profile/op_ms_count", "units"), "1");
+}
+
+TEST_F(RunFileTest, RaggedStringsAndPerRankValues) {
+    const std::string path = dir_ + "/run.h5";
+    const int r = world_rank(), n = world_size();
+    // Rank k writes k strings (rank 0 none), one of them longer than any other rank's, with UTF-8.
+    auto text = [](int k, int j) {
+        return "op" + std::to_string(k) + "." + std::to_string(j) + std::string(k + j, 'x') +
+               (j == 0 ? "\xc2\xb5s" : "");
+    };
+    {
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        std::vector<std::string> mine;
+        for (int j = 0; j < r; ++j)
+            mine.push_back(text(r, j));
+        file.write_ragged_strings("/profile/top_ops/name", mine);
+        file.write_per_rank("/profile/window_s", 0.5 + r, "s");
+        file.close();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r != 0) return;
+    Reader f(path);
+    const auto offsets = f.ints("/profile/top_ops/name_offset");
+    const auto counts = f.ints("/profile/top_ops/name_count");
+    ASSERT_EQ(counts.size(), static_cast<std::size_t>(n));
+    const hid_t d = H5Dopen2(f.file, "/profile/top_ops/name", H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    const hid_t t = H5Dget_type(d);
+    const hid_t s = H5Dget_space(d);
+    EXPECT_EQ(H5Tget_class(t), H5T_STRING);
+    EXPECT_EQ(H5Tget_cset(t), H5T_CSET_UTF8);
+    EXPECT_EQ(H5Tis_variable_str(t), 0);
+    const std::size_t width = H5Tget_size(t);
+    std::size_t longest = 1, total = 0;
+    for (int k = 0; k < n; ++k)
+        for (int j = 0; j < k; ++j, ++total)
+            longest = std::max(longest, text(k, j).size());
+    EXPECT_EQ(width, longest);
+    ASSERT_EQ(H5Sget_simple_extent_npoints(s), static_cast<hssize_t>(total));
+    std::vector<char> raw(width * total + 1, '\0');
+    if (total > 0) H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data());
+    H5Sclose(s);
+    H5Tclose(t);
+    H5Dclose(d);
+    std::int64_t expected_offset = 0;
+    for (int k = 0; k < n; ++k) {
+        EXPECT_EQ(offsets[k], expected_offset);
+        EXPECT_EQ(counts[k], k);
+        for (int j = 0; j < k; ++j) {
+            const std::string cell(raw.data() + (expected_offset + j) * width, width);
+            EXPECT_EQ(cell.substr(0, cell.find('\0')), text(k, j));
+        }
+        expected_offset += k;
+    }
+    EXPECT_EQ(f.str_attr("/profile/top_ops/name", "units"), "text");
+    EXPECT_EQ(f.str_attr("/profile/top_ops/name_count", "units"), "1");
+
+    const auto window = f.doubles("/profile/window_s");
+    EXPECT_EQ(window.dims, std::vector<hsize_t>{hsize_t(n)});
+    for (int k = 0; k < n; ++k)
+        EXPECT_EQ(window.values.at(k), 0.5 + k);
+    EXPECT_EQ(f.str_attr("/profile/window_s", "units"), "s");
+}
+
+TEST_F(RunFileTest, VectorHoldsRankZerosValues) {
+    const std::string path = dir_ + "/run.h5";
+    const int r = world_rank();
+    {
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        // Other ranks pass different (even longer) vectors: only rank 0's count and values count.
+        std::vector<double> mine =
+            r == 0 ? std::vector<double>{8, 16, 32} : std::vector<double>(5, -1.0 * r);
+        file.write_vector("/comm/allreduce/bytes", mine, "B");
+        file.write_vector("/comm/allreduce/bytes", mine, "B"); // replaces, no error
+        file.write_vector("/comm/empty", {}, "s");
+        file.close();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r != 0) return;
+    Reader f(path);
+    const auto bytes = f.doubles("/comm/allreduce/bytes");
+    EXPECT_EQ(bytes.dims, std::vector<hsize_t>{3});
+    EXPECT_EQ(bytes.values, (std::vector<double>{8, 16, 32}));
+    EXPECT_EQ(f.str_attr("/comm/allreduce/bytes", "units"), "B");
+    EXPECT_EQ(f.doubles("/comm/empty").dims, std::vector<hsize_t>{0});
+    EXPECT_EQ(f.str_attr("/comm/empty", "units"), "s");
 }
 
 TEST(IoOptions, DeclaresOutputSection) {

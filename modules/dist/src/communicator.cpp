@@ -133,11 +133,12 @@ int checked_int(std::int64_t n, const char* what) {
 // Async handle of the MPI backend: completed by the progress thread.
 class MpiWork final : public Work {
   public:
-    void finish(std::exception_ptr error) {
+    void finish(std::exception_ptr error, double seconds = 0) {
         {
             std::lock_guard<std::mutex> lock(m_);
             done_ = true;
             error_ = error;
+            seconds_ = seconds;
         }
         cv_.notify_all();
     }
@@ -157,6 +158,11 @@ class MpiWork final : public Work {
         std::lock_guard<std::mutex> lock(m_);
         return done_;
     }
+    double seconds() override {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return done_; });
+        return seconds_;
+    }
     void set_after(std::function<void()> fn) { after_ = std::move(fn); }
 
   private:
@@ -165,6 +171,7 @@ class MpiWork final : public Work {
     bool done_ = false;
     std::exception_ptr error_;
     std::function<void()> after_;
+    double seconds_ = 0; // the collective's duration on the progress thread
 };
 
 struct Task {
@@ -205,17 +212,19 @@ void progress_loop(std::shared_ptr<ProgressState> s) {
             s->running = true;
         }
         std::exception_ptr error;
+        const auto t0 = Clock::now();
         try {
             task.run();
         } catch (...) {
             error = std::current_exception();
         }
+        const double seconds = seconds_since(t0);
         {
             std::lock_guard<std::mutex> lock(s->m);
             s->running = false;
         }
         s->cv.notify_all();
-        task.work->finish(error);
+        task.work->finish(error, seconds);
     }
 }
 

@@ -45,6 +45,14 @@ struct GradientSynchronizer::Impl {
     std::size_t in_backward = 0, in_finish = 0;
     std::size_t last_in_backward = 0, last_in_finish = 0;
 
+    // Accounting of the last finished iteration; its own mutex, because resolving NCCL timings may
+    // block and must not stall gradient hooks.
+    mutable std::mutex last_mutex;
+    std::vector<std::shared_ptr<Work>> last_works; // per bucket; null when nothing ran
+    double last_exposed = 0;
+    mutable bool last_resolved = true;
+    mutable IterationComm last;
+
     void on_gradient_ready(std::size_t index);
     void launch_ready_buckets(bool from_hook);
     void launch(Bucket& bucket, bool from_hook);
@@ -237,6 +245,14 @@ double GradientSynchronizer::finish() {
         if (b.work) b.work->wait();
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    {
+        std::lock_guard<std::mutex> last_lock(s.last_mutex);
+        s.last_works.clear();
+        for (auto& b : s.buckets)
+            s.last_works.push_back(b.work); // keeps the handle (and its timing) until resolved
+        s.last_exposed = waited;
+        s.last_resolved = false;
+    }
 
     for (auto& b : s.buckets) {
         for (std::size_t k = 0; k < b.members.size(); ++k) {
@@ -254,6 +270,31 @@ double GradientSynchronizer::finish() {
         b.work.reset();
     }
     return waited;
+}
+
+IterationComm GradientSynchronizer::last_iteration() const {
+    const Impl& s = *impl_;
+    std::lock_guard<std::mutex> lock(s.last_mutex);
+    if (!s.last_resolved) {
+        IterationComm out;
+        out.exposed_s = s.last_exposed;
+        for (std::size_t i = 0; i < s.buckets.size(); ++i) {
+            const auto& work = s.last_works[i];
+            const double bytes = work ? static_cast<double>(s.buckets[i].bytes) : 0.0;
+            const double seconds = work ? work->seconds() : 0.0;
+            out.bucket_bytes.push_back(bytes);
+            out.bucket_s.push_back(seconds);
+            out.bytes += bytes;
+            out.collective_s += seconds;
+        }
+        s.last = std::move(out);
+        s.last_resolved = true;
+    }
+    if (s.last.bucket_bytes.empty()) { // before the first finish(): zeros, one per bucket
+        s.last.bucket_bytes.assign(s.buckets.size(), 0.0);
+        s.last.bucket_s.assign(s.buckets.size(), 0.0);
+    }
+    return s.last;
 }
 
 std::size_t GradientSynchronizer::num_buckets() const {

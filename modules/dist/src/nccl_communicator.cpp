@@ -105,10 +105,14 @@ void check_async_error(ncclComm_t comm) {
 
 class NcclWork final : public Work {
   public:
-    NcclWork(cudaEvent_t done, c10::DeviceIndex device, ncclComm_t comm)
-        : done_(done), device_(device), comm_(comm) {}
+    // start/done: timing events around the collective on the communicator's stream (null for a
+    // no-op).
+    NcclWork(cudaEvent_t start, cudaEvent_t done, c10::DeviceIndex device, ncclComm_t comm)
+        : start_(start), done_(done), device_(device), comm_(comm) {}
     ~NcclWork() override {
-        if (done_) cudaEventDestroy(done_); // safe while pending: released when it completes
+        // Safe while pending: the driver releases an event once its work completed.
+        if (start_) cudaEventDestroy(start_);
+        if (done_) cudaEventDestroy(done_);
     }
     void wait() override {
         if (!done_) return;
@@ -132,8 +136,17 @@ class NcclWork final : public Work {
         while (!completed())
             std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    double seconds() override {
+        if (!done_ || !start_) return 0;
+        host_wait();
+        c10::cuda::CUDAGuard guard(device_);
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start_, done_));
+        return 1e-3 * ms;
+    }
 
   private:
+    cudaEvent_t start_ = nullptr;
     cudaEvent_t done_ = nullptr;
     c10::DeviceIndex device_;
     ncclComm_t comm_;
@@ -182,7 +195,8 @@ class NcclCommunicator final : public Communicator {
     std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
         check(tensor, "allreduce");
         const ncclRedOp_t red = nccl_op(op, tensor);
-        if (tensor.numel() == 0) return std::make_shared<NcclWork>(nullptr, device_.index(), comm_);
+        if (tensor.numel() == 0)
+            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), comm_);
         return launch("allreduce", tensor.nbytes(), {tensor}, [&](cudaStream_t s) {
             NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
                                      static_cast<size_t>(tensor.numel()),
@@ -269,16 +283,20 @@ class NcclCommunicator final : public Communicator {
         const auto t0 = Clock::now();
         c10::cuda::CUDAGuard guard(device_.index());
         cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-        cudaEvent_t ready = nullptr, done = nullptr;
+        cudaEvent_t ready = nullptr, start = nullptr, done = nullptr;
         CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventRecord(ready, compute));
         CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), ready, 0));
         CUDA_CHECK(cudaEventDestroy(ready));
+        // Timing events bracket only the collective: `start` completes once the stream has
+        // passed the wait for the compute stream, so Work::seconds() excludes that wait.
+        CUDA_CHECK(cudaEventCreateWithFlags(&start, cudaEventDefault));
+        CUDA_CHECK(cudaEventRecord(start, stream_.stream()));
         // The caching allocator must not hand these blocks out again until our stream is done.
         for (const torch::Tensor& t : tensors)
             c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
         enqueue(stream_.stream());
-        CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDefault));
         CUDA_CHECK(cudaEventRecord(done, stream_.stream()));
         if (bytes > 0) {
             CommStats& s = stats_[kind];
@@ -286,7 +304,7 @@ class NcclCommunicator final : public Communicator {
             s.bytes += bytes;
             s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
         }
-        return std::make_shared<NcclWork>(done, device_.index(), comm_);
+        return std::make_shared<NcclWork>(start, done, device_.index(), comm_);
     }
 
     torch::Device device_;

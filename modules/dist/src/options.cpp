@@ -18,6 +18,18 @@ void declare_options(core::OptionRegistry& registry) {
                         "gradient communication; auto = nccl for cuda devices, mpi for cpu");
     registry.add_float("dist.bucket_mb", 25.0,
                        "gradient bucket cap in MiB (as DDP's bucket_cap_mb); must be > 0", 0.0);
+    // run.workload=comm: the communication benchmark (dist/comm_benchmark.hpp).
+    registry.add_int("comm.min_bytes", 8, "comm benchmark: smallest message in bytes", 1);
+    registry.add_int("comm.max_bytes", 268435456,
+                     "comm benchmark: largest message in bytes (inclusive; >= comm.min_bytes)", 1);
+    registry.add_float("comm.factor", 2.0,
+                       "comm benchmark: size step, next = round(size * factor); must be > 1", 1.0);
+    registry.add_int("comm.warmup", 5, "comm benchmark: untimed iterations per size", 0);
+    registry.add_int("comm.iters", 20, "comm benchmark: timed iterations per size", 1);
+    registry.add_string("comm.ops", "allreduce,allgather,reduce_scatter,broadcast",
+                        "comm benchmark: comma-separated collectives to measure");
+    registry.add_choice("comm.dtype", "float32", {"float32", "float64", "bfloat16", "float16"},
+                        "comm benchmark: element type (the MPI backend reduces float32/float64)");
 }
 
 DistOptions resolve_options(const core::Config& config, int visible_cuda_devices) {

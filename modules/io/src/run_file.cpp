@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <utility>
 
 namespace trainscope::io {
 
@@ -339,6 +340,15 @@ struct RunFile::Impl {
     void write_units(hid_t obj, const std::string& obj_path, const std::string& units) {
         write_attribute(obj, obj_path, Attribute{"units", units});
     }
+
+    // Collective helpers of the 1-D per-rank layouts (write_ragged*, write_per_rank).
+    std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>> ragged_layout(std::size_t mine);
+    // Creates (replacing) 1-D dataset `name` of `length` elements; this rank writes `count`
+    // elements of `buf` at `start` in one collective H5Dwrite, then the units attribute.
+    void write_1d(const std::string& name, hid_t file_type, hid_t mem_type, hsize_t length,
+                  hsize_t start, hsize_t count, const void* buf, const std::string& units);
+    void write_ragged_index(const std::string& object, const std::vector<std::int64_t>& offsets,
+                            const std::vector<std::int64_t>& counts);
 
     // Collective: root attributes that every rank computes from rank 0's clock.
     void write_root_attributes(const std::vector<Attribute>& attrs) {
@@ -726,53 +736,135 @@ void RunFile::set_status(const std::string& status) {
     m.flush_file();
 }
 
-void RunFile::write_ragged(const std::string& dataset_path, const std::vector<double>& mine,
-                           const std::string& units) {
-    Impl& m = checked("write_ragged");
-    const std::string object = normalize(dataset_path);
-    // Every rank needs every count (for the index datasets), so one allgather replaces the
-    // MPI_Exscan + MPI_Allreduce pair: offsets are its prefix sums.
-    const std::int64_t n = static_cast<std::int64_t>(mine.size());
-    std::vector<std::int64_t> counts(m.size), offsets(m.size, 0);
-    mpi_check(MPI_Allgather(&n, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, m.comm),
+// Every rank needs every count (for the index datasets), so one allgather replaces the MPI_Exscan
+// + MPI_Allreduce pair: offsets are its prefix sums. Returns {offsets, counts}, each [world_size].
+std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>
+RunFile::Impl::ragged_layout(std::size_t mine) {
+    const std::int64_t n = static_cast<std::int64_t>(mine);
+    std::vector<std::int64_t> counts(size), offsets(size, 0);
+    mpi_check(MPI_Allgather(&n, 1, MPI_INT64_T, counts.data(), 1, MPI_INT64_T, comm),
               "MPI_Allgather");
-    for (int r = 1; r < m.size; ++r)
+    for (int r = 1; r < size; ++r)
         offsets[r] = offsets[r - 1] + counts[r - 1];
-    const hsize_t total = static_cast<hsize_t>(offsets.back() + counts.back());
+    return {offsets, counts};
+}
 
-    m.ensure_group(parent_of(object));
-    static const double nothing = 0.0;
-    auto write_1d = [&](const std::string& name, hid_t file_type, hid_t mem_type, hsize_t length,
-                        hsize_t start, hsize_t count, const void* buf, const std::string& u) {
-        m.unlink_if_exists(name);
-        Handle space(H5_CHECK(H5Screate_simple(1, &length, nullptr), m.path, name), H5Sclose);
-        Handle ds(H5_CHECK(H5Dcreate2(m.file, name.c_str(), file_type, space, H5P_DEFAULT,
-                                      H5P_DEFAULT, m.dapl),
-                           m.path, name),
-                  H5Dclose);
-        const hsize_t mdims = std::max<hsize_t>(count, 1);
-        Handle mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr), m.path, name), H5Sclose);
-        Handle fspace(H5_CHECK(H5Dget_space(ds), m.path, name), H5Sclose);
-        if (count > 0) {
-            H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
-                     m.path, name);
-        } else {
-            H5_CHECK(H5Sselect_none(fspace), m.path, name);
-            H5_CHECK(H5Sselect_none(mspace), m.path, name);
-        }
-        H5_CHECK(H5Dwrite(ds, mem_type, mspace, fspace, m.dxpl, count > 0 ? buf : &nothing), m.path,
+void RunFile::Impl::write_1d(const std::string& name, hid_t file_type, hid_t mem_type,
+                             hsize_t length, hsize_t start, hsize_t count, const void* buf,
+                             const std::string& units) {
+    unlink_if_exists(name);
+    Handle space(H5_CHECK(H5Screate_simple(1, &length, nullptr), path, name), H5Sclose);
+    Handle ds(
+        H5_CHECK(H5Dcreate2(file, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT, dapl),
+                 path, name),
+        H5Dclose);
+    // A rank with nothing to write still joins the collective H5Dwrite with empty selections; the
+    // buffer must then be non-null but is never read.
+    static const std::int64_t nothing[8] = {};
+    const hsize_t mdims = std::max<hsize_t>(count, 1);
+    Handle mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr), path, name), H5Sclose);
+    Handle fspace(H5_CHECK(H5Dget_space(ds), path, name), H5Sclose);
+    if (count > 0) {
+        H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr),
+                 path, name);
+    } else {
+        H5_CHECK(H5Sselect_none(fspace), path, name);
+        H5_CHECK(H5Sselect_none(mspace), path, name);
+    }
+    // An empty dataset has no storage to write to (HDF5 fails with an address overflow); every
+    // rank knows `length`, so all skip the write together.
+    if (length > 0)
+        H5_CHECK(H5Dwrite(ds, mem_type, mspace, fspace, dxpl, count > 0 ? buf : nothing), path,
                  name);
-        m.write_units(ds, name, u);
-    };
-    write_1d(object, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, total,
-             static_cast<hsize_t>(offsets[m.rank]), mine.size(), mine.data(), units);
+    write_units(ds, name, units);
+}
+
+void RunFile::Impl::write_ragged_index(const std::string& object,
+                                       const std::vector<std::int64_t>& offsets,
+                                       const std::vector<std::int64_t>& counts) {
     // The index datasets are identical on every rank: rank 0 writes them whole.
-    const hsize_t ws = static_cast<hsize_t>(m.size);
-    const hsize_t index_count = m.rank == 0 ? ws : 0;
+    const hsize_t ws = static_cast<hsize_t>(size);
+    const hsize_t index_count = rank == 0 ? ws : 0;
     write_1d(object + "_offset", H5T_STD_I64LE, H5T_NATIVE_INT64, ws, 0, index_count,
              offsets.data(), "1");
     write_1d(object + "_count", H5T_STD_I64LE, H5T_NATIVE_INT64, ws, 0, index_count, counts.data(),
              "1");
+}
+
+void RunFile::write_ragged(const std::string& dataset_path, const std::vector<double>& mine,
+                           const std::string& units) {
+    Impl& m = checked("write_ragged");
+    const std::string object = normalize(dataset_path);
+    const auto [offsets, counts] = m.ragged_layout(mine.size());
+    const hsize_t total = static_cast<hsize_t>(offsets.back() + counts.back());
+    m.ensure_group(parent_of(object));
+    m.write_1d(object, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, total,
+               static_cast<hsize_t>(offsets[m.rank]), mine.size(), mine.data(), units);
+    m.write_ragged_index(object, offsets, counts);
+}
+
+void RunFile::write_ragged_strings(const std::string& dataset_path,
+                                   const std::vector<std::string>& mine) {
+    Impl& m = checked("write_ragged_strings");
+    const std::string object = normalize(dataset_path);
+    const auto [offsets, counts] = m.ragged_layout(mine.size());
+    const hsize_t total = static_cast<hsize_t>(offsets.back() + counts.back());
+    // One fixed width for the whole dataset: the longest string on any rank (at least 1 byte).
+    std::int64_t local_width = 1, width = 1;
+    for (const auto& text : mine)
+        local_width = std::max<std::int64_t>(local_width, static_cast<std::int64_t>(text.size()));
+    mpi_check(MPI_Allreduce(&local_width, &width, 1, MPI_INT64_T, MPI_MAX, m.comm),
+              "MPI_Allreduce");
+    const std::size_t w = static_cast<std::size_t>(width);
+    std::vector<char> packed(mine.size() * w, '\0'); // NUL-padded, row i at i * w
+    for (std::size_t i = 0; i < mine.size(); ++i)
+        std::memcpy(packed.data() + i * w, mine[i].data(), mine[i].size());
+    m.ensure_group(parent_of(object));
+    Handle type = fixed_string_type(w, m.path);
+    m.write_1d(object, type, type, total, static_cast<hsize_t>(offsets[m.rank]), mine.size(),
+               packed.data(), "text");
+    m.write_ragged_index(object, offsets, counts);
+}
+
+void RunFile::write_per_rank(const std::string& dataset_path, double mine,
+                             const std::string& units) {
+    Impl& m = checked("write_per_rank");
+    const std::string object = normalize(dataset_path);
+    m.ensure_group(parent_of(object));
+    m.write_1d(object, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, static_cast<hsize_t>(m.size),
+               static_cast<hsize_t>(m.rank), 1, &mine, units);
+}
+
+void RunFile::write_vector(const std::string& dataset_path, const std::vector<double>& values,
+                           const std::string& units) {
+    Impl& m = checked("write_vector");
+    const std::string object = normalize(dataset_path);
+    // Every rank must create the dataset with the same extent: rank 0's length decides.
+    std::uint64_t n = values.size();
+    mpi_check(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, m.comm), "MPI_Bcast");
+    m.ensure_group(parent_of(object));
+    m.unlink_if_exists(object);
+    const hsize_t length = n;
+    Handle space(H5_CHECK(H5Screate_simple(1, &length, nullptr), m.path, object), H5Sclose);
+    Handle ds(H5_CHECK(H5Dcreate2(m.file, object.c_str(), H5T_IEEE_F64LE, space, H5P_DEFAULT,
+                                  H5P_DEFAULT, m.dapl),
+                       m.path, object),
+              H5Dclose);
+    // Rank 0 writes everything; the others join the collective write with empty selections.
+    const hsize_t mdims = std::max<hsize_t>(length, 1);
+    Handle mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr), m.path, object), H5Sclose);
+    Handle fspace(H5_CHECK(H5Dget_space(ds), m.path, object), H5Sclose);
+    if (m.rank != 0 || length == 0) {
+        H5_CHECK(H5Sselect_none(mspace), m.path, object);
+        H5_CHECK(H5Sselect_none(fspace), m.path, object);
+    }
+    // An empty dataset has no storage to write to (HDF5 1.10 fails even an empty selection);
+    // every rank knows the length, so all skip the write together.
+    static const double nothing = 0.0;
+    const double* buf = m.rank == 0 && length > 0 ? values.data() : &nothing;
+    if (length > 0)
+        H5_CHECK(H5Dwrite(ds, H5T_NATIVE_DOUBLE, mspace, fspace, m.dxpl, buf), m.path, object);
+    m.write_units(ds, object, units);
 }
 
 void RunFile::close() {

@@ -1,5 +1,5 @@
 // Memory counters: /proc/self/status (VmRSS, VmHWM) on the host; LibTorch's CUDA caching
-// allocator statistics on the device.
+// allocator statistics and cudaMemGetInfo on the device.
 #include "trainscope/prof/memory.hpp"
 
 #include <fstream>
@@ -9,13 +9,14 @@
 #include "trainscope/core/build_config.hpp"
 #if TRAINSCOPE_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace trainscope::prof {
 
 MemorySample sample_memory(int cuda_device) {
-    constexpr double nan = std::numeric_limits<double>::quiet_NaN();
-    MemorySample s{0, 0, nan, nan, nan, nan};
+    MemorySample s;
     std::ifstream status("/proc/self/status");
     std::string key;
     while (status >> key) {
@@ -35,11 +36,33 @@ MemorySample sample_memory(int cuda_device) {
         s.device_allocated_peak_bytes = static_cast<double>(stats.allocated_bytes[agg].peak);
         s.device_reserved_bytes = static_cast<double>(stats.reserved_bytes[agg].current);
         s.device_reserved_peak_bytes = static_cast<double>(stats.reserved_bytes[agg].peak);
+        s.device_active_bytes = static_cast<double>(stats.active_bytes[agg].current);
+        s.device_active_peak_bytes = static_cast<double>(stats.active_bytes[agg].peak);
+        s.device_alloc_retries = static_cast<double>(stats.num_alloc_retries);
+        s.device_ooms = static_cast<double>(stats.num_ooms);
+        // cudaMemGetInfo reports the current device: select ours for the call only.
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(cuda_device));
+        std::size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+            s.device_free_bytes = static_cast<double>(free_b);
+            s.device_total_bytes = static_cast<double>(total_b);
+        } else {
+            (void)cudaGetLastError(); // leave no sticky error for the next CUDA call to trip on
+        }
     }
 #else
     (void)cuda_device;
 #endif
     return s;
+}
+
+void reset_device_peaks(int cuda_device) {
+#if TRAINSCOPE_HAVE_CUDA
+    if (cuda_device >= 0)
+        c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(cuda_device));
+#else
+    (void)cuda_device;
+#endif
 }
 
 } // namespace trainscope::prof

@@ -15,6 +15,16 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 }
 
+std::chrono::steady_clock::time_point run_clock_origin() {
+    static const std::chrono::steady_clock::time_point origin = std::chrono::steady_clock::now();
+    return origin;
+}
+
+double run_clock_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - run_clock_origin())
+        .count();
+}
+
 const char* phase_name(Phase p) {
     static const char* names[] = {"data", "h2d", "forward", "backward", "comm_wait", "optimizer"};
     return names[static_cast<std::size_t>(p)];
@@ -92,7 +102,7 @@ struct PhaseTimer::Pending {
     Pending() { host_seconds.fill(kNaN); }
 };
 
-PhaseTimer::PhaseTimer(bool cuda, void* cuda_stream) : origin_(std::chrono::steady_clock::now()) {
+PhaseTimer::PhaseTimer(bool cuda, void* cuda_stream) : origin_(run_clock_origin()) {
 #if TRAINSCOPE_HAVE_CUDA
     if (cuda) clock_ = std::make_unique<CudaEventClock>(cuda_stream);
 #else

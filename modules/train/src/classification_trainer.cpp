@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <iomanip>
 #include <sstream>
 
@@ -14,9 +15,33 @@
 #include "trainscope/data/loader.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/prof/memory.hpp"
+#include "trainscope/prof/profiler_window.hpp"
 
 namespace trainscope::train {
 namespace {
+
+// Bytes of the tensors that make up the training state: parameters, their gradients, and the
+// optimizer's per-parameter state (momentum buffers, Adam moments, step counters).
+struct StateBytes {
+    double parameters = 0, gradients = 0, optimizer = 0;
+};
+StateBytes state_bytes(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& opt) {
+    StateBytes b;
+    for (const auto& p : params) {
+        b.parameters += static_cast<double>(p.nbytes());
+        if (p.grad().defined()) b.gradients += static_cast<double>(p.grad().nbytes());
+    }
+    for (const auto& [key, state] : opt.state()) {
+        if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
+            if (sgd->momentum_buffer().defined())
+                b.optimizer += static_cast<double>(sgd->momentum_buffer().nbytes());
+        } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
+            for (const auto& t : {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()})
+                if (t.defined()) b.optimizer += static_cast<double>(t.nbytes());
+        }
+    }
+    return b;
+}
 
 std::string format_duration(double seconds) {
     if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -40,7 +65,9 @@ struct ClassificationTrainer::State {
     int rank = 0, size = 1;
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<dist::GradientSynchronizer> sync;
+    std::vector<torch::Tensor> params;
     std::vector<torch::Tensor> float_buffers; // batch-norm running statistics
+    std::function<void(const dist::IterationComm&)> on_comm;
     std::int64_t per_epoch = 0;
 
     State(const TrainerOptions& opt, models::MobileNetV2 m, const data::DatasetSplits& d,
@@ -89,7 +116,8 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     for (auto& b : s.model->buffers())
         if (b.is_floating_point()) s.float_buffers.push_back(b);
 
-    std::vector<torch::Tensor> params = s.model->parameters();
+    s.params = s.model->parameters();
+    const std::vector<torch::Tensor>& params = s.params;
     if (s.o.optimizer == "sgd")
         s.optimizer =
             std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(s.o.lr)
@@ -124,7 +152,15 @@ std::int64_t ClassificationTrainer::total_iterations() const {
     return s_->o.max_iters > 0 ? std::min(all, s_->o.max_iters) : all;
 }
 
-void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
+void ClassificationTrainer::on_iteration_comm(
+    std::function<void(const dist::IterationComm&)> callback) {
+    s_->on_comm = std::move(callback);
+}
+
+const dist::GradientSynchronizer& ClassificationTrainer::synchronizer() const { return *s_->sync; }
+
+void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
+                                prof::ProfilerWindow* window) {
     State& s = *s_;
     const std::int64_t total = total_iterations();
     const bool on_cuda = s.o.device.is_cuda();
@@ -158,6 +194,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
 
         while (iteration < total) {
             timer.begin_iteration(iteration);
+            if (window) window->begin_iteration(iteration);
             std::optional<data::Batch> batch;
             {
                 prof::PhaseScope p(timer, prof::Phase::Data);
@@ -165,6 +202,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
             }
             if (!batch) {
                 timer.cancel_iteration(); // end of epoch: nothing was trained
+                if (window) window->cancel_iteration();
                 break;
             }
             const double lr = s.o.schedule.at(iteration);
@@ -200,6 +238,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
                 s.optimizer->zero_grad(/*set_to_none=*/false);
             }
             timer.end_iteration();
+            if (window) window->end_iteration(iteration);
 
             torch::Tensor loss_d = loss.detach().to(torch::kFloat64);
             loss_sum += loss_d;
@@ -211,9 +250,16 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer) {
                 v.epoch = epoch;
                 v.samples = static_cast<double>(batch->size);
                 v.lr = lr;
-                v.comm_bytes =
-                    s.size > 1 ? static_cast<double>(s.sync->bytes_per_iteration()) : 0.0;
+                // Read late in the iteration: on NCCL it waits for the collectives' end events.
+                const dist::IterationComm c = s.sync->last_iteration();
+                v.comm_bytes = c.bytes;
+                v.comm_collective_s = c.collective_s;
+                if (s.on_comm) s.on_comm(c);
                 v.memory = prof::sample_memory(cuda_index);
+                const StateBytes sb = state_bytes(s.params, *s.optimizer);
+                v.parameter_bytes = sb.parameters;
+                v.gradient_bytes = sb.gradients;
+                v.optimizer_state_bytes = sb.optimizer;
                 recorder->record_iteration(v);
                 deferred_losses.emplace_back(iteration, loss_d);
                 if (recorder->flush_due()) flush();

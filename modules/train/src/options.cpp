@@ -5,11 +5,15 @@
 #include "trainscope/dist/options.hpp"
 #include "trainscope/io/options.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
+#include "trainscope/prof/options.hpp"
+#include "trainscope/prof/telemetry_options.hpp"
 
 namespace trainscope::train {
 
 void declare_options(core::OptionRegistry& r) {
-    r.add_choice("run.workload", "cv", {"cv"}, "what to run: cv = image classification training");
+    r.add_choice("run.workload", "cv", {"cv", "comm"},
+                 "what to run: cv = image classification training; comm = communication benchmark "
+                 "(allreduce/allgather/reduce-scatter/broadcast size sweep, written to /comm)");
     r.add_choice("run.strategy", "ddp-ds", {"ddp-ds", "ddp"},
                  "ddp-ds: DDP with a distributed sampler (1/N of the data per rank); ddp: every "
                  "rank iterates the whole training set (the studies' baseline)");
@@ -52,6 +56,8 @@ core::OptionRegistry all_options() {
     data::declare_options(r);
     models::declare_options(r);
     io::declare_options(r);
+    prof::declare_options(r);
+    prof::declare_telemetry_options(r);
     return r;
 }
 

@@ -4,13 +4,17 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <sstream>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/prof/statistics.hpp"
 
 namespace trainscope::train {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+namespace stats = prof::stats;
 
 std::vector<io::Column> iteration_columns() {
     std::vector<io::Column> c = {{"iteration", "1"}, {"epoch", "1"}, {"t_start", "s"}};
@@ -21,12 +25,22 @@ std::vector<io::Column> iteration_columns() {
                        {"samples", "samples"},
                        {"lr", "1"},
                        {"comm_bytes", "B"},
+                       {"comm_collective_s", "s"},
+                       {"parameter_bytes", "B"},
+                       {"gradient_bytes", "B"},
+                       {"optimizer_state_bytes", "B"},
                        {"host_rss_bytes", "B"},
                        {"host_peak_rss_bytes", "B"},
                        {"device_allocated_bytes", "B"},
                        {"device_allocated_peak_bytes", "B"},
                        {"device_reserved_bytes", "B"},
-                       {"device_reserved_peak_bytes", "B"}});
+                       {"device_reserved_peak_bytes", "B"},
+                       {"device_active_bytes", "B"},
+                       {"device_active_peak_bytes", "B"},
+                       {"device_alloc_retries", "1"},
+                       {"device_ooms", "1"},
+                       {"device_free_bytes", "B"},
+                       {"device_total_bytes", "B"}});
     return c;
 }
 
@@ -35,12 +49,22 @@ std::vector<io::Column> epoch_columns() {
             {"val_loss", "1"}, {"val_accuracy", "1"}, {"samples", "samples"}};
 }
 
-double median(std::vector<double> v) {
-    v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
-    if (v.empty()) return kNaN;
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+// Every rank's series (first n values) on every rank: [rank][iteration].
+stats::RankMatrix allgather_series(MPI_Comm comm, const std::vector<double>& mine, long long n) {
+    int size = 1;
+    MPI_Comm_size(comm, &size);
+    std::vector<double> flat(static_cast<std::size_t>(size * n));
+    MPI_Allgather(mine.data(), static_cast<int>(n), MPI_DOUBLE, flat.data(), static_cast<int>(n),
+                  MPI_DOUBLE, comm);
+    stats::RankMatrix m(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) m[r].assign(flat.begin() + r * n, flat.begin() + (r + 1) * n);
+    return m;
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+    std::string out;
+    for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+    return out;
 }
 
 } // namespace
@@ -70,9 +94,7 @@ void Recorder::record_epoch(const EpochValues& v) {
     have_epoch_ = true;
 }
 
-bool Recorder::flush_due() const {
-    return since_flush_ >= flush_every_;
-}
+bool Recorder::flush_due() const { return since_flush_ >= flush_every_; }
 
 void Recorder::flush() {
     for (const prof::PhaseTimes& t : timer_.collect(/*wait=*/true)) {
@@ -86,9 +108,13 @@ void Recorder::flush() {
         row.insert(row.end(), t.seconds.begin(), t.seconds.end());
         const prof::MemorySample& m = v.memory;
         row.insert(row.end(),
-                   {t.step_seconds, v.loss, v.samples, v.lr, v.comm_bytes, m.host_rss_bytes,
-                    m.host_peak_rss_bytes, m.device_allocated_bytes, m.device_allocated_peak_bytes,
-                    m.device_reserved_bytes, m.device_reserved_peak_bytes});
+                   {t.step_seconds, v.loss, v.samples, v.lr, v.comm_bytes, v.comm_collective_s,
+                    v.parameter_bytes, v.gradient_bytes, v.optimizer_state_bytes,
+                    m.host_rss_bytes, m.host_peak_rss_bytes, m.device_allocated_bytes,
+                    m.device_allocated_peak_bytes, m.device_reserved_bytes,
+                    m.device_reserved_peak_bytes, m.device_active_bytes,
+                    m.device_active_peak_bytes, m.device_alloc_retries, m.device_ooms,
+                    m.device_free_bytes, m.device_total_bytes});
         file_.append("iterations", row);
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
         if (!std::isnan(m.device_allocated_peak_bytes))
@@ -97,21 +123,23 @@ void Recorder::flush() {
                                : std::max(peak_device_, m.device_allocated_peak_bytes);
         if (recorded_ >= warmup_iters_) {
             step_seconds_.push_back(t.step_seconds);
+            t_start_.push_back(t.t_start);
             phase_seconds_.push_back(t.seconds);
             samples_.push_back(v.samples);
         }
         ++recorded_;
         pending_.erase(it);
     }
+    if (telemetry_) telemetry_->append_pending(file_);
     file_.flush();
     since_flush_ = 0;
 }
 
-void Recorder::finish(double wall_seconds, double global_batch,
-                      const std::vector<std::pair<std::string, std::string>>& extra) {
+void Recorder::finish(const RunInfo& info) {
     flush();
-    int size = 1;
+    int size = 1, rank = 0;
     MPI_Comm_size(comm_, &size);
+    MPI_Comm_rank(comm_, &rank);
 
     // Ranks may differ by an iteration (uneven shards without drop_last): use the common prefix.
     long long mine = static_cast<long long>(step_seconds_.size()), n = 0;
@@ -121,64 +149,113 @@ void Recorder::finish(double wall_seconds, double global_batch,
     // measures the same cycle; per iteration the mean over ranks estimates it without the bias of
     // a max, which picks up whichever rank waited longest each time and so overstates the cycle.
     // The slowest rank's series is summarised too, for stragglers.
-    std::vector<double> mean_step(step_seconds_.begin(), step_seconds_.begin() + n);
-    std::vector<double> slowest = mean_step;
-    MPI_Allreduce(MPI_IN_PLACE, mean_step.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM, comm_);
-    MPI_Allreduce(MPI_IN_PLACE, slowest.data(), static_cast<int>(n), MPI_DOUBLE, MPI_MAX, comm_);
-    for (double& x : mean_step)
-        x /= size;
+    const stats::RankMatrix step = allgather_series(comm_, step_seconds_, n);
+    const std::vector<double> mean_step = stats::mean_over_ranks(step);
+    std::vector<double> slowest(static_cast<std::size_t>(n), 0.0);
+    for (const auto& r : step)
+        for (long long i = 0; i < n; ++i) slowest[i] = std::max(slowest[i], r[i]);
 
     std::vector<io::Attribute> s;
+    stats::SummaryReport report;
+    report.world_size = size;
+    report.measured_iterations = n;
+    report.warmup_iterations = warmup_iters_;
     s.push_back({"measured_iterations", static_cast<std::int64_t>(n)});
     s.push_back({"warmup_iterations", static_cast<std::int64_t>(warmup_iters_)});
     s.push_back({"total_iterations", static_cast<std::int64_t>(recorded_)});
-    s.push_back({"wall_s", wall_seconds});
-    const double med = median(mean_step);
+    s.push_back({"wall_s", info.wall_seconds});
+    const double med = stats::median(mean_step);
     s.push_back({"median_step_s", med});
-    s.push_back({"mean_step_s", n ? std::accumulate(mean_step.begin(), mean_step.end(), 0.0) /
-                                        static_cast<double>(n)
-                                  : kNaN});
-    s.push_back({"median_slowest_rank_step_s", median(slowest)});
-    s.push_back({"global_batch_samples", global_batch});
-    s.push_back({"throughput_samples_per_s", med > 0 ? global_batch / med : kNaN});
+    s.push_back({"p95_step_s", stats::p95(mean_step)});
+    s.push_back({"mean_step_s", stats::mean(mean_step)});
+    s.push_back({"median_slowest_rank_step_s", stats::median(slowest)});
+    s.push_back({"global_batch_samples", info.global_batch});
+    const double throughput = med > 0 ? info.global_batch / med : kNaN;
+    s.push_back({"throughput_samples_per_s", throughput});
+    report.throughput_samples_per_s = throughput;
 
-    // Phase medians: per iteration the mean over ranks, then the median over iterations.
+    // Phases: per iteration the mean over ranks, then median and p95 over iterations.
+    std::vector<double> busy_mine(static_cast<std::size_t>(n));
     for (std::size_t p = 0; p < prof::kNumPhases; ++p) {
-        std::vector<double> per_iter(n);
-        for (long long i = 0; i < n; ++i)
-            per_iter[i] = phase_seconds_[i][p];
-        MPI_Allreduce(MPI_IN_PLACE, per_iter.data(), static_cast<int>(n), MPI_DOUBLE, MPI_SUM,
-                      comm_);
-        for (double& x : per_iter)
-            x /= size;
-        s.push_back({std::string("median_") + prof::phase_name(static_cast<prof::Phase>(p)) + "_s",
-                     median(per_iter)});
+        std::vector<double> mine_p(static_cast<std::size_t>(n));
+        for (long long i = 0; i < n; ++i) mine_p[i] = phase_seconds_[i][p];
+        const std::vector<double> per_iter = stats::mean_over_ranks(allgather_series(comm_, mine_p, n));
+        const std::string name = prof::phase_name(static_cast<prof::Phase>(p));
+        s.push_back({"median_" + name + "_s", stats::median(per_iter)});
+        s.push_back({"p95_" + name + "_s", stats::p95(per_iter)});
+        report.phases.push_back({name, stats::median(per_iter), stats::p95(per_iter)});
+    }
+    report.phases.push_back({"step", med, stats::p95(mean_step)});
+
+    // Imbalance and stragglers from busy time (step minus exposed communication): in lock-step
+    // every rank's step time is the same, and the straggler is the rank that waits least.
+    const auto wait_index = static_cast<std::size_t>(prof::Phase::CommWait);
+    for (long long i = 0; i < n; ++i) {
+        const double w = phase_seconds_[i][wait_index];
+        busy_mine[i] = step_seconds_[i] - (std::isnan(w) ? 0.0 : w);
+    }
+    const stats::RankMatrix busy = allgather_series(comm_, busy_mine, n);
+    const std::vector<double> imbalance = stats::imbalance_per_iteration(busy);
+    report.imbalance_median = stats::median(imbalance);
+    report.imbalance_p95 = stats::p95(imbalance);
+    s.push_back({"imbalance_median", report.imbalance_median});
+    s.push_back({"imbalance_p95", report.imbalance_p95});
+    const stats::Stragglers st = stats::find_stragglers(busy);
+    report.stragglers = st.ranks;
+    s.push_back({"straggler_ranks", join_ranks(st.ranks)});
+    s.push_back({"straggler_threshold", st.threshold});
+    // Compatibility with readers of the first schema revision.
+    double my_mean = stats::mean(step_seconds_), lo = my_mean, hi = my_mean, avg = 0;
+    MPI_Allreduce(&my_mean, &lo, 1, MPI_DOUBLE, MPI_MIN, comm_);
+    MPI_Allreduce(&my_mean, &hi, 1, MPI_DOUBLE, MPI_MAX, comm_);
+    MPI_Allreduce(&my_mean, &avg, 1, MPI_DOUBLE, MPI_SUM, comm_);
+    avg /= size;
+    s.push_back({"rank_step_imbalance", avg > 0 ? (hi - lo) / avg : 0.0});
+
+    // Model FLOP utilisation, only where the peak table knows the device.
+    report.device_name = info.device_name;
+    report.precision = info.precision;
+    if (med > 0 && info.macs_per_sample > 0) {
+        const double flops_per_device = stats::training_flops_per_sample(info.macs_per_sample) *
+                                        info.global_batch / med / size;
+        s.push_back({"model_flops_per_s_per_device", flops_per_device});
+        report.mfu = stats::model_flops_utilization(flops_per_device, info.device_name,
+                                                    info.precision);
+        if (report.mfu) s.push_back({"mfu", *report.mfu});
     }
 
-    // Imbalance: spread of the ranks' mean step times relative to their mean.
-    double my_mean =
-        n ? std::accumulate(step_seconds_.begin(), step_seconds_.begin() + n, 0.0) / n : 0;
-    std::vector<double> means(size);
-    MPI_Allgather(&my_mean, 1, MPI_DOUBLE, means.data(), 1, MPI_DOUBLE, comm_);
-    const auto [lo, hi] = std::minmax_element(means.begin(), means.end());
-    const double avg = std::accumulate(means.begin(), means.end(), 0.0) / size;
-    s.push_back({"rank_step_imbalance", avg > 0 ? (*hi - *lo) / avg : 0.0});
-    s.push_back({"slowest_rank", static_cast<std::int64_t>(hi - means.begin())});
+    // Energy over the measured iterations, all ranks (NVML counters), when available.
+    double energy = kNaN;
+    if (info.telemetry && n > 0) {
+        energy = info.telemetry->energy_joules_between(t_start_.front(),
+                                                       t_start_[n - 1] + step_seconds_[n - 1]);
+    }
+    double total_energy = 0;
+    MPI_Allreduce(&energy, &total_energy, 1, MPI_DOUBLE, MPI_SUM, comm_);  // NaN propagates
+    s.push_back({"energy_j", total_energy});
+    s.push_back({"energy_per_iteration_j", n ? total_energy / n : kNaN});
+    s.push_back({"energy_per_sample_j", n ? total_energy / (n * info.global_batch) : kNaN});
+    if (!std::isnan(total_energy)) {
+        report.energy_j = total_energy;
+        report.energy_per_iteration_j = total_energy / n;
+        report.energy_per_sample_j = total_energy / (n * info.global_batch);
+    }
 
     double peak_rss = 0, peak_dev = std::isnan(peak_device_) ? -1 : peak_device_;
     MPI_Allreduce(&peak_rss_, &peak_rss, 1, MPI_DOUBLE, MPI_MAX, comm_);
     MPI_Allreduce(MPI_IN_PLACE, &peak_dev, 1, MPI_DOUBLE, MPI_MAX, comm_);
     s.push_back({"peak_host_rss_bytes", peak_rss});
     s.push_back({"peak_device_allocated_bytes", peak_dev < 0 ? kNaN : peak_dev});
+    report.peak_host_rss_bytes = peak_rss;
+    report.peak_device_bytes = peak_dev;
     if (have_epoch_) {
         s.push_back({"epochs_completed", static_cast<std::int64_t>(last_epoch_.epoch + 1)});
         s.push_back({"final_val_accuracy", last_epoch_.val_accuracy});
         s.push_back({"final_val_loss", last_epoch_.val_loss});
         s.push_back({"final_train_loss", last_epoch_.train_loss});
     }
-    for (const auto& [k, v] : extra)
-        s.push_back({k, v});
     file_.set_attributes("/summary", s);
+    if (rank == 0) core::log::info() << "summary\n" << stats::format_summary_table(report);
 }
 
 } // namespace trainscope::train

@@ -24,7 +24,12 @@
 #include "trainscope/dist/options.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
+#include "trainscope/dist/bandwidth.hpp"
+#include "trainscope/dist/comm_benchmark.hpp"
 #include "trainscope/prof/phase_timer.hpp"
+#include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/prof/telemetry.hpp"
+#include "trainscope/prof/telemetry_options.hpp"
 #include "trainscope/train/classification_trainer.hpp"
 #include "trainscope/train/recorder.hpp"
 
@@ -199,6 +204,16 @@ void Session::close_run_file(const std::string& status, const std::string& error
 std::string Session::plan_text() const {
     const Plan& p = s_->plan;
     std::ostringstream o;
+    if (p.workload == "comm") {
+        const auto opts = dist::CommBenchmarkOptions::from_config(s_->cfg);
+        const auto sizes = opts.sizes();
+        o << "trainscope plan (dry run: nothing is measured or written)\n"
+          << "  workload      comm: collectives over the " << p.backend << " communicator\n"
+          << "  ranks         " << p.world_size << " on " << p.num_nodes << " node(s)\n"
+          << "  sizes         " << sizes.size() << " from " << sizes.front() << " B to "
+          << sizes.back() << " B\n";
+        return o.str();
+    }
     o << "trainscope plan (dry run: nothing is trained or written)\n"
       << "  workload      " << p.workload << ", strategy " << p.strategy << ", precision "
       << p.precision << "\n"
@@ -229,6 +244,13 @@ void Session::prepare() {
     State& s = *s_;
     const core::Config& c = s.cfg;
     Plan& p = s.plan;
+    if (p.workload == "comm") {
+        dist::agree_on_errors(s.world, [&] {
+            s.comm = dist::make_communicator(p.backend, s.world, s.device.device);
+        });
+        p.dataset_description = "none (communication benchmark)";
+        return;
+    }
     dist::agree_on_errors(s.world, [&] { s.data = data::open_dataset(c); });
     p.dataset_description = s.data.description;
     p.train_samples = s.data.train.labels.size(0);
@@ -327,19 +349,58 @@ void Session::prepare() {
 void Session::run() {
     State& s = *s_;
     if (!s.file) throw core::InternalError("Session::run before open_run_file");
+    if (s.plan.workload == "comm") {
+        // Communication benchmark over the run's communicator: /comm, nothing else.
+        dist::CommBenchmark bench(dist::CommBenchmarkOptions::from_config(s.cfg));
+        core::log::info() << "communication benchmark (" << s.comm->backend() << ", "
+                          << s.plan.world_size << " ranks), writing " << s.file->path();
+        const auto results = bench.run(*s.comm);
+        bench.write(*s.file, results, s.comm->backend(), s.comm->size());
+        std::ostringstream table;
+        table << "op              bytes      time [us]   algbw [GB/s]   busbw [GB/s]\n";
+        for (const auto& r : results)
+            table << std::left << std::setw(14) << dist::to_string(r.op) << std::right << std::setw(12) << r.bytes
+                  << std::setw(14) << std::fixed << std::setprecision(2) << r.time_s * 1e6
+                  << std::setw(15) << std::setprecision(3) << r.algbw_GBps << std::setw(15)
+                  << r.busbw_GBps << "\n";
+        core::log::info() << "communication benchmark\n" << table.str();
+        return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     void* stream = nullptr; // legacy default stream; LibTorch's current stream by default
     prof::PhaseTimer timer(s.topt.device.is_cuda(), stream);
+    prof::TelemetrySampler telemetry(prof::telemetry_options(s.cfg),
+                                     s.topt.device.is_cuda() ? s.topt.device.index() : -1,
+                                     s.device.pci_bus_id);
+    telemetry.declare(*s.file);
+    prof::ProfilerWindow window(prof::ProfileOptions::from_config(s.cfg), s.topo.rank,
+                                s.plan.world_size, s.topt.device.is_cuda(), s.plan.backend);
     Recorder recorder(*s.file, s.world, timer,
                       static_cast<int>(s.cfg.get_int("output.flush_every")),
                       static_cast<int>(s.cfg.get_int("profile.warmup_iters")));
+    recorder.set_telemetry(&telemetry);
+    dist::declare_bucket_series(*s.file, s.trainer->synchronizer());
+    s.trainer->on_iteration_comm(
+        [&](const dist::IterationComm& c) { dist::append_bucket_row(*s.file, c); });
+
     core::log::info() << "training " << s.plan.total_iterations << " iterations on "
                       << s.plan.world_size << " rank(s), global batch " << s.plan.global_batch
                       << ", writing " << s.file->path();
-    s.trainer->run(&recorder, timer);
+    telemetry.start();
+    s.trainer->run(&recorder, timer, &window);
+    telemetry.stop();
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    recorder.finish(wall, static_cast<double>(s.plan.global_batch), {});
+    window.write(*s.file);
+    telemetry.write(*s.file, s.world);
+    Recorder::RunInfo info;
+    info.wall_seconds = wall;
+    info.global_batch = static_cast<double>(s.plan.global_batch);
+    info.macs_per_sample = static_cast<double>(s.plan.macs_per_sample);
+    info.device_name = s.device.name;
+    info.precision = s.plan.precision;
+    info.telemetry = &telemetry;
+    recorder.finish(info);
 }
 
 } // namespace trainscope::train

@@ -25,6 +25,12 @@ class Work {
     // work queued afterwards on that stream sees the result.
     virtual void wait() = 0;
     virtual bool completed() = 0; // non-blocking query
+    // Seconds the collective itself took where it ran, for communication accounting. MPI: from
+    // its start to its end on the progress thread (time queued behind other collectives
+    // excluded); blocks like wait() until then. NCCL: elapsed time between CUDA events recorded
+    // around it on the communicator's stream; blocks the host until the collective finished on
+    // the device, so resolve it late (e.g. after the next iteration's forward). 0 for a no-op.
+    virtual double seconds() = 0;
 };
 
 // Cumulative accounting per collective kind. bytes = payload of the tensor given (for allgather the

@@ -23,6 +23,16 @@ namespace trainscope::dist {
 // Running backward twice inside one iteration (between begin_iteration() and finish()) is an
 // error: the second gradient of a parameter whose bucket is already in flight would be lost, so
 // the hook throws core::InternalError, which surfaces from backward().
+// Communication of one iteration, as this rank saw it. Bytes are payload bytes allreduced (the
+// bucket buffers); bus bandwidth = bytes / collective time x 2(n-1)/n (dist/bandwidth.hpp).
+struct IterationComm {
+    double bytes = 0;        // sum of bucket_bytes; 0 at world size 1 (nothing is communicated)
+    double collective_s = 0; // sum of bucket_s: time inside the collectives, where they ran
+    double exposed_s = 0;    // what finish() waited for them: communication backward did not hide
+    std::vector<double> bucket_bytes; // per bucket, launch order (all 0 at world size 1)
+    std::vector<double> bucket_s;     // per bucket: the allreduce's own duration (Work::seconds)
+};
+
 class GradientSynchronizer {
   public:
     // parameters: leaves that require grad, all on comm.device()'s device type. Keeps references
@@ -52,6 +62,13 @@ class GradientSynchronizer {
     // Of the last finished iteration: buckets launched from hooks during backward vs in finish().
     std::size_t buckets_launched_in_backward() const;
     std::size_t buckets_launched_in_finish() const;
+    // Of the last finished iteration (all zeros before the first finish()). bucket_s is measured
+    // where the collective ran: on the MPI backend's progress thread from start to end (so it
+    // excludes time queued behind earlier buckets); on NCCL between CUDA events on the
+    // communicator's stream, resolved here, which blocks until the GPU finished the last bucket:
+    // read it late (after optimizer.step(), or at the start of the next iteration). Results are
+    // cached; a later finish() replaces them.
+    IterationComm last_iteration() const;
 
   private:
     struct Impl;

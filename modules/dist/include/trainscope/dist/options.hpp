@@ -1,4 +1,5 @@
-// Options owned by the dist module (run.device, dist.backend, dist.bucket_mb) and their resolution
+// Options owned by the dist module (run.device, dist.backend, dist.bucket_mb; comm.* of the
+// communication benchmark, read by CommBenchmarkOptions::from_config) and their resolution
 // into concrete choices: "auto" becomes cpu/cuda and mpi/nccl, impossible combinations are
 // ConfigErrors naming both keys.
 #pragma once

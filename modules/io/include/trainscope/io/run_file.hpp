@@ -94,6 +94,17 @@ class RunFile {
     // every rank's values in rank order, plus `<path>_offset` / `<path>_count` int64 [world_size].
     void write_ragged(const std::string& path, const std::vector<double>& mine,
                       const std::string& units);
+    // Collective. The same layout for text (e.g. operator names): `path` is a 1-D fixed-length
+    // UTF-8 string dataset (NUL-padded to the longest string on any rank, units "text").
+    void write_ragged_strings(const std::string& path, const std::vector<std::string>& mine);
+    // Collective. One value per rank: float64 dataset `path` of shape [world_size], element r
+    // written by rank r, attribute units.
+    void write_per_rank(const std::string& path, double mine, const std::string& units);
+
+    // Collective. A plain 1-D float64 dataset `path` [values.size()] holding rank 0's values
+    // (e.g. the /comm benchmark tables), attribute units. Replaces an existing dataset.
+    void write_vector(const std::string& path, const std::vector<double>& values,
+                      const std::string& units);
 
     // Collective and idempotent: flushes buffered rows and closes the file.
     void close();

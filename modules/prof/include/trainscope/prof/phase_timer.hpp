@@ -12,7 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "trainscope/prof/nvtx.hpp"
+
 namespace trainscope::prof {
+
+// The run clock: steady-clock seconds since one process-wide origin, fixed by the first call of
+// either function. /iterations/t_start and /telemetry/t_s both use it, so they line up.
+std::chrono::steady_clock::time_point run_clock_origin();
+double run_clock_seconds();
 
 enum class Phase { Data = 0, H2D, Forward, Backward, CommWait, Optimizer, kCount };
 constexpr std::size_t kNumPhases = static_cast<std::size_t>(Phase::kCount);
@@ -23,7 +30,7 @@ struct PhaseTimes {
     std::int64_t iteration = 0;
     std::array<double, kNumPhases> seconds{}; // NaN for a phase that did not run
     double step_seconds = 0;
-    double t_start = 0; // seconds since the timer was created (host clock)
+    double t_start = 0; // run clock seconds (run_clock_seconds()) at begin_iteration
 };
 
 // Device timestamps, implemented with a steady clock (CPU) or CUDA events on a stream (GPU).
@@ -60,15 +67,17 @@ class PhaseTimer {
     std::chrono::steady_clock::time_point origin_;
 };
 
-// RAII phase scope: timer.start(p) now, timer.stop(p) at scope exit.
+// RAII phase scope: timer.start(p) now, timer.stop(p) at scope exit, inside an NVTX range named
+// after the phase (the range is opened first and closed last, so it encloses the timed span).
 class PhaseScope {
   public:
-    PhaseScope(PhaseTimer& t, Phase p) : t_(t), p_(p) { t_.start(p_); }
+    PhaseScope(PhaseTimer& t, Phase p) : range_(phase_name(p)), t_(t), p_(p) { t_.start(p_); }
     ~PhaseScope() { t_.stop(p_); }
     PhaseScope(const PhaseScope&) = delete;
     PhaseScope& operator=(const PhaseScope&) = delete;
 
   private:
+    nvtx::ScopedRange range_;
     PhaseTimer& t_;
     Phase p_;
 };

@@ -8,14 +8,20 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/lr_schedule.hpp"
 #include "trainscope/train/recorder.hpp"
+
+namespace trainscope::prof {
+class ProfilerWindow;
+}
 
 namespace trainscope::train {
 
@@ -44,7 +50,11 @@ class ClassificationTrainer {
     // The schedule needs the run length, known only once the trainer has sized the epoch.
     void set_schedule(const LrSchedule& schedule);
     // Trains; records through `recorder` (nullptr: no recording, e.g. in tests).
-    void run(Recorder* recorder, prof::PhaseTimer& timer);
+    // `window` (may be null) profiles the iterations it is configured for.
+    void run(Recorder* recorder, prof::PhaseTimer& timer, prof::ProfilerWindow* window = nullptr);
+    // Called once per iteration with the gradient traffic of that iteration (per-bucket tables).
+    void on_iteration_comm(std::function<void(const dist::IterationComm&)> callback);
+    const dist::GradientSynchronizer& synchronizer() const;
     // Loss and accuracy on the test split, sharded across ranks and reduced.
     std::pair<double, double> evaluate();
 

@@ -15,6 +15,7 @@
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/phase_timer.hpp"
+#include "trainscope/prof/telemetry.hpp"
 
 namespace trainscope::train {
 
@@ -25,7 +26,10 @@ struct IterationValues {
     double loss = std::numeric_limits<double>::quiet_NaN(); // may be filled in later (GPU)
     double samples = 0;                                     // samples this rank processed
     double lr = 0;
-    double comm_bytes = 0; // bytes this rank reduced in gradient allreduces
+    double comm_bytes = 0;        // bytes this rank reduced in gradient allreduces
+    double comm_collective_s = 0; // time inside those collectives, where they ran
+    // Model state held by this rank (the CPU counterpart of the device allocator figures).
+    double parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
     prof::MemorySample memory;
 };
 
@@ -50,9 +54,19 @@ class Recorder {
     // True when the caller must resolve deferred values and call flush() now.
     bool flush_due() const;
     void flush(); // collective
-    // Collective: flush, then write /summary. `global_batch` = samples per step over all ranks.
-    void finish(double wall_seconds, double global_batch,
-                const std::vector<std::pair<std::string, std::string>>& extra);
+    // What /summary needs beyond the recorded rows.
+    struct RunInfo {
+        double wall_seconds = 0;
+        double global_batch = 0;     // samples per step over all ranks
+        double macs_per_sample = 0;  // forward multiply-accumulates (MFU)
+        std::string device_name;     // for the MFU peak table ("cpu": none)
+        std::string precision;
+        const prof::TelemetrySampler* telemetry = nullptr;  // energy, when NVML is there
+    };
+    // Collective: flush, then write /summary and print its table on rank 0.
+    void finish(const RunInfo& info);
+    // Telemetry rows are appended at every flush, so a killed job keeps them too.
+    void set_telemetry(prof::TelemetrySampler* telemetry) { telemetry_ = telemetry; }
     std::int64_t recorded_iterations() const { return recorded_; }
 
   private:
@@ -64,7 +78,9 @@ class Recorder {
     std::int64_t recorded_ = 0;
     std::int64_t since_flush_ = 0;
     std::map<std::int64_t, IterationValues> pending_; // waiting for their phase times
-    std::vector<double> step_seconds_;                // this rank, measured iterations
+    prof::TelemetrySampler* telemetry_ = nullptr;
+    std::vector<double> step_seconds_; // this rank, measured iterations
+    std::vector<double> t_start_;      // run-clock start of each of them
     std::vector<std::array<double, prof::kNumPhases>> phase_seconds_;
     std::vector<double> samples_;
     EpochValues last_epoch_;

@@ -1,0 +1,261 @@
+// The communication benchmark (run.workload=comm): nccl-tests' measurement loop over trainscope's
+// Communicator, so the figures characterise the path training really uses (for the MPI backend
+// including its progress thread), and the /comm tables that hold them.
+#include "trainscope/dist/comm_benchmark.hpp"
+
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/io/run_file.hpp"
+
+namespace trainscope::dist {
+
+namespace {
+
+torch::ScalarType parse_dtype(const std::string& name) {
+    if (name == "float32") return torch::kFloat32;
+    if (name == "float64") return torch::kFloat64;
+    if (name == "bfloat16") return torch::kBFloat16;
+    if (name == "float16") return torch::kFloat16;
+    throw core::ConfigError("option comm.dtype = '" + name +
+                            "': use float32, float64, bfloat16 or float16");
+}
+
+std::string dtype_name(torch::ScalarType t) {
+    switch (t) {
+    case torch::kFloat32:
+        return "float32";
+    case torch::kFloat64:
+        return "float64";
+    case torch::kBFloat16:
+        return "bfloat16";
+    case torch::kFloat16:
+        return "float16";
+    default:
+        return c10::toString(t);
+    }
+}
+
+std::string trim(const std::string& s) {
+    const auto b = s.find_first_not_of(" \t");
+    if (b == std::string::npos) return "";
+    return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+bool reduces(Collective op) {
+    return op == Collective::AllReduce || op == Collective::ReduceScatter;
+}
+
+} // namespace
+
+CommBenchmarkOptions CommBenchmarkOptions::from_config(const core::Config& config) {
+    CommBenchmarkOptions o;
+    o.min_bytes = config.get_int("comm.min_bytes");
+    o.max_bytes = config.get_int("comm.max_bytes");
+    o.factor = config.get_float("comm.factor");
+    o.warmup = static_cast<int>(config.get_int("comm.warmup"));
+    o.iters = static_cast<int>(config.get_int("comm.iters"));
+    o.dtype = parse_dtype(config.get_string("comm.dtype"));
+    if (o.min_bytes < 1 || o.max_bytes < o.min_bytes)
+        throw core::ConfigError("comm.min_bytes (" + std::to_string(o.min_bytes) +
+                                ") must be >= 1 and <= comm.max_bytes (" +
+                                std::to_string(o.max_bytes) + ")");
+    if (!(o.factor > 1)) {
+        std::ostringstream v;
+        v << o.factor;
+        throw core::ConfigError("option comm.factor = '" + v.str() +
+                                "' is invalid: the size step must be > 1 (e.g. 2)");
+    }
+    o.ops.clear();
+    std::stringstream list(config.get_string("comm.ops"));
+    for (std::string item; std::getline(list, item, ',');)
+        if (!trim(item).empty()) o.ops.push_back(parse_collective(trim(item), "comm.ops"));
+    if (o.ops.empty())
+        throw core::ConfigError("option comm.ops is empty: name at least one of allreduce, "
+                                "allgather, reduce_scatter, broadcast");
+    return o;
+}
+
+std::vector<std::int64_t> CommBenchmarkOptions::sizes() const {
+    std::vector<std::int64_t> out;
+    for (std::int64_t s = min_bytes; s <= max_bytes;) {
+        out.push_back(s);
+        const auto next = static_cast<std::int64_t>(std::llround(static_cast<double>(s) * factor));
+        s = std::max(next, s + 1); // a factor close to 1 still advances
+    }
+    return out;
+}
+
+std::int64_t comm_benchmark_count(Collective op, std::int64_t bytes, std::int64_t element_size,
+                                  int ranks) {
+    const std::int64_t count = bytes / element_size;
+    if (op == Collective::AllGather || op == Collective::ReduceScatter)
+        return count / ranks * ranks;
+    return count;
+}
+
+CommBenchmark::CommBenchmark(CommBenchmarkOptions options) : options_(std::move(options)) {}
+
+std::vector<CommResult> CommBenchmark::run(Communicator& comm) const {
+    const CommBenchmarkOptions& o = options_;
+    const int n = comm.size();
+    const torch::Device device = comm.device();
+    const auto element_size = static_cast<std::int64_t>(c10::elementSize(o.dtype));
+    if (comm.backend() == "mpi" && o.dtype != torch::kFloat32 && o.dtype != torch::kFloat64)
+        for (Collective op : o.ops)
+            if (reduces(op))
+                throw core::ConfigError("comm.dtype=" + dtype_name(o.dtype) + " but the MPI " +
+                                        "backend cannot reduce it (" + to_string(op) +
+                                        "): use comm.dtype=float32 or float64, or drop " +
+                                        to_string(op) + " from comm.ops");
+    const auto options = torch::TensorOptions().dtype(o.dtype).device(device);
+    auto sync_device = [&] {
+        if (device.is_cuda()) torch::cuda::synchronize(device.index());
+    };
+
+    torch::NoGradGuard no_grad;
+    // One size of one operation: `warmup` untimed operations, a barrier, `iters` timed ones;
+    // returns this rank's seconds per operation (0 when iters == 0).
+    auto measure = [&](Collective op, std::int64_t count, int warmup, int iters) {
+        // Buffers: `a` is the array nccl-tests size (in place for allreduce/broadcast), `b` the
+        // per-rank share (allgather input, reduce_scatter output).
+        const bool split = op == Collective::AllGather || op == Collective::ReduceScatter;
+        torch::Tensor a = torch::zeros({count}, options);
+        torch::Tensor b = split ? torch::zeros({count / n}, options) : torch::Tensor();
+        std::vector<std::shared_ptr<Work>> pending;
+        auto once = [&] {
+            switch (op) {
+            case Collective::AllReduce:
+                pending.push_back(comm.allreduce_async(a, ReduceOp::Sum));
+                break;
+            case Collective::AllGather:
+                comm.allgather(b, a);
+                break;
+            case Collective::ReduceScatter:
+                comm.reduce_scatter(a, b, ReduceOp::Sum);
+                break;
+            case Collective::Broadcast:
+                comm.broadcast(a, 0);
+                break;
+            }
+        };
+        auto drain = [&] {
+            // Last first: the MPI backend completes in launch order, so the caller sleeps once
+            // instead of waking (and taking the core from the progress thread) per operation.
+            for (auto w = pending.rbegin(); w != pending.rend(); ++w)
+                (*w)->wait();
+            pending.clear();
+            sync_device();
+        };
+        for (int i = 0; i < warmup; ++i)
+            once();
+        drain();
+        if (iters == 0) return 0.0;
+        comm.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < iters; ++i)
+            once();
+        drain();
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+    };
+
+    std::vector<CommResult> results;
+    std::vector<double> mine; // this rank's seconds per operation, one per result
+    for (Collective op : o.ops) {
+        std::vector<std::int64_t> counts;
+        for (std::int64_t requested : o.sizes()) {
+            const std::int64_t count = comm_benchmark_count(op, requested, element_size, n);
+            if (count > 0) counts.push_back(count); // else: less than one element per rank
+        }
+        if (counts.empty()) continue;
+        // As nccl-tests: warm up at the largest and the smallest size before the sweep (the
+        // first few hundred small operations of a run are several times slower otherwise).
+        measure(op, counts.back(), o.warmup, 0);
+        measure(op, counts.front(), std::max(o.warmup, 100), 0);
+        for (std::int64_t count : counts) {
+            mine.push_back(measure(op, count, o.warmup, o.iters));
+            CommResult r;
+            r.op = op;
+            r.count = count;
+            r.bytes = count * element_size;
+            results.push_back(r);
+        }
+    }
+
+    // Combine over ranks once, after all timing: mean (nccl-tests' default) and max.
+    if (!mine.empty()) {
+        const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+        torch::Tensor mean = torch::tensor(mine, f64).to(device);
+        torch::Tensor max = mean.clone();
+        comm.allreduce(mean, ReduceOp::Average);
+        comm.allreduce(max, ReduceOp::Max);
+        mean = mean.cpu();
+        max = max.cpu();
+        for (std::size_t k = 0; k < results.size(); ++k) {
+            CommResult& r = results[k];
+            r.time_s = mean[k].item<double>();
+            r.time_max_s = max[k].item<double>();
+            r.algbw_GBps = algbw_GBps(static_cast<double>(r.bytes), r.time_s);
+            r.busbw_GBps = busbw_GBps(r.op, static_cast<double>(r.bytes), r.time_s, n);
+        }
+    }
+    return results;
+}
+
+void CommBenchmark::write(io::RunFile& file, const std::vector<CommResult>& results,
+                          const std::string& backend, int world_size) const {
+    const CommBenchmarkOptions& o = options_;
+    file.set_attributes(
+        "/comm", {{"backend", backend},
+                  {"world_size", std::int64_t{world_size}},
+                  {"dtype", dtype_name(o.dtype)},
+                  {"warmup", std::int64_t{o.warmup}},
+                  {"iters", std::int64_t{o.iters}},
+                  {"time", std::string("seconds per operation: each rank's mean over the timed "
+                                       "iterations, averaged over ranks (time_max_s: slowest "
+                                       "rank)")},
+                  {"bytes", std::string("whole array as nccl-tests count it: allreduce and "
+                                        "broadcast the buffer, allgather the output, "
+                                        "reduce_scatter the input")}});
+    for (Collective op : o.ops) {
+        const std::string group = std::string("/comm/") + to_string(op);
+        std::vector<double> bytes, count, time, time_max, algbw, busbw;
+        for (const CommResult& r : results) {
+            if (r.op != op) continue;
+            bytes.push_back(static_cast<double>(r.bytes));
+            count.push_back(static_cast<double>(r.count));
+            time.push_back(r.time_s);
+            time_max.push_back(r.time_max_s);
+            algbw.push_back(r.algbw_GBps);
+            busbw.push_back(r.busbw_GBps);
+        }
+        file.write_vector(group + "/bytes", bytes, "B");
+        file.write_vector(group + "/count", count, "1");
+        file.write_vector(group + "/time_s", time, "s");
+        file.write_vector(group + "/time_max_s", time_max, "s");
+        file.write_vector(group + "/algbw_GBps", algbw, "GB/s");
+        file.write_vector(group + "/busbw_GBps", busbw, "GB/s");
+        file.set_attributes(group, {{"busbw_factor", busbw_factor(op, world_size)}});
+    }
+}
+
+void declare_bucket_series(io::RunFile& file, const GradientSynchronizer& sync) {
+    const auto bytes = sync.bucket_bytes();
+    if (bytes.empty()) return;
+    std::vector<io::Column> columns;
+    for (std::size_t k = 0; k < bytes.size(); ++k)
+        columns.push_back({"bucket_" + std::to_string(k) + "_s", "s"});
+    file.declare_series("/comm/buckets", columns);
+    file.write_vector("/comm/buckets/bytes", std::vector<double>(bytes.begin(), bytes.end()), "B");
+}
+
+void append_bucket_row(io::RunFile& file, const IterationComm& iteration) {
+    if (!iteration.bucket_s.empty()) file.append("/comm/buckets", iteration.bucket_s);
+}
+
+} // namespace trainscope::dist

@@ -1,0 +1,110 @@
+// Per-rank summary of a profiler window and its /profile layout in the run file. Kept free of
+// LibTorch: ProfilerWindow turns Kineto's events into ProfileEvents, and everything here (the
+// categories, top-N tables and Holistic Trace Analysis' temporal breakdown) is plain arithmetic.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "trainscope/prof/options.hpp"
+
+namespace trainscope::io {
+class RunFile;
+}
+
+namespace trainscope::prof {
+
+// What a profiler event is, decided once from Kineto's activity type (by enum symbol).
+enum class EventKind {
+    CpuOp,          // CPU operator (aten::*, autograd nodes such as ConvolutionBackward0)
+    ProfilerStep,   // our ProfilerStep#N user scope
+    UserAnnotation, // any other user scope
+    Kernel,         // GPU kernel (NCCL kernels too: split off by name)
+    Memcpy,         // GPU memcpy; direction from the name ("Memcpy HtoD (Pageable -> Device)")
+    Memset,         // GPU memset
+    CudaRuntime,    // host-side CUDA runtime call (cudaLaunchKernel, cudaMemcpyAsync, ...)
+    CudaDriver,     // host-side CUDA driver call (cuLaunchKernel, ...)
+    CudaSync,       // CUDA synchronization event (stream/event/context sync)
+    Other,          // ignored by the summary
+};
+
+struct ProfileEvent {
+    EventKind kind = EventKind::Other;
+    std::string name;
+    std::uint64_t thread = 0; // host thread of CPU-side events (nesting is per thread)
+    std::int64_t start_ns = 0;
+    std::int64_t end_ns = 0; // >= start_ns
+};
+
+inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Inclusive statistics of one category; durations in seconds.
+struct CategoryStats {
+    std::string name; // cpu_op, cpu_op_top_level, profiler_step, gpu_kernel, nccl_kernel,
+                      // memcpy_htod|dtoh|dtod|other, memset, cuda_runtime:<call>,
+                      // cuda_driver:<call>, cuda_sync, user_annotation
+    std::int64_t count = 0;
+    double total_s = 0;
+    double min_s = 0;
+    double max_s = 0;
+};
+
+// One row of the top-N operators or kernels, by total (inclusive) time.
+struct TopEntry {
+    std::string name;
+    std::int64_t count = 0;
+    double total_s = 0;
+    double self_s = kNaN; // operators: total minus directly nested operators; kernels: NaN
+};
+
+// HTA's temporal breakdown over the window, from device intervals (kernels, memcpy, memset).
+// compute + communication + memory + idle = span; communication and memory count only time not
+// already counted as compute (resp. compute or communication). NaN when there is no device event.
+struct TemporalBreakdown {
+    std::int64_t gpu_kernels = 0; // kernel events seen (0 on CPU runs)
+    std::int64_t gpu_events = 0;  // kernels + memcpy + memset
+    double compute_s = kNaN;
+    double communication_s = kNaN;
+    double memory_s = kNaN;
+    double idle_s = kNaN;
+    double span_s = kNaN;        // last device end - first device start
+    double overlap_ratio = kNaN; // time computing while communicating / time communicating
+};
+
+// HTA's kernel classes: communication (^nccl or contains ncclKernel), memory (Memcpy, Memset,
+// dma) and compute (the rest).
+enum class KernelClass { Compute, Communication, Memory };
+KernelClass classify_kernel(const std::string& name);
+
+TemporalBreakdown temporal_breakdown(const std::vector<ProfileEvent>& events);
+
+struct ProfileSummary {
+    // disabled | not_reached (the run ended before start_iter) | incomplete (ended inside the
+    // window) | complete
+    std::string status = "disabled";
+    std::int64_t first_iteration = -1;
+    std::int64_t iterations = 0;           // iterations inside the window
+    double window_s = kNaN;                // host wall time from enabling to disabling the profiler
+    std::vector<CategoryStats> categories; // sorted by name
+    std::vector<TopEntry> top_ops;         // by total_s, descending, at most top_n
+    std::vector<TopEntry> top_kernels;     // by total_s, descending, at most top_n
+    TemporalBreakdown breakdown;
+    std::string trace_path; // this rank's Chrome trace, "" when not saved
+};
+
+// Categories, top-N tables and breakdown of one rank's events (status and window fields are left
+// for the caller).
+ProfileSummary summarise_events(const std::vector<ProfileEvent>& events, std::size_t top_n);
+
+// "<dir>/<stem>.rank<R>.trace.json" beside run file `run_file_path`.
+std::string trace_path_for(const std::string& run_file_path, int rank);
+
+// Collective on every rank of the run file: writes /profile (docs/run_file_schema.md). A disabled
+// window writes only the group attribute enabled=0.
+void write_profile(io::RunFile& file, const ProfileOptions& options, const ProfileSummary& mine,
+                   int world_size);
+
+} // namespace trainscope::prof

@@ -1,0 +1,71 @@
+// ProfilerWindow: LibTorch's Kineto profiler over iterations [start_iter, start_iter + iters), each
+// inside a ProfilerStep#N user scope, summarised per rank into /profile (profile_summary.hpp).
+// The trainer calls begin_iteration/end_iteration around every iteration; when profile.enabled is
+// false both return at once. Profiler state is thread-local: operators run by the thread that
+// calls begin_iteration (and autograd's device threads) are recorded, the data loader's worker
+// threads are not.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "trainscope/prof/options.hpp"
+#include "trainscope/prof/profile_summary.hpp"
+
+namespace trainscope::io {
+class RunFile;
+}
+
+namespace trainscope::prof {
+
+class ProfilerWindow {
+  public:
+    // `backend` goes into the trace's distributedInfo metadata ("mpi", "nccl").
+    ProfilerWindow(const ProfileOptions& options, int rank, int world_size, bool cuda,
+                   std::string backend = "mpi");
+    // Stops a still-running profiler (without summarising); never throws.
+    ~ProfilerWindow();
+    ProfilerWindow(const ProfilerWindow&) = delete;
+    ProfilerWindow& operator=(const ProfilerWindow&) = delete;
+
+    bool enabled() const { return options_.enabled; }
+    // True between enabling and disabling the profiler.
+    bool active() const;
+
+    // Enables the profiler when `iteration` == start_iter, then opens the ProfilerStep#<iteration>
+    // scope for any iteration inside the window.
+    void begin_iteration(std::int64_t iteration);
+    // Closes the scope; after the window's last iteration synchronises the device (CUDA), adds the
+    // distributed metadata, disables the profiler and keeps its result.
+    void end_iteration(std::int64_t iteration);
+    // The iteration begun last did not happen (e.g. the loader was exhausted): closes its scope
+    // without counting it.
+    void cancel_iteration();
+    // Ends a window the run did not finish (fewer iterations than start_iter + iters); idempotent.
+    // write() calls it.
+    void finish();
+
+    // Summary of this rank's window (computed once, after the window closed; a window never
+    // reached or disabled gives status "not_reached"/"disabled" and empty tables).
+    const ProfileSummary& summarise();
+
+    // Collective on every rank of `file`: saves this rank's Chrome trace beside the run file when
+    // profile.trace is set, then writes /profile.
+    void write(io::RunFile& file);
+
+  private:
+    struct Kineto; // LibTorch state, only in the .cpp
+    void stop();
+
+    ProfileOptions options_;
+    int rank_;
+    int world_size_;
+    bool cuda_;
+    std::string backend_;
+    std::unique_ptr<Kineto> kineto_;
+    ProfileSummary summary_;
+    bool summarised_ = false;
+};
+
+} // namespace trainscope::prof
