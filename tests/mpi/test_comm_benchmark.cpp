@@ -200,16 +200,7 @@ TEST(CommBenchmark, MpiBackendRefusesHalfPrecisionReductions) {
 
 TEST(CommBenchmark, WritesCommTablesWithUnits) {
     const int n = world_size();
-    std::string dir;
-    if (world_rank() == 0) {
-        const char* tmp = std::getenv("TMPDIR");
-        std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/ts_comm_XXXXXX";
-        dir = mkdtemp(pattern.data()) ? pattern : "";
-    }
-    int len = static_cast<int>(dir.size());
-    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    dir.resize(len);
-    MPI_Bcast(dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    const std::string dir = trainscope::testing::shared_tmp_dir("comm");
     ASSERT_FALSE(dir.empty());
     const std::string path = dir + "/comm.h5";
 
@@ -256,16 +247,7 @@ TEST(CommBenchmark, WritesCommTablesWithUnits) {
 
 TEST(GradientCommRecord, BucketTablesReadBack) {
     const int r = world_rank(), n = world_size();
-    std::string dir;
-    if (r == 0) {
-        const char* tmp = std::getenv("TMPDIR");
-        std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/ts_comm_XXXXXX";
-        dir = mkdtemp(pattern.data()) ? pattern : "";
-    }
-    int len = static_cast<int>(dir.size());
-    MPI_Bcast(&len, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    dir.resize(len);
-    MPI_Bcast(dir.data(), len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    const std::string dir = trainscope::testing::shared_tmp_dir("comm");
     const std::string path = dir + "/buckets.h5";
 
     auto comm = mpi_communicator();

@@ -40,17 +40,7 @@ using trainscope::testing::world_rank;
 using trainscope::testing::world_size;
 
 std::string shared_tmp_dir() {
-    std::string made;
-    if (world_rank() == 0) {
-        const char* tmp = std::getenv("TMPDIR");
-        std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/ts_prof_XXXXXX";
-        made = mkdtemp(pattern.data()) ? pattern : "";
-    }
-    int n = static_cast<int>(made.size());
-    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    made.resize(n);
-    MPI_Bcast(made.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
-    return made;
+    return trainscope::testing::shared_tmp_dir("prof");
 }
 
 const prof::CategoryStats* category(const prof::ProfileSummary& s, const std::string& name) {
