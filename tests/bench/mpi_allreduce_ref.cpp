@@ -10,10 +10,19 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
-    MPI_Init(&argc, &argv);
+    // TS_REF_THREAD_MULTIPLE=1 initialises MPI as trainscope does (MPI_THREAD_MULTIPLE), to
+    // separate the cost of the thread level from the cost of trainscope's own layers.
+    const char* tm = std::getenv("TS_REF_THREAD_MULTIPLE");
+    if (tm && std::string(tm) == "1") {
+        int provided = 0;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    } else {
+        MPI_Init(&argc, &argv);
+    }
     auto arg = [&](int i, long long def) { return argc > i ? std::atoll(argv[i]) : def; };
     const long long min_bytes = arg(1, 8), max_bytes = arg(2, 64LL << 20);
     const int warmup = static_cast<int>(arg(3, 5)), iters = static_cast<int>(arg(4, 20));

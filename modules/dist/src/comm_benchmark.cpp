@@ -131,7 +131,9 @@ std::vector<CommResult> CommBenchmark::run(Communicator& comm) const {
         auto once = [&] {
             switch (op) {
             case Collective::AllReduce:
-                pending.push_back(comm.allreduce_async(a, ReduceOp::Sum));
+                // Blocking, like a plain MPI_Allreduce loop; NCCL's blocking call only orders
+                // the streams, so it stays asynchronous for the host.
+                comm.allreduce(a, ReduceOp::Sum);
                 break;
             case Collective::AllGather:
                 comm.allgather(b, a);

@@ -323,6 +323,19 @@ class MpiCommunicator final : public Communicator {
         return work;
     }
 
+    void allreduce(torch::Tensor tensor, ReduceOp op) override {
+        require_contiguous(tensor, "allreduce");
+        check_reduction(tensor, op);
+        if (tensor.numel() == 0) return;
+        const auto t0 = Clock::now();
+        torch::Tensor host = tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
+        allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), mpi_reduce_type(host),
+                          mpi_op(op), comm_);
+        if (op == ReduceOp::Average) host.div_(size_);
+        if (!tensor.is_cpu()) copy_back(tensor, host);
+        account("allreduce", host.nbytes(), seconds_since(t0));
+    }
+
     void broadcast(torch::Tensor tensor, int root) override {
         require_contiguous(tensor, "broadcast");
         check_root(root);

@@ -55,7 +55,9 @@ class Communicator {
 
     // In place. Average divides the sum by size() (floating-point tensors only).
     virtual std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) = 0;
-    void allreduce(torch::Tensor tensor, ReduceOp op);          // allreduce_async + wait
+    // Blocking allreduce. Default: allreduce_async + wait; the MPI backend runs it on the calling
+    // thread instead (no hand-off to its progress thread, which costs microseconds per call).
+    virtual void allreduce(torch::Tensor tensor, ReduceOp op);
     virtual void broadcast(torch::Tensor tensor, int root) = 0; // in place
     // out: size() * in.numel() elements, rank r's input at [r * in.numel(), (r+1) * in.numel()).
     virtual void allgather(const torch::Tensor& in, torch::Tensor out) = 0;
