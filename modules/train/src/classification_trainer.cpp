@@ -157,7 +157,9 @@ void ClassificationTrainer::on_iteration_comm(
     s_->on_comm = std::move(callback);
 }
 
-const dist::GradientSynchronizer& ClassificationTrainer::synchronizer() const { return *s_->sync; }
+const dist::GradientSynchronizer& ClassificationTrainer::synchronizer() const {
+    return *s_->sync;
+}
 
 void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                                 prof::ProfilerWindow* window) {

@@ -57,13 +57,15 @@ stats::RankMatrix allgather_series(MPI_Comm comm, const std::vector<double>& min
     MPI_Allgather(mine.data(), static_cast<int>(n), MPI_DOUBLE, flat.data(), static_cast<int>(n),
                   MPI_DOUBLE, comm);
     stats::RankMatrix m(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) m[r].assign(flat.begin() + r * n, flat.begin() + (r + 1) * n);
+    for (int r = 0; r < size; ++r)
+        m[r].assign(flat.begin() + r * n, flat.begin() + (r + 1) * n);
     return m;
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {
     std::string out;
-    for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+    for (int r : ranks)
+        out += (out.empty() ? "" : ",") + std::to_string(r);
     return out;
 }
 
@@ -94,7 +96,9 @@ void Recorder::record_epoch(const EpochValues& v) {
     have_epoch_ = true;
 }
 
-bool Recorder::flush_due() const { return since_flush_ >= flush_every_; }
+bool Recorder::flush_due() const {
+    return since_flush_ >= flush_every_;
+}
 
 void Recorder::flush() {
     for (const prof::PhaseTimes& t : timer_.collect(/*wait=*/true)) {
@@ -107,14 +111,27 @@ void Recorder::flush() {
                                    t.t_start};
         row.insert(row.end(), t.seconds.begin(), t.seconds.end());
         const prof::MemorySample& m = v.memory;
-        row.insert(row.end(),
-                   {t.step_seconds, v.loss, v.samples, v.lr, v.comm_bytes, v.comm_collective_s,
-                    v.parameter_bytes, v.gradient_bytes, v.optimizer_state_bytes,
-                    m.host_rss_bytes, m.host_peak_rss_bytes, m.device_allocated_bytes,
-                    m.device_allocated_peak_bytes, m.device_reserved_bytes,
-                    m.device_reserved_peak_bytes, m.device_active_bytes,
-                    m.device_active_peak_bytes, m.device_alloc_retries, m.device_ooms,
-                    m.device_free_bytes, m.device_total_bytes});
+        row.insert(row.end(), {t.step_seconds,
+                               v.loss,
+                               v.samples,
+                               v.lr,
+                               v.comm_bytes,
+                               v.comm_collective_s,
+                               v.parameter_bytes,
+                               v.gradient_bytes,
+                               v.optimizer_state_bytes,
+                               m.host_rss_bytes,
+                               m.host_peak_rss_bytes,
+                               m.device_allocated_bytes,
+                               m.device_allocated_peak_bytes,
+                               m.device_reserved_bytes,
+                               m.device_reserved_peak_bytes,
+                               m.device_active_bytes,
+                               m.device_active_peak_bytes,
+                               m.device_alloc_retries,
+                               m.device_ooms,
+                               m.device_free_bytes,
+                               m.device_total_bytes});
         file_.append("iterations", row);
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
         if (!std::isnan(m.device_allocated_peak_bytes))
@@ -153,7 +170,8 @@ void Recorder::finish(const RunInfo& info) {
     const std::vector<double> mean_step = stats::mean_over_ranks(step);
     std::vector<double> slowest(static_cast<std::size_t>(n), 0.0);
     for (const auto& r : step)
-        for (long long i = 0; i < n; ++i) slowest[i] = std::max(slowest[i], r[i]);
+        for (long long i = 0; i < n; ++i)
+            slowest[i] = std::max(slowest[i], r[i]);
 
     std::vector<io::Attribute> s;
     stats::SummaryReport report;
@@ -178,8 +196,10 @@ void Recorder::finish(const RunInfo& info) {
     std::vector<double> busy_mine(static_cast<std::size_t>(n));
     for (std::size_t p = 0; p < prof::kNumPhases; ++p) {
         std::vector<double> mine_p(static_cast<std::size_t>(n));
-        for (long long i = 0; i < n; ++i) mine_p[i] = phase_seconds_[i][p];
-        const std::vector<double> per_iter = stats::mean_over_ranks(allgather_series(comm_, mine_p, n));
+        for (long long i = 0; i < n; ++i)
+            mine_p[i] = phase_seconds_[i][p];
+        const std::vector<double> per_iter =
+            stats::mean_over_ranks(allgather_series(comm_, mine_p, n));
         const std::string name = prof::phase_name(static_cast<prof::Phase>(p));
         s.push_back({"median_" + name + "_s", stats::median(per_iter)});
         s.push_back({"p95_" + name + "_s", stats::p95(per_iter)});
@@ -216,11 +236,11 @@ void Recorder::finish(const RunInfo& info) {
     report.device_name = info.device_name;
     report.precision = info.precision;
     if (med > 0 && info.macs_per_sample > 0) {
-        const double flops_per_device = stats::training_flops_per_sample(info.macs_per_sample) *
-                                        info.global_batch / med / size;
+        const double flops_per_device =
+            stats::training_flops_per_sample(info.macs_per_sample) * info.global_batch / med / size;
         s.push_back({"model_flops_per_s_per_device", flops_per_device});
-        report.mfu = stats::model_flops_utilization(flops_per_device, info.device_name,
-                                                    info.precision);
+        report.mfu =
+            stats::model_flops_utilization(flops_per_device, info.device_name, info.precision);
         if (report.mfu) s.push_back({"mfu", *report.mfu});
     }
 
@@ -231,7 +251,7 @@ void Recorder::finish(const RunInfo& info) {
                                                        t_start_[n - 1] + step_seconds_[n - 1]);
     }
     double total_energy = 0;
-    MPI_Allreduce(&energy, &total_energy, 1, MPI_DOUBLE, MPI_SUM, comm_);  // NaN propagates
+    MPI_Allreduce(&energy, &total_energy, 1, MPI_DOUBLE, MPI_SUM, comm_); // NaN propagates
     s.push_back({"energy_j", total_energy});
     s.push_back({"energy_per_iteration_j", n ? total_energy / n : kNaN});
     s.push_back({"energy_per_sample_j", n ? total_energy / (n * info.global_batch) : kNaN});

@@ -18,14 +18,14 @@
 #include "trainscope/core/log.hpp"
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/data/options.hpp"
+#include "trainscope/dist/bandwidth.hpp"
+#include "trainscope/dist/comm_benchmark.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/dist/options.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
-#include "trainscope/dist/bandwidth.hpp"
-#include "trainscope/dist/comm_benchmark.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/prof/telemetry.hpp"
@@ -359,10 +359,10 @@ void Session::run() {
         std::ostringstream table;
         table << "op              bytes      time [us]   algbw [GB/s]   busbw [GB/s]\n";
         for (const auto& r : results)
-            table << std::left << std::setw(14) << dist::to_string(r.op) << std::right << std::setw(12) << r.bytes
-                  << std::setw(14) << std::fixed << std::setprecision(2) << r.time_s * 1e6
-                  << std::setw(15) << std::setprecision(3) << r.algbw_GBps << std::setw(15)
-                  << r.busbw_GBps << "\n";
+            table << std::left << std::setw(14) << dist::to_string(r.op) << std::right
+                  << std::setw(12) << r.bytes << std::setw(14) << std::fixed << std::setprecision(2)
+                  << r.time_s * 1e6 << std::setw(15) << std::setprecision(3) << r.algbw_GBps
+                  << std::setw(15) << r.busbw_GBps << "\n";
         core::log::info() << "communication benchmark\n" << table.str();
         return;
     }

@@ -57,11 +57,11 @@ class Recorder {
     // What /summary needs beyond the recorded rows.
     struct RunInfo {
         double wall_seconds = 0;
-        double global_batch = 0;     // samples per step over all ranks
-        double macs_per_sample = 0;  // forward multiply-accumulates (MFU)
-        std::string device_name;     // for the MFU peak table ("cpu": none)
+        double global_batch = 0;    // samples per step over all ranks
+        double macs_per_sample = 0; // forward multiply-accumulates (MFU)
+        std::string device_name;    // for the MFU peak table ("cpu": none)
         std::string precision;
-        const prof::TelemetrySampler* telemetry = nullptr;  // energy, when NVML is there
+        const prof::TelemetrySampler* telemetry = nullptr; // energy, when NVML is there
     };
     // Collective: flush, then write /summary and print its table on rank 0.
     void finish(const RunInfo& info);
