@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "h5_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
@@ -48,14 +49,7 @@ dist::CommBenchmarkOptions small_sweep() {
 }
 
 std::vector<double> read_doubles(hid_t file, const std::string& path) {
-    const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
-    if (d < 0) return {};
-    const hid_t s = H5Dget_space(d);
-    std::vector<double> v(H5Sget_simple_extent_npoints(s));
-    if (!v.empty()) H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-    H5Sclose(s);
-    H5Dclose(d);
-    return v;
+    return trainscope::testing::read_dataset<double>(file, path, H5T_NATIVE_DOUBLE);
 }
 
 std::string read_string_attr(hid_t file, const std::string& obj, const std::string& name) {

@@ -2,6 +2,7 @@
 // through ProfilerWindow, the summary holds convolution forward and backward operators with the
 // counts the model implies and times inside the window, and /profile reads back with units on every
 // dataset; plus the summary arithmetic (nesting, categories, HTA breakdown) on synthetic events.
+#include "h5_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
@@ -198,24 +199,10 @@ struct H5Reader {
         return H5Lexists(file, path.c_str(), H5P_DEFAULT) > 0;
     }
     std::vector<double> doubles(const std::string& path) const {
-        const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
-        if (d < 0) return {};
-        const hid_t s = H5Dget_space(d);
-        std::vector<double> v(H5Sget_simple_extent_npoints(s));
-        if (!v.empty()) H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-        H5Sclose(s);
-        H5Dclose(d);
-        return v;
+        return trainscope::testing::read_dataset<double>(file, path, H5T_NATIVE_DOUBLE);
     }
     std::vector<std::int64_t> ints(const std::string& path) const {
-        const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
-        if (d < 0) return {};
-        const hid_t s = H5Dget_space(d);
-        std::vector<std::int64_t> v(H5Sget_simple_extent_npoints(s));
-        if (!v.empty()) H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
-        H5Sclose(s);
-        H5Dclose(d);
-        return v;
+        return trainscope::testing::read_dataset<std::int64_t>(file, path, H5T_NATIVE_INT64);
     }
     std::vector<std::string> strings(const std::string& path) const {
         const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
