@@ -15,6 +15,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/dist/comm_benchmark.hpp"
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/dist/options.hpp"
 #include "trainscope/io/run_file.hpp"
 
@@ -24,7 +25,7 @@ namespace io = trainscope::io;
 
 int main(int argc, char** argv) {
     int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Init_thread(&argc, &argv, dist::kMpiThreadLevel, &provided);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int rc = 0;

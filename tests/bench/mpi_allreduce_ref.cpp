@@ -14,8 +14,8 @@
 #include <vector>
 
 int main(int argc, char** argv) {
-    // TS_REF_THREAD_MULTIPLE=1 initialises MPI as trainscope does (MPI_THREAD_MULTIPLE), to
-    // separate the cost of the thread level from the cost of trainscope's own layers.
+    // TS_REF_THREAD_MULTIPLE=1 initialises MPI at MPI_THREAD_MULTIPLE, to show what that level
+    // costs per call (trainscope itself runs at MPI_THREAD_SERIALIZED).
     const char* tm = std::getenv("TS_REF_THREAD_MULTIPLE");
     if (tm && std::string(tm) == "1") {
         int provided = 0;

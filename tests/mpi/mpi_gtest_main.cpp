@@ -21,7 +21,8 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
     int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    // trainscope's thread level (dist::kMpiThreadLevel; this main does not link the dist module).
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
     testing::InitGoogleTest(&argc, argv);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

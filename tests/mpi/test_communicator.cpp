@@ -1,6 +1,6 @@
 // dist module under MPI (np 1, 2, 4): the MPI communicator's collectives checked exactly against
-// closed forms, asynchronous allreduce ordering, accounting, collective error agreement, option
-// resolution, topology and CPU device binding.
+// closed forms, point-to-point send/recv, asynchronous allreduce ordering, accounting, collective
+// error agreement, option resolution, topology and CPU device binding.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <torch/torch.h>
@@ -205,6 +205,71 @@ TEST(MpiCommunicator, AccountsCallsAndBytesPerKind) {
     EXPECT_GE(s["allreduce"].seconds, 0.0);
 }
 
+// Point-to-point: each rank's payload encodes (sender, receiver), so a message delivered to the
+// wrong rank or out of order shows. Blocking sends are ordered by rank parity (even ranks send
+// first), the deadlock-free schedule the pipeline engine relies on for its neighbour exchanges.
+TEST(MpiCommunicator, SendRecvPairsAndRing) {
+    const int r = world_rank(), w = world_size();
+    if (w < 2) GTEST_SKIP() << "point-to-point needs at least 2 ranks";
+    auto comm = mpi_communicator();
+    auto payload = [](int from, int to, std::int64_t n, torch::Dtype dtype) {
+        return (iota(n, torch::kInt64) + 1000 * from + 100 * to).to(dtype);
+    };
+    std::uint64_t sent_bytes = 0, recv_bytes = 0, calls = 0;
+
+    // Pairs (0,1), (2,3): the even rank sends, then receives the odd rank's answer.
+    const int partner = r ^ 1;
+    if (partner < w) {
+        for (auto dtype : kDtypes) {
+            SCOPED_TRACE(c10::toString(dtype));
+            auto out = payload(r, partner, 1000, dtype);
+            auto in = torch::full({10, 100}, -1, torch::TensorOptions().dtype(dtype));
+            if (r % 2 == 0) {
+                comm->send(out, partner);
+                comm->recv(in, partner);
+            } else {
+                comm->recv(in, partner);
+                comm->send(out, partner);
+            }
+            EXPECT_TRUE(torch::equal(in.flatten(), payload(partner, r, 1000, dtype)));
+            sent_bytes += out.nbytes();
+            recv_bytes += in.nbytes();
+            ++calls;
+        }
+    }
+
+    // Ring: every rank sends to its successor and receives from its predecessor, in float64.
+    const int next = (r + 1) % w, prev = (r + w - 1) % w;
+    auto out = payload(r, next, 37, torch::kFloat64) / 8; // fractions survive bytewise transfer
+    auto in = torch::zeros({37}, torch::kFloat64);
+    if (r % 2 == 0) {
+        comm->send(out, next);
+        comm->recv(in, prev);
+    } else {
+        comm->recv(in, prev);
+        comm->send(out, next);
+    }
+    EXPECT_TRUE(torch::equal(in, payload(prev, r, 37, torch::kFloat64) / 8));
+    sent_bytes += out.nbytes();
+    recv_bytes += in.nbytes();
+    ++calls;
+
+    // Empty tensors are no-ops on both sides (no message, nothing accounted).
+    comm->send(torch::zeros({0}), next);
+    comm->recv(torch::zeros({0}), prev);
+
+    auto s = comm->stats();
+    EXPECT_EQ(s["send"].calls, calls);
+    EXPECT_EQ(s["send"].bytes, sent_bytes);
+    EXPECT_EQ(s["recv"].calls, calls);
+    EXPECT_EQ(s["recv"].bytes, recv_bytes);
+    EXPECT_EQ(s.count("allreduce"), 0u);
+
+    EXPECT_THROW(comm->send(torch::ones({3}), r), core::InternalError); // never matched
+    EXPECT_THROW(comm->recv(torch::ones({3}), w), core::InternalError);
+    EXPECT_THROW(comm->send(torch::ones({4, 4}).t(), next), core::InternalError); // strided
+}
+
 TEST(MpiCommunicator, RejectsWhatItCannotReduce) {
     auto comm = mpi_communicator();
     EXPECT_THROW(comm->allreduce(torch::ones({3}, torch::kInt64), dist::ReduceOp::Average),
@@ -296,7 +361,8 @@ TEST(MpiRuntime, LeavesAnMpiItDidNotStartAlone) {
     char** argv = args;
     {
         dist::MpiRuntime runtime(argc, argv); // the test main already initialised MPI
-        EXPECT_EQ(dist::thread_level_name(runtime.thread_level()), "MPI_THREAD_MULTIPLE");
+        EXPECT_EQ(runtime.thread_level(), dist::kMpiThreadLevel);
+        EXPECT_EQ(dist::thread_level_name(runtime.thread_level()), "MPI_THREAD_SERIALIZED");
     }
     int finalized = 1;
     MPI_Finalized(&finalized);

@@ -1,11 +1,22 @@
 // The MPI communicator (host tensors; a progress thread runs asynchronous allreduces on a
 // duplicated communicator so they overlap computation even though Open MPI only progresses
 // nonblocking collectives inside MPI calls), the backend factory, and CPU/GPU device binding.
+//
+// MPI runs at MPI_THREAD_SERIALIZED (see mpi_runtime.hpp): at most one thread is inside MPI at a
+// time. Every MPI communicator of the process (a run may have several: pipeline and data-parallel
+// groups) shares one serializer: a progress thread holds its mutex while it runs a collective, and
+// a blocking call on the caller's thread first waits until no asynchronous collective of ANY
+// communicator is in flight. That wait cannot deadlock: progress threads never wait for a caller
+// thread, and while a caller thread is inside a blocking call nothing new is enqueued (the caller's
+// thread is the only one that enqueues). Outside the communicators, trainscope calls MPI only while
+// no asynchronous collective is in flight (every Work is waited for before the iteration ends).
 #include "trainscope/dist/communicator.hpp"
 
 #include <sched.h>
 #include <torch/torch.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -20,6 +31,7 @@
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/nvtx.hpp"
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 
@@ -109,6 +121,7 @@ constexpr std::int64_t kMaxChunk = std::int64_t{1} << 30;
 
 void allreduce_chunked(void* data, std::int64_t count, std::size_t elem, MPI_Datatype type,
                        MPI_Op op, MPI_Comm comm) {
+    nvtx::ScopedRange range("MPI_Allreduce");
     auto* p = static_cast<char*>(data);
     for (std::int64_t off = 0; off < count; off += kMaxChunk) {
         const int n = static_cast<int>(std::min(kMaxChunk, count - off));
@@ -117,10 +130,29 @@ void allreduce_chunked(void* data, std::int64_t count, std::size_t elem, MPI_Dat
 }
 
 void bcast_bytes(void* data, std::int64_t bytes, int root, MPI_Comm comm) {
+    nvtx::ScopedRange range("MPI_Bcast");
     auto* p = static_cast<char*>(data);
     for (std::int64_t off = 0; off < bytes; off += kMaxChunk)
         MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
                             root, comm));
+}
+
+// Point-to-point in pieces of at most 2^30 bytes; MPI keeps messages between two ranks on one
+// communicator and tag in order, so the pieces arrive in sequence.
+void send_bytes(const void* data, std::int64_t bytes, int peer, MPI_Comm comm) {
+    nvtx::ScopedRange range("MPI_Send");
+    const auto* p = static_cast<const char*>(data);
+    for (std::int64_t off = 0; off < bytes; off += kMaxChunk)
+        MPI_CHECK(MPI_Send(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
+                           peer, /*tag=*/0, comm));
+}
+
+void recv_bytes(void* data, std::int64_t bytes, int peer, MPI_Comm comm) {
+    nvtx::ScopedRange range("MPI_Recv");
+    auto* p = static_cast<char*>(data);
+    for (std::int64_t off = 0; off < bytes; off += kMaxChunk)
+        MPI_CHECK(MPI_Recv(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
+                           peer, /*tag=*/0, comm, MPI_STATUS_IGNORE));
 }
 
 int checked_int(std::int64_t n, const char* what) {
@@ -174,6 +206,46 @@ class MpiWork final : public Work {
     double seconds_ = 0; // the collective's duration on the progress thread
 };
 
+// What the accounting counts; names are the keys of Communicator::stats().
+enum class Kind { Allreduce, Broadcast, Allgather, ReduceScatter, Send, Recv };
+constexpr std::size_t kNumKinds = 6;
+constexpr std::array<const char*, kNumKinds> kKindNames{"allreduce",      "broadcast", "allgather",
+                                                        "reduce_scatter", "send",      "recv"};
+
+// The process-wide MPI serializer (see the top of this file).
+struct MpiSerializer {
+    std::mutex mpi; // held by a progress thread while it runs a collective
+    // Asynchronous collectives enqueued (by any communicator) and not yet finished with MPI. Zero
+    // means every progress thread is idle and stays idle while the caller's thread is in MPI, so
+    // a blocking call may enter MPI without any lock: the common case costs one atomic load.
+    std::atomic<std::int64_t> inflight{0};
+    std::mutex m; // with `idle`: waiting for inflight to drop to zero
+    std::condition_variable idle;
+
+    void enqueued() { inflight.fetch_add(1, std::memory_order_relaxed); }
+    void finished() {
+        {
+            std::lock_guard<std::mutex> lock(m);
+            inflight.fetch_sub(1, std::memory_order_release);
+        }
+        idle.notify_all();
+    }
+    // For a blocking call on the caller's thread: an empty lock on the fast path.
+    std::unique_lock<std::mutex> serialize() {
+        if (inflight.load(std::memory_order_acquire) == 0) return {};
+        {
+            std::unique_lock<std::mutex> lock(m);
+            idle.wait(lock, [&] { return inflight.load(std::memory_order_acquire) == 0; });
+        }
+        return std::unique_lock<std::mutex>(mpi);
+    }
+};
+
+MpiSerializer& mpi_serializer() {
+    static MpiSerializer s;
+    return s;
+}
+
 struct Task {
     std::function<void()> run;
     std::shared_ptr<MpiWork> work;
@@ -189,14 +261,29 @@ struct ProgressState {
     bool running = false;
     MPI_Comm comm = MPI_COMM_NULL; // the progress thread's own duplicate
 
-    std::mutex stats_mutex; // the caller's thread accounts blocking collectives too
-    std::map<std::string, CommStats> stats;
-    void account(const char* kind, std::uint64_t bytes, double seconds) {
-        std::lock_guard<std::mutex> lock(stats_mutex);
-        CommStats& s = stats[kind];
-        s.calls += 1;
-        s.bytes += bytes;
-        s.seconds += seconds;
+    // Accounting per kind, lock-free (the caller's thread and the progress thread both account):
+    // a mutex and a map lookup per call would cost small collectives a measurable share.
+    struct Counters {
+        std::atomic<std::uint64_t> calls{0}, bytes{0};
+        std::atomic<double> seconds{0};
+    };
+    std::array<Counters, kNumKinds> counters;
+    void account(Kind kind, std::uint64_t bytes, double seconds) {
+        Counters& c = counters[static_cast<std::size_t>(kind)];
+        c.calls.fetch_add(1, std::memory_order_relaxed);
+        c.bytes.fetch_add(bytes, std::memory_order_relaxed);
+        c.seconds.fetch_add(seconds, std::memory_order_relaxed);
+    }
+    std::map<std::string, CommStats> stats() const {
+        std::map<std::string, CommStats> out;
+        for (std::size_t k = 0; k < kNumKinds; ++k) {
+            const Counters& c = counters[k];
+            const std::uint64_t calls = c.calls.load(std::memory_order_relaxed);
+            if (calls == 0) continue;
+            out[kKindNames[k]] = {calls, c.bytes.load(std::memory_order_relaxed),
+                                  c.seconds.load(std::memory_order_relaxed)};
+        }
+        return out;
     }
 };
 
@@ -214,10 +301,12 @@ void progress_loop(std::shared_ptr<ProgressState> s) {
         std::exception_ptr error;
         const auto t0 = Clock::now();
         try {
+            std::lock_guard<std::mutex> mpi(mpi_serializer().mpi);
             task.run();
         } catch (...) {
             error = std::current_exception();
         }
+        mpi_serializer().finished(); // done with MPI
         const double seconds = seconds_since(t0);
         {
             std::lock_guard<std::mutex> lock(s->m);
@@ -233,11 +322,12 @@ class MpiCommunicator final : public Communicator {
     MpiCommunicator(MPI_Comm comm, torch::Device device) : device_(device) {
         int level = MPI_THREAD_SINGLE;
         MPI_CHECK(MPI_Query_thread(&level));
-        if (level < MPI_THREAD_MULTIPLE)
+        if (level < MPI_THREAD_SERIALIZED)
             throw core::DistributedError(
                 "the MPI library provides only " + thread_level_name(level) +
                 " but the MPI backend runs its asynchronous allreduces on a communication thread "
-                "and needs MPI_THREAD_MULTIPLE: use an MPI built with thread support (" +
+                "and needs MPI_THREAD_SERIALIZED or higher: use an MPI built with thread support "
+                "(" +
                 mpi_library_version() + ")");
         MPI_CHECK(MPI_Comm_rank(comm, &rank_));
         MPI_CHECK(MPI_Comm_size(comm, &size_));
@@ -261,9 +351,11 @@ class MpiCommunicator final : public Communicator {
             dropped.swap(state_->queue);
         }
         state_->cv.notify_all();
-        for (auto& t : dropped)
+        for (auto& t : dropped) {
+            mpi_serializer().finished(); // never started: no longer in flight
             t.work->finish(std::make_exception_ptr(core::DistributedError(
                 "collective cancelled: the communicator was destroyed before it started")));
+        }
         if (std::uncaught_exceptions() > 0) {
             // Unwinding: a collective in flight may never complete if a peer failed. Give it a
             // moment, then leave the thread (and its communicator) behind instead of hanging.
@@ -312,9 +404,10 @@ class MpiCommunicator final : public Communicator {
                       allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
                                         mpi_op(op), state->comm);
                       if (op == ReduceOp::Average) host.div_(size);
-                      state->account("allreduce", bytes, seconds_since(t0));
+                      state->account(Kind::Allreduce, bytes, seconds_since(t0));
                   },
                   work};
+        mpi_serializer().enqueued();
         {
             std::lock_guard<std::mutex> lock(state_->m);
             state_->queue.push_back(std::move(task));
@@ -327,24 +420,30 @@ class MpiCommunicator final : public Communicator {
         require_contiguous(tensor, "allreduce");
         check_reduction(tensor, op);
         if (tensor.numel() == 0) return;
-        const auto t0 = Clock::now();
         torch::Tensor host = tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
+        std::unique_lock<std::mutex> mpi = serialize();
+        const auto t0 = Clock::now();
         allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), mpi_reduce_type(host),
                           mpi_op(op), comm_);
+        const double seconds = seconds_since(t0);
+        if (mpi.owns_lock()) mpi.unlock();
         if (op == ReduceOp::Average) host.div_(size_);
         if (!tensor.is_cpu()) copy_back(tensor, host);
-        account("allreduce", host.nbytes(), seconds_since(t0));
+        account(Kind::Allreduce, host.nbytes(), seconds);
     }
 
     void broadcast(torch::Tensor tensor, int root) override {
         require_contiguous(tensor, "broadcast");
         check_root(root);
         if (tensor.numel() == 0) return;
-        const auto t0 = Clock::now();
         torch::Tensor host = tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
+        std::unique_lock<std::mutex> mpi = serialize();
+        const auto t0 = Clock::now();
         bcast_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), root, comm_);
+        const double seconds = seconds_since(t0);
+        if (mpi.owns_lock()) mpi.unlock();
         if (!tensor.is_cpu()) copy_back(tensor, host);
-        account("broadcast", host.nbytes(), seconds_since(t0));
+        account(Kind::Broadcast, host.nbytes(), seconds);
     }
 
     void allgather(const torch::Tensor& in, torch::Tensor out) override {
@@ -361,10 +460,14 @@ class MpiCommunicator final : public Communicator {
         torch::Tensor dst =
             out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
         const int bytes = checked_int(static_cast<std::int64_t>(src.nbytes()), "allgather");
-        MPI_CHECK(
-            MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes, MPI_BYTE, comm_));
+        {
+            std::unique_lock<std::mutex> mpi = serialize();
+            nvtx::ScopedRange range("MPI_Allgather");
+            MPI_CHECK(MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes,
+                                    MPI_BYTE, comm_));
+        }
         if (!out.is_cpu()) copy_back(out, dst);
-        account("allgather", src.nbytes(), seconds_since(t0));
+        account(Kind::Allgather, src.nbytes(), seconds_since(t0));
     }
 
     void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) override {
@@ -381,32 +484,77 @@ class MpiCommunicator final : public Communicator {
         torch::Tensor src = in.to(torch::kCPU).contiguous();
         torch::Tensor dst =
             out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
-        MPI_CHECK(MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(),
-                                           checked_int(dst.numel(), "reduce_scatter"),
-                                           mpi_reduce_type(dst), mpi_op(op), comm_));
+        {
+            std::unique_lock<std::mutex> mpi = serialize();
+            nvtx::ScopedRange range("MPI_Reduce_scatter_block");
+            MPI_CHECK(MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(),
+                                               checked_int(dst.numel(), "reduce_scatter"),
+                                               mpi_reduce_type(dst), mpi_op(op), comm_));
+        }
         if (op == ReduceOp::Average) dst.div_(size_);
         if (!out.is_cpu()) copy_back(out, dst);
-        account("reduce_scatter", dst.nbytes(), seconds_since(t0));
+        account(Kind::ReduceScatter, dst.nbytes(), seconds_since(t0));
     }
 
-    void barrier() override { MPI_CHECK(MPI_Barrier(comm_)); }
-
-    std::map<std::string, CommStats> stats() const override {
-        std::lock_guard<std::mutex> lock(state_->stats_mutex);
-        return state_->stats;
+    void barrier() override {
+        std::unique_lock<std::mutex> mpi = serialize();
+        MPI_CHECK(MPI_Barrier(comm_));
     }
+
+    void send(const torch::Tensor& t, int peer) override {
+        require_contiguous(t, "send");
+        check_peer(peer, "send");
+        if (t.numel() == 0) return;
+        torch::Tensor host = t.is_cpu() ? t : t.to(torch::kCPU);
+        std::unique_lock<std::mutex> mpi = serialize();
+        const auto t0 = Clock::now();
+        send_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), peer, comm_);
+        const double seconds = seconds_since(t0);
+        if (mpi.owns_lock()) mpi.unlock();
+        account(Kind::Send, host.nbytes(), seconds);
+    }
+
+    void recv(torch::Tensor t, int peer) override {
+        require_contiguous(t, "recv");
+        check_peer(peer, "recv");
+        if (t.numel() == 0) return;
+        torch::Tensor host =
+            t.is_cpu() ? t : torch::empty(t.sizes(), t.options().device(torch::kCPU));
+        std::unique_lock<std::mutex> mpi = serialize();
+        const auto t0 = Clock::now();
+        recv_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), peer, comm_);
+        const double seconds = seconds_since(t0);
+        if (mpi.owns_lock()) mpi.unlock();
+        if (!t.is_cpu()) copy_back(t, host);
+        account(Kind::Recv, host.nbytes(), seconds);
+    }
+
+    std::map<std::string, CommStats> stats() const override { return state_->stats(); }
 
   private:
+    // Blocking collectives first let every asynchronous one issued before them finish: ranks issue
+    // collectives in the same order, and at MPI_THREAD_SERIALIZED a blocking collective entered on
+    // one rank while its peer's progress thread holds MPI for an earlier allreduce would deadlock.
+    // The communicator is driven from one thread, so nothing is enqueued while we wait.
+    std::unique_lock<std::mutex> serialize() { return mpi_serializer().serialize(); }
+
     void check_root(int root) const {
         if (root < 0 || root >= size_)
             throw core::InternalError("broadcast root " + std::to_string(root) + " outside [0, " +
                                       std::to_string(size_) + ")");
     }
+    // A blocking send or recv to oneself would never be matched: that is a caller's bug.
+    void check_peer(int peer, const char* what) const {
+        if (peer < 0 || peer >= size_ || peer == rank_)
+            throw core::InternalError(std::string(what) + " peer " + std::to_string(peer) +
+                                      " is not another rank of [0, " + std::to_string(size_) +
+                                      ") (this is rank " + std::to_string(rank_) + ")");
+    }
     static void copy_back(torch::Tensor& device_tensor, const torch::Tensor& host) {
         torch::NoGradGuard no_grad;
         device_tensor.copy_(host);
     }
-    void account(const char* kind, std::uint64_t bytes, double seconds) {
+    void account(Kind kind, std::uint64_t bytes, double seconds) {
         state_->account(kind, bytes, seconds);
     }
 

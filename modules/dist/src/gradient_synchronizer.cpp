@@ -13,6 +13,7 @@
 #include <set>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/nvtx.hpp"
 
 namespace trainscope::dist {
 
@@ -27,6 +28,8 @@ struct GradientSynchronizer::Impl {
         std::size_t pending = 0; // members whose gradient has not arrived in this iteration
         bool launched = false;
         std::shared_ptr<Work> work;
+        std::string label; // "allreduce bucket <k>", the NVTX range name
+        nvtx::Range range; // launch → waited for, on the nsys timeline
     };
 
     Impl(Communicator& c, std::vector<torch::Tensor> p) : comm(c), params(std::move(p)) {}
@@ -112,6 +115,7 @@ void GradientSynchronizer::Impl::launch(Bucket& b, bool from_hook) {
                 dst.copy_(grad);
             }
         }
+        b.range = nvtx::Range(b.label.c_str());
         b.work = comm.allreduce_async(b.buffer, ReduceOp::Average);
     }
     b.launched = true;
@@ -168,11 +172,20 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
         if (b.bytes >= bucket_cap_bytes) open.erase(it);
     }
 
+    for (std::size_t k = 0; k < s.buckets.size(); ++k)
+        s.buckets[k].label = "allreduce bucket " + std::to_string(k);
     s.communicate = comm.size() > 1;
+    // MPI has no 16-bit floating-point types: half and bfloat16 gradients travel as float32
+    // (exact for the values, summed in float32; twice the bytes, which the accounting shows).
+    const bool widen = comm.backend() == "mpi";
     if (s.communicate)
-        for (auto& b : s.buckets)
-            b.buffer = torch::zeros({b.numel},
-                                    torch::TensorOptions().dtype(b.dtype).device(comm.device()));
+        for (auto& b : s.buckets) {
+            const bool narrow = b.dtype == torch::kHalf || b.dtype == torch::kBFloat16;
+            const torch::ScalarType wire = widen && narrow ? torch::kFloat32 : b.dtype;
+            b.bytes = static_cast<std::size_t>(b.numel) * c10::elementSize(wire);
+            b.buffer =
+                torch::zeros({b.numel}, torch::TensorOptions().dtype(wire).device(comm.device()));
+        }
     s.ready.assign(s.params.size(), 0);
     for (std::size_t i = 0; i < s.params.size(); ++i)
         torch::autograd::impl::set_post_acc_grad_hooks(
@@ -241,8 +254,10 @@ double GradientSynchronizer::finish() {
 
     torch::NoGradGuard no_grad;
     const auto t0 = std::chrono::steady_clock::now();
-    for (auto& b : s.buckets)
+    for (auto& b : s.buckets) {
         if (b.work) b.work->wait();
+        b.range.end();
+    }
     const double waited =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     {

@@ -65,7 +65,7 @@ MpiRuntime::MpiRuntime(int& argc, char**& argv) {
     if (initialized) {
         MPI_Query_thread(&provided_);
     } else {
-        if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided_) != MPI_SUCCESS)
+        if (MPI_Init_thread(&argc, &argv, kMpiThreadLevel, &provided_) != MPI_SUCCESS)
             throw core::DistributedError("MPI_Init_thread failed: was trainscope started with "
                                          "mpiexec/srun under a working MPI installation?");
         owns_mpi_ = true;

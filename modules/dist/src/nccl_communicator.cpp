@@ -17,6 +17,7 @@
 
 #include "mpi_check.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/nvtx.hpp"
 
 namespace trainscope::dist::detail {
 namespace {
@@ -256,6 +257,26 @@ class NcclCommunicator final : public Communicator {
         work->host_wait();
     }
 
+    void send(const torch::Tensor& t, int peer) override {
+        check(t, "send");
+        check_peer(peer, "send");
+        if (t.numel() == 0) return;
+        launch("send", t.nbytes(), {t}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()),
+                                nccl_type(t.scalar_type()), peer, comm_, s));
+        })->wait();
+    }
+
+    void recv(torch::Tensor t, int peer) override {
+        check(t, "recv");
+        check_peer(peer, "recv");
+        if (t.numel() == 0) return;
+        launch("recv", t.nbytes(), {t}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()),
+                                nccl_type(t.scalar_type()), peer, comm_, s));
+        })->wait();
+    }
+
     std::map<std::string, CommStats> stats() const override {
         std::lock_guard<std::mutex> lock(mutex_);
         return stats_;
@@ -272,6 +293,13 @@ class NcclCommunicator final : public Communicator {
         nccl_type(t.scalar_type());
     }
 
+    void check_peer(int peer, const char* what) const {
+        if (peer < 0 || peer >= size_ || peer == rank_)
+            throw core::InternalError(std::string(what) + " peer " + std::to_string(peer) +
+                                      " is not another rank of [0, " + std::to_string(size_) +
+                                      ") (this is rank " + std::to_string(rank_) + ")");
+    }
+
     // Orders the collective after the work already queued on the caller's current stream, runs
     // it on our stream, and returns a handle whose wait() orders later compute work after it.
     template <class Fn>
@@ -280,6 +308,7 @@ class NcclCommunicator final : public Communicator {
         // Hooks may call from autograd's device thread while the main thread is blocked in
         // backward; NCCL calls on one communicator must not run concurrently.
         std::lock_guard<std::mutex> lock(mutex_);
+        nvtx::ScopedRange range(kind); // the enqueue on the host; the kernel shows on the GPU row
         const auto t0 = Clock::now();
         c10::cuda::CUDAGuard guard(device_.index());
         cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_.index()).stream();

@@ -56,6 +56,20 @@ MemorySample sample_memory(int cuda_device) {
     return s;
 }
 
+double device_allocated_peak_bytes(int cuda_device) {
+#if TRAINSCOPE_HAVE_CUDA
+    if (cuda_device >= 0) {
+        using c10::CachingAllocator::StatType;
+        auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_device);
+        return static_cast<double>(
+            stats.allocated_bytes[static_cast<std::size_t>(StatType::AGGREGATE)].peak);
+    }
+#else
+    (void)cuda_device;
+#endif
+    return std::numeric_limits<double>::quiet_NaN();
+}
+
 void reset_device_peaks(int cuda_device) {
 #if TRAINSCOPE_HAVE_CUDA
     if (cuda_device >= 0)

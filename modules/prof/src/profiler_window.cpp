@@ -6,6 +6,8 @@
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <cstdlib>
 #include <torch/csrc/profiler/kineto_shim.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
@@ -104,6 +106,11 @@ ProfilerWindow::ProfilerWindow(const ProfileOptions& options, int rank, int worl
     : options_(options), rank_(rank), world_size_(world_size), cuda_(cuda),
       backend_(std::move(backend)), kineto_(std::make_unique<Kineto>()) {
     summary_.status = options_.enabled ? "not_reached" : "disabled";
+    // Kineto logs stage markers and, without a CUDA driver, an "ERROR ... gpuGetDeviceCount" on
+    // every rank of a CPU run: noise that looks like a failure. Silence it on CPU runs unless the
+    // user chose a level (GPU runs keep Kineto's default, whose warnings matter there). Kineto
+    // reads the variable when its logger first runs, at the first prepare.
+    if (options_.enabled && !cuda_) ::setenv("KINETO_LOG_LEVEL", "6", /*overwrite=*/0);
 }
 
 ProfilerWindow::~ProfilerWindow() {

@@ -66,12 +66,24 @@ class Communicator {
     virtual void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) = 0;
     virtual void barrier() = 0;
 
-    // Keys: "allreduce", "broadcast", "allgather", "reduce_scatter" (only kinds that were called).
+    // Point-to-point (pipeline stages), blocking like the collectives above. Not collective: only
+    // the two ranks take part. send's tensor and the peer's recv tensor must be contiguous with the
+    // same dtype and numel (nothing checks this across ranks; a mismatch is an MPI truncation error
+    // or undefined with NCCL). recv fills `t` in place. Sends and recvs between two ranks match in
+    // the order they are issued; a send may block until the peer receives, so two ranks that both
+    // send to each other first deadlock: order them (e.g. by rank parity). MPI: MPI_Send/MPI_Recv
+    // on the host (CUDA tensors staged through host memory). NCCL: ncclSend/ncclRecv on the
+    // communicator's stream, ordered with the caller's stream like broadcast (no host wait).
+    virtual void send(const torch::Tensor& t, int peer) = 0;
+    virtual void recv(torch::Tensor t, int peer) = 0;
+
+    // Keys: "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv" (only kinds
+    // that were called).
     virtual std::map<std::string, CommStats> stats() const = 0;
 };
 
 // backend "mpi" or "nccl". Collective over `comm` (duplicates it, so user traffic on `comm` never
-// mixes with ours). "mpi" needs MPI_THREAD_MULTIPLE and accepts host tensors (CUDA tensors are
+// mixes with ours). "mpi" needs MPI_THREAD_SERIALIZED and accepts host tensors (CUDA tensors are
 // staged through host memory); "nccl" needs a CUDA `device` and a build with NCCL. Errors are
 // ConfigError (impossible choice) or DistributedError (MPI/NCCL failure).
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,

@@ -9,9 +9,15 @@
 
 namespace trainscope::dist {
 
-// Initialises MPI requesting MPI_THREAD_MULTIPLE (the MPI communicator's progress thread needs it;
-// the level actually provided is checked where it matters, see make_communicator). If MPI is
-// already initialised (e.g. by a test main) it is left alone and not finalized here.
+// The thread level trainscope asks MPI for: MPI_THREAD_SERIALIZED. The MPI communicator's progress
+// thread calls MPI, but never at the same time as another thread (see communicator.cpp); with Open
+// MPI, MPI_THREAD_MULTIPLE would add locking to every call and cost small collectives up to half
+// their bandwidth.
+inline constexpr int kMpiThreadLevel = MPI_THREAD_SERIALIZED;
+
+// Initialises MPI requesting kMpiThreadLevel (the level actually provided is checked where it
+// matters, see make_communicator). If MPI is already initialised (e.g. by a test main) it is left
+// alone and not finalized here.
 class MpiRuntime {
   public:
     MpiRuntime(int& argc, char**& argv);

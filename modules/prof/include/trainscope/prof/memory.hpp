@@ -13,7 +13,8 @@ struct MemorySample {
     double host_rss_bytes = 0;
     double host_peak_rss_bytes = 0;
     // Device counters are NaN on CPU runs: they do not exist there (not zero, which would read as
-    // "measured"). Peaks are since the process start or the last reset_device_peaks().
+    // "measured"). Peaks are since the process start or the last reset_device_peaks(); the
+    // trainer resets them at every phase, so in /iterations they are peaks within the iteration.
     double device_allocated_bytes = kNaN;
     double device_allocated_peak_bytes = kNaN;
     double device_reserved_bytes = kNaN;
@@ -29,6 +30,10 @@ struct MemorySample {
 
 // `cuda_device` < 0 means no CUDA device.
 MemorySample sample_memory(int cuda_device);
+
+// Only the allocator's allocated-bytes peak (no driver call): cheap enough to read at every phase
+// boundary. NaN for cuda_device < 0 or a build without CUDA.
+double device_allocated_peak_bytes(int cuda_device);
 
 // Resets the caching allocator's peak counters of `cuda_device`, so the next sample's peaks cover
 // only what ran in between (e.g. one phase). No-op for cuda_device < 0 or a build without CUDA.

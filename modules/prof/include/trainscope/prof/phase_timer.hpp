@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "trainscope/prof/nvtx.hpp"
+#include "trainscope/core/nvtx.hpp"
 
 namespace trainscope::prof {
 

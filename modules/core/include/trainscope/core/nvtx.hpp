@@ -1,6 +1,7 @@
 // NVTX ranges in the "trainscope" domain, so an `nsys profile` timeline shows trainscope's phases
 // and collectives by name. Header-only (the CUDA toolkit's nvtx3); without CUDA every call compiles
 // to nothing. Without a tool attached an NVTX call is one branch on an uninitialised pointer.
+// In core (no LibTorch, no MPI) so that phases (prof) and bucket collectives (dist) share it.
 #pragma once
 
 #include "trainscope/core/build_config.hpp"
@@ -9,7 +10,7 @@
 #include <nvtx3/nvtx3.hpp>
 #endif
 
-namespace trainscope::prof::nvtx {
+namespace trainscope::nvtx {
 
 #if TRAINSCOPE_HAVE_CUDA
 
@@ -85,4 +86,4 @@ inline void mark(const char*) noexcept {}
 
 #endif
 
-} // namespace trainscope::prof::nvtx
+} // namespace trainscope::nvtx
