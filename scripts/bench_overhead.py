@@ -1,4 +1,5 @@
-"""Instrumentation overhead of trainscope: telemetry on vs off, and the profiler window's cost.
+"""Instrumentation overhead of trainscope: accounting + telemetry on vs off (profile.accounting and
+telemetry.enabled), and the profiler window's cost.
 
 Each configuration is a full `scripts/mpirun -np N build/app/trainscope` run of the quick-start
 configuration for --iters iterations (no evaluation, no progress log). Configurations alternate
@@ -29,9 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 CONFIGS = {
-    "off": ["--telemetry.enabled=false", "--profile.enabled=false"],
-    "on": ["--telemetry.enabled=true", "--profile.enabled=false"],
-    "profile": ["--telemetry.enabled=true", "--profile.enabled=true"],
+    "off": ["--profile.accounting=false", "--telemetry.enabled=false", "--profile.enabled=false"],
+    "on": ["--profile.accounting=true", "--telemetry.enabled=true", "--profile.enabled=false"],
+    "profile": ["--profile.accounting=true", "--telemetry.enabled=true", "--profile.enabled=true"],
 }
 
 
@@ -66,6 +67,7 @@ def analyse(path):
             "median_step_s": float(np.median(measured)),
             "wall_s": float(f["summary"].attrs["wall_s"]) if "summary" in f else float("nan"),
             "telemetry": config_value(f, "telemetry.enabled", "absent"),
+            "accounting": config_value(f, "profile.accounting", "absent"),
             "profile": config_value(f, "profile.enabled", "absent"),
         }
         if out["profile"] == "true":
@@ -110,7 +112,7 @@ def report(results, target):
     if "on" in results and "off" in results:
         ratios, med = ratio_stats(results, "on", "off")
         ok = med <= target
-        print(f"\ntelemetry on / off (accounting always on): ratio per repeat "
+        print(f"\naccounting + telemetry on / off: ratio per repeat "
               f"{', '.join(f'{x:.4f}' for x in ratios)}; median {med:.4f} "
               f"(target <= {target}: {'PASS' if ok else 'FAIL'})")
     if "profile" in results and "on" in results:

@@ -228,9 +228,22 @@ TEST_F(IdxTest, OptionsDefaultsAndRanges) {
     EXPECT_TRUE(o.drop_last);
     EXPECT_EQ(o.image_size, 32);
     EXPECT_EQ(o.channels, 3);
+    EXPECT_EQ(o.preprocess, data::Preprocess::Host);
+    EXPECT_EQ(data::data_options(data_config({{"data.preprocess", "device"}})).preprocess,
+              data::Preprocess::Device);
+    EXPECT_THROW(data_config({{"data.preprocess", "gpu"}}), core::ConfigError);
     EXPECT_EQ(data::data_options(data_config({{"cv.channels", "1"}})).channels, 1);
     EXPECT_THROW(data_config({{"cv.channels", "2"}}), core::ConfigError);
     EXPECT_THROW(data_config({{"cv.image_size", "28"}}), core::ConfigError);
+    EXPECT_THROW(data_config({{"cv.image_size", "31"}}), core::ConfigError);
+    EXPECT_EQ(data::data_options(data_config({{"cv.image_size", "512"}})).image_size, 512);
+    try {
+        data_config({{"cv.image_size", "513"}});
+        FAIL() << "cv.image_size=513 accepted";
+    } catch (const core::ConfigError& e) {
+        EXPECT_CONTAINS(e.what(), "cv.image_size");
+        EXPECT_CONTAINS(e.what(), "513");
+    }
     EXPECT_THROW(data_config({{"data.prefetch", "0"}}), core::ConfigError);
     EXPECT_THROW(data_config({{"data.dataset", "cifar10"}}), core::ConfigError);
 }

@@ -1,5 +1,7 @@
-// Adapted transform (values, shapes, align_corners=false resize) and the threaded Loader: same
-// batches in sampler order for any worker count, drop_last, shutdown mid-epoch, worker errors.
+// Adapted transform (values, shapes, align_corners=false resize, device placement) and the threaded
+// Loader: same batches in sampler order for any worker count, drop_last, shutdown mid-epoch,
+// worker errors, and data.preprocess=device (raw batches transformed after the copy) matching the
+// host transform.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <numeric>
 #include <thread>
 
+#include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
@@ -60,6 +63,18 @@ TEST(AdaptedTransform, ResizeKeepsTheMeanOfASmoothImage) {
     EXPECT_EQ(x64.sizes(), (std::vector<std::int64_t>{1, 1, 64, 64}));
     EXPECT_NEAR(x64.mean().item<float>(), x28.mean().item<float>(), 2e-3);
     EXPECT_NEAR(x28.mean().item<float>(), (13.5f * 4 + 13.5f * 5) / 255.0f, 1e-5);
+}
+
+TEST(AdaptedTransform, ResultStaysOnTheBatchDeviceAndPinsOnlyHostMemory) {
+    // A batch on another device (meta: shapes only, no data) must give its result there, and the
+    // page-locked output, a host-memory notion, must then be skipped rather than forced to the CPU.
+    auto batch = torch::empty({2, 1, 28, 28}, torch::TensorOptions(torch::kUInt8).device("meta"));
+    for (bool pinned : {false, true}) {
+        auto x = AdaptedTransform{3, 32, 0.5f, 0.5f}.apply(batch, pinned);
+        EXPECT_TRUE(x.is_meta());
+        EXPECT_EQ(x.sizes(), (std::vector<std::int64_t>{2, 3, 32, 32}));
+        EXPECT_EQ(x.scalar_type(), torch::kFloat32);
+    }
 }
 
 namespace {
@@ -204,6 +219,87 @@ TEST(Loader, PinMemoryOnlyWithCuda) {
     ASSERT_TRUE(b.has_value());
     EXPECT_EQ(b->images.is_pinned(), loader.pinned());
     EXPECT_EQ(b->labels.is_pinned(), loader.pinned());
+}
+
+TEST(Loader, DevicePreprocessingMatchesHost) {
+    // data.preprocess=device: the loader ships the gathered uint8 rows, the trainer transforms them
+    // after the copy (on CPU the "device" is the CPU). Same tensors as the host transform.
+    Fixture f;
+    auto host_source = std::make_shared<data::ImageSetSource>(f.set, f.transform);
+    auto raw_source =
+        std::make_shared<data::ImageSetSource>(f.set, f.transform, data::Preprocess::Device);
+    for (int workers : {0, 2}) {
+        SCOPED_TRACE("workers " + std::to_string(workers));
+        Loader host(host_source, f.indices, 3, 16, workers, 2, false, false);
+        Loader device(raw_source, f.indices, 3, 16, workers, 2, false, false);
+        auto hb = drain(host), db = drain(device);
+        ASSERT_EQ(hb.size(), 7u);
+        ASSERT_EQ(db.size(), hb.size());
+        for (std::size_t k = 0; k < hb.size(); ++k) {
+            EXPECT_FALSE(hb[k].raw);
+            ASSERT_TRUE(db[k].raw);
+            const std::int64_t begin = static_cast<std::int64_t>(k) * 16;
+            auto idx = torch::tensor(std::vector<std::int64_t>(
+                f.indices.begin() + begin, f.indices.begin() + begin + hb[k].size));
+            EXPECT_EQ(db[k].images.scalar_type(), torch::kUInt8);
+            EXPECT_TRUE(torch::equal(db[k].images, f.set.images.index_select(0, idx)));
+            EXPECT_TRUE(torch::equal(db[k].labels, hb[k].labels));
+            auto x = data::network_input(db[k], f.transform, torch::kCPU, torch::kFloat32, false);
+            EXPECT_EQ(x.sizes(), hb[k].images.sizes());
+            EXPECT_TRUE(torch::allclose(x, hb[k].images, 1e-6, 1e-6)) << "batch " << k;
+            // The host batch passes through with the dtype cast only.
+            auto h64 = data::network_input(hb[k], f.transform, torch::kCPU, torch::kFloat64, false);
+            auto d64 = data::network_input(db[k], f.transform, torch::kCPU, torch::kFloat64, false);
+            EXPECT_EQ(d64.scalar_type(), torch::kFloat64);
+            EXPECT_TRUE(torch::equal(h64, hb[k].images.to(torch::kFloat64)));
+            EXPECT_TRUE(torch::allclose(d64, h64, 1e-6, 1e-6));
+        }
+    }
+}
+
+TEST(Loader, DevicePreprocessingOnCuda) {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    Fixture f;
+    auto raw_source =
+        std::make_shared<data::ImageSetSource>(f.set, f.transform, data::Preprocess::Device);
+    Loader device(raw_source, f.indices, 0, 16, 1, 2, /*pin_memory=*/true, true);
+    Loader host(f.set, f.transform, f.indices, 16, 1, 2, false, true);
+    while (auto db = device.next()) {
+        auto hb = host.next();
+        ASSERT_TRUE(hb.has_value());
+        EXPECT_TRUE(db->images.is_pinned());
+        auto x = data::network_input(*db, f.transform, torch::kCUDA, torch::kFloat32, true);
+        EXPECT_TRUE(x.is_cuda());
+        EXPECT_TRUE(torch::allclose(x.cpu(), hb->images, 1e-5, 1e-5));
+    }
+}
+
+TEST(Loader, BatchSourceOfADatasetSplit) {
+    core::OptionRegistry r;
+    data::declare_options(r);
+    auto splits = data::open_dataset(core::Config::from_values(
+        r, {{"data.dataset", "synthetic"}, {"data.synthetic_samples", "40"}}));
+    EXPECT_FALSE(splits.is_image_folder());
+    EXPECT_EQ(splits.size(data::Split::Train), 40);
+    EXPECT_EQ(splits.size(data::Split::Test), 10);
+    EXPECT_EQ(splits.num_classes(), 10);
+    AdaptedTransform t{3, 32, splits.train.mean, splits.train.std};
+    auto test_raw =
+        data::make_batch_source(splits, data::Split::Test, t, data::Preprocess::Device, 1);
+    auto train_host =
+        data::make_batch_source(splits, data::Split::Train, t, data::Preprocess::Host, 1);
+    EXPECT_EQ(test_raw->size(), 10);
+    EXPECT_EQ(train_host->size(), 40);
+    std::vector<std::int64_t> rows{9, 0, 4};
+    auto raw = test_raw->build(rows, 0, false);
+    EXPECT_TRUE(raw.raw);
+    EXPECT_TRUE(torch::equal(raw.images, splits.test.images.index_select(0, torch::tensor(rows))));
+    auto ready = train_host->build(rows, 0, false);
+    EXPECT_FALSE(ready.raw);
+    EXPECT_TRUE(
+        torch::equal(ready.images, t(splits.train.images.index_select(0, torch::tensor(rows)))));
+    // Rows beyond the split are rejected by the loader.
+    EXPECT_THROW(Loader(test_raw, {10}, 0, 4, 0, 1, false, false), core::InternalError);
 }
 
 // Throughput of the loader alone (not part of the suite): run with

@@ -1,7 +1,9 @@
 // MobileNetV2: the layer layout users compare against torchvision (parameter counts, output
-// shapes for the studies' input sizes) and the cost model behind --dry-run.
+// shapes for the studies' input sizes), the cost model behind --dry-run, and the sync-BN variant
+// (cv.sync_bn) being the same model in one process.
 #include <gtest/gtest.h>
 
+#include "trainscope/core/config.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 
 using namespace trainscope::models;
@@ -57,4 +59,89 @@ TEST(MobileNetV2, TrainsOnATinyProblem) {
     }
     EXPECT_LT(last, first);
     EXPECT_LT(last, 0.1); // chance level is ln 2 = 0.69
+}
+
+namespace {
+
+// A MobileNetV2 whose batch-norm layers are SyncBatchNorm2d with a one-rank "allreduce" (the sum
+// over one rank is the tensor itself), counting its calls.
+MobileNetV2Options one_rank_sync_bn(MobileNetV2Options o, int& calls) {
+    o.sync_bn_allreduce = [&calls](torch::Tensor&) { ++calls; };
+    return o;
+}
+
+template <typename M> int count_modules(const torch::nn::Module& net) {
+    int n = 0;
+    for (const auto& m : net.modules(/*include_self=*/false))
+        n += m->as<M>() != nullptr;
+    return n;
+}
+
+} // namespace
+
+TEST(MobileNetV2, SyncBatchNormKeepsNamesShapesAndOrder) {
+    int calls = 0;
+    MobileNetV2 plain(MobileNetV2Options{1000, 1.0, 0.2, 3});
+    MobileNetV2 sync(one_rank_sync_bn(MobileNetV2Options{1000, 1.0, 0.2, 3}, calls));
+    // 1 stem + 2 in the t=1 block + 3 in each of the other 16 blocks + 1 last conv.
+    EXPECT_EQ(count_modules<torch::nn::BatchNorm2d>(*plain), 52);
+    EXPECT_EQ(count_modules<SyncBatchNorm2d>(*plain), 0);
+    EXPECT_EQ(count_modules<SyncBatchNorm2d>(*sync), 52);
+    EXPECT_EQ(count_modules<torch::nn::BatchNorm2d>(*sync), 0);
+    EXPECT_EQ(count_parameters(*sync), 3504872);
+    for (bool buffers : {false, true}) {
+        const auto a = buffers ? plain->named_buffers() : plain->named_parameters();
+        const auto b = buffers ? sync->named_buffers() : sync->named_parameters();
+        ASSERT_EQ(a.size(), b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            EXPECT_EQ(a[i].key(), b[i].key());
+            EXPECT_EQ(a[i].value().sizes(), b[i].value().sizes()) << a[i].key();
+            EXPECT_EQ(a[i].value().dtype(), b[i].value().dtype()) << a[i].key();
+            EXPECT_EQ(a[i].value().requires_grad(), b[i].value().requires_grad()) << a[i].key();
+        }
+    }
+    EXPECT_EQ(calls, 0);
+}
+
+TEST(MobileNetV2, SyncBatchNormOnOneRankEqualsPlainBatchNorm) {
+    // Same seed, same initialisation; one training step and an evaluation in float64 agree with the
+    // plain model (the two compute the statistics in a different order: rounding only).
+    int calls = 0;
+    torch::manual_seed(2);
+    MobileNetV2 plain(MobileNetV2Options{5, 0.35, 0.0, 3});
+    torch::manual_seed(2);
+    MobileNetV2 sync(one_rank_sync_bn(MobileNetV2Options{5, 0.35, 0.0, 3}, calls));
+    plain->to(torch::kFloat64);
+    sync->to(torch::kFloat64);
+    const auto x = torch::randn({6, 3, 40, 40}, torch::kFloat64);
+    const auto y = torch::arange(6) % 5;
+    const auto out_plain = plain->forward(x), out_sync = sync->forward(x);
+    EXPECT_LT((out_plain - out_sync).abs().max().item<double>(), 1e-12);
+    torch::nn::functional::cross_entropy(out_plain, y).backward();
+    torch::nn::functional::cross_entropy(out_sync, y).backward();
+    EXPECT_EQ(calls, 2 * 52);
+    const auto gp = plain->named_parameters(), gs = sync->named_parameters();
+    for (std::size_t i = 0; i < gp.size(); ++i) {
+        const auto& a = gp[i].value().grad();
+        EXPECT_LT((a - gs[i].value().grad()).abs().max().item<double>(),
+                  1e-11 * (1 + a.abs().max().item<double>()))
+            << gp[i].key();
+    }
+    const auto bp = plain->named_buffers(), bs = sync->named_buffers();
+    for (std::size_t i = 0; i < bp.size(); ++i)
+        EXPECT_LT((bp[i].value() - bs[i].value()).abs().max().item<double>(), 1e-12) << bp[i].key();
+    plain->eval();
+    sync->eval();
+    torch::NoGradGuard no_grad;
+    EXPECT_LT((plain->forward(x) - sync->forward(x)).abs().max().item<double>(), 1e-12);
+    EXPECT_EQ(calls, 2 * 52); // eval mode does not communicate
+}
+
+TEST(MobileNetV2, SyncBatchNormOptionIsOffByDefault) {
+    trainscope::core::OptionRegistry registry;
+    declare_options(registry);
+    const auto* spec = registry.find("cv.sync_bn");
+    ASSERT_NE(spec, nullptr);
+    EXPECT_EQ(spec->type, trainscope::core::OptionType::Bool);
+    EXPECT_EQ(spec->default_value, "false");
 }

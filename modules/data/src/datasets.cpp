@@ -8,14 +8,17 @@
 #include <random>
 #include <sstream>
 
+#include "random_internal.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/idx_reader.hpp"
+#include "trainscope/data/image_folder.hpp"
 
 namespace trainscope::data {
 namespace {
 
 using core::InputError;
+using detail::unit;
 
 // Published pixel statistics (after scaling to [0, 1]) used by the PyTorch studies.
 constexpr float kFashionMnistMean = 0.2860f, kFashionMnistStd = 0.3530f;
@@ -47,11 +50,6 @@ std::string find_idx_file(const DataOptions& o, const std::string& base) {
               "(train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-...)";
     throw InputError("data.dataset=" + o.dataset + ": '" + tried +
                      "' not found (data.path=" + o.path + "): " + fix);
-}
-
-// Uniform double in [0, 1) from the top 53 bits: portable, unlike std::uniform_real_distribution.
-double unit(std::mt19937_64& rng) {
-    return static_cast<double>(rng() >> 11) * 0x1.0p-53;
 }
 
 } // namespace
@@ -90,9 +88,29 @@ DatasetSplits open_dataset(const core::Config& cfg) {
     return open_dataset(data_options(cfg));
 }
 
+std::int64_t DatasetSplits::size(Split split) const {
+    if (is_image_folder()) return (split == Split::Train ? train_folder : test_folder)->size();
+    return (split == Split::Train ? train : test).size();
+}
+
+int DatasetSplits::num_classes() const {
+    return is_image_folder() ? train_folder->num_classes() : train.num_classes;
+}
+
 DatasetSplits open_dataset(const DataOptions& o) {
+    check_options(o);
     DatasetSplits s;
     s.name = o.dataset;
+    if (o.dataset == "imagefolder") {
+        auto folders = open_image_folders(o.path);
+        s.train_folder = std::make_shared<const ImageFolder>(std::move(folders.first));
+        s.test_folder = std::make_shared<const ImageFolder>(std::move(folders.second));
+        s.description = "image folder " + o.path + ": " + std::to_string(s.train_folder->size()) +
+                        " train + " + std::to_string(s.test_folder->size()) +
+                        " val images (JPEG/PNG, decoded per batch), " +
+                        std::to_string(s.num_classes()) + " classes";
+        return s;
+    }
     if (o.dataset == "synthetic") {
         const std::int64_t n_train = o.synthetic_samples;
         const std::int64_t n_test = std::max<std::int64_t>(1, n_train / 4);
@@ -112,7 +130,8 @@ DatasetSplits open_dataset(const DataOptions& o) {
     }
     if (o.dataset != "fashion-mnist" && o.dataset != "mnist")
         throw core::ConfigError("data.dataset = '" + o.dataset +
-                                "' is invalid: expected fashion-mnist, mnist or synthetic");
+                                "' is invalid: expected fashion-mnist, mnist, synthetic or "
+                                "imagefolder");
     // Look every file up before reading any, in a fixed order (argument evaluation order is not).
     const std::string train_images = find_idx_file(o, "train-images-idx3-ubyte");
     const std::string train_labels = find_idx_file(o, "train-labels-idx1-ubyte");
@@ -209,10 +228,12 @@ torch::Tensor AdaptedTransform::apply(const torch::Tensor& batch, bool pinned_ou
                                   .align_corners(false)
                                   .antialias(false)); // [B, c, S, S]
     }
-    if (c == channels && !pinned_output) return x;
-    torch::Tensor out = torch::empty(
-        {b, channels, image_size, image_size},
-        torch::TensorOptions(torch::kFloat32).pinned_memory(pinned_output)); // [B, C, S, S]
+    const bool pin = pinned_output && batch.is_cpu(); // page-locked memory is host memory
+    if (c == channels && !pin) return x;
+    torch::Tensor out = torch::empty({b, channels, image_size, image_size},
+                                     torch::TensorOptions(torch::kFloat32)
+                                         .device(batch.device())
+                                         .pinned_memory(pin)); // [B, C, S, S]
     out.copy_(x.expand({b, channels, image_size, image_size}));
     return out;
 }

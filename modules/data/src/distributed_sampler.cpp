@@ -8,31 +8,13 @@
 #include <string>
 #include <utility>
 
+#include "random_internal.hpp"
 #include "trainscope/core/error.hpp"
 
 namespace trainscope::data {
-namespace {
 
-// SplitMix64 finaliser: spreads (seed, epoch) over all 64 bits so that nearby seeds and epochs
-// give unrelated generator states.
-std::uint64_t mix64(std::uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-// Uniform integer in [0, bound) without modulo bias: reject draws below 2^64 mod bound.
-std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t bound) {
-    const std::uint64_t threshold = (0 - bound) % bound;
-    std::uint64_t r;
-    do
-        r = rng();
-    while (r < threshold);
-    return r % bound;
-}
-
-} // namespace
+using detail::mix64;
+using detail::uniform_below;
 
 std::vector<std::int64_t> seeded_permutation(std::size_t n, std::uint64_t seed,
                                              std::int64_t epoch) {

@@ -38,6 +38,9 @@ void declare_options(core::OptionRegistry& r) {
     r.add_float("cv.width_mult", 1.0,
                 "MobileNetV2 width multiplier (channels scaled, rounded to 8)", 0.05, 4.0);
     r.add_float("cv.dropout", 0.2, "dropout probability before the classifier", 0.0, 0.99);
+    r.add_bool("cv.sync_bn", false,
+               "batch-norm statistics over the joint batch of all ranks (SyncBatchNorm; one "
+               "allreduce per layer in forward and in backward)");
 }
 
 MobileNetV2Options mobilenet_options_from_config(const core::Config& cfg, std::int64_t num_classes,
@@ -51,29 +54,39 @@ MobileNetV2Options mobilenet_options_from_config(const core::Config& cfg, std::i
 }
 
 ConvBNReLU6Impl::ConvBNReLU6Impl(std::int64_t in, std::int64_t out, std::int64_t kernel,
-                                 std::int64_t stride, std::int64_t groups) {
+                                 std::int64_t stride, std::int64_t groups,
+                                 const AllreduceSum& sync_bn_allreduce) {
     conv_ = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
                                                           .stride(stride)
                                                           .padding((kernel - 1) / 2)
                                                           .groups(groups)
                                                           .bias(false)));
-    bn_ = register_module("bn", torch::nn::BatchNorm2d(out));
+    if (sync_bn_allreduce)
+        sync_bn_ = register_module("bn", SyncBatchNorm2d(out, sync_bn_allreduce));
+    else
+        bn_ = register_module("bn", torch::nn::BatchNorm2d(out));
 }
 
 torch::Tensor ConvBNReLU6Impl::forward(const torch::Tensor& x) {
-    torch::Tensor y = bn_->forward(conv_->forward(x));
+    torch::Tensor h = conv_->forward(x);
+    torch::Tensor y = bn_ ? bn_->forward(h) : sync_bn_->forward(h);
     return torch::hardtanh_(y, 0.0, 6.0); // in-place ReLU6
 }
 
 InvertedResidualImpl::InvertedResidualImpl(std::int64_t in, std::int64_t out, std::int64_t stride,
-                                           std::int64_t expand_ratio)
+                                           std::int64_t expand_ratio,
+                                           const AllreduceSum& sync_bn_allreduce)
     : use_residual_(stride == 1 && in == out) {
     const std::int64_t hidden = in * expand_ratio;
     torch::nn::Sequential body;
-    if (expand_ratio != 1) body->push_back(ConvBNReLU6(in, hidden, 1, 1, 1));
-    body->push_back(ConvBNReLU6(hidden, hidden, 3, stride, /*groups=*/hidden)); // depthwise
+    if (expand_ratio != 1) body->push_back(ConvBNReLU6(in, hidden, 1, 1, 1, sync_bn_allreduce));
+    body->push_back(ConvBNReLU6(hidden, hidden, 3, stride, /*groups=*/hidden,
+                                sync_bn_allreduce)); // depthwise
     body->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(hidden, out, 1).bias(false)));
-    body->push_back(torch::nn::BatchNorm2d(out));
+    if (sync_bn_allreduce)
+        body->push_back(SyncBatchNorm2d(out, sync_bn_allreduce));
+    else
+        body->push_back(torch::nn::BatchNorm2d(out));
     body_ = register_module("conv", body);
 }
 
@@ -85,15 +98,16 @@ MobileNetV2Impl::MobileNetV2Impl(const MobileNetV2Options& o) {
     std::int64_t in = make_divisible(kStemChannels * o.width_mult);
     const std::int64_t last = make_divisible(kLastChannels * std::max(1.0, o.width_mult));
     torch::nn::Sequential f;
-    f->push_back(ConvBNReLU6(o.in_channels, in, 3, 2, 1));
+    const AllreduceSum& sync = o.sync_bn_allreduce;
+    f->push_back(ConvBNReLU6(o.in_channels, in, 3, 2, 1, sync));
     for (const auto& s : kSettings) {
         const std::int64_t out = make_divisible(s.channels * o.width_mult);
         for (std::int64_t i = 0; i < s.repeats; ++i) {
-            f->push_back(InvertedResidual(in, out, i == 0 ? s.stride : 1, s.expand));
+            f->push_back(InvertedResidual(in, out, i == 0 ? s.stride : 1, s.expand, sync));
             in = out;
         }
     }
-    f->push_back(ConvBNReLU6(in, last, 1, 1, 1));
+    f->push_back(ConvBNReLU6(in, last, 1, 1, 1, sync));
     features = register_module("features", f);
     classifier = register_module("classifier",
                                  torch::nn::Sequential(torch::nn::Dropout(o.dropout),
@@ -107,6 +121,9 @@ MobileNetV2Impl::MobileNetV2Impl(const MobileNetV2Options& o) {
         } else if (auto* bn = m->as<torch::nn::BatchNorm2d>()) {
             torch::nn::init::ones_(bn->weight);
             torch::nn::init::zeros_(bn->bias);
+        } else if (auto* sbn = m->as<SyncBatchNorm2d>()) {
+            torch::nn::init::ones_(sbn->weight);
+            torch::nn::init::zeros_(sbn->bias);
         } else if (auto* lin = m->as<torch::nn::Linear>()) {
             torch::nn::init::normal_(lin->weight, 0.0, 0.01);
             torch::nn::init::zeros_(lin->bias);

@@ -7,8 +7,11 @@
 #include <cmath>
 #include <functional>
 #include <iomanip>
+#include <optional>
 #include <sstream>
+#include <tuple>
 
+#include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
@@ -16,6 +19,13 @@
 #include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/train/data_parallel.hpp"
+
+#if TRAINSCOPE_HAVE_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace trainscope::train {
 namespace {
@@ -43,6 +53,24 @@ StateBytes state_bytes(const std::vector<torch::Tensor>& params, torch::optim::O
     return b;
 }
 
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Peak device memory per phase: the allocator's peak counter is reset when a phase begins and read
+// when it ends. The counter lives on the host and moves when the host enqueues work, which is what
+// the stream-ordered caching allocator reserves for the phase. NaN on CPU.
+struct PhasePeaks {
+    int cuda_index;
+    bool enabled;
+    double forward = kNaN, backward = kNaN, optimizer = kNaN;
+    PhasePeaks(int index, bool on) : cuda_index(index), enabled(on && index >= 0) {}
+    void begin() const {
+        if (enabled) prof::reset_device_peaks(cuda_index);
+    }
+    void end(double& slot) const {
+        if (enabled) slot = prof::device_allocated_peak_bytes(cuda_index);
+    }
+};
+
 std::string format_duration(double seconds) {
     if (!std::isfinite(seconds) || seconds < 0) return "?";
     auto s = static_cast<long long>(seconds + 0.5);
@@ -64,37 +92,91 @@ struct ClassificationTrainer::State {
     MPI_Comm world;
     int rank = 0, size = 1;
     std::unique_ptr<torch::optim::Optimizer> optimizer;
+    std::unique_ptr<GradScaler> scaler;
+    std::unique_ptr<DataParallel> dp; // run.strategy=dp over several devices
+    PipelineStage stage{nullptr};     // run.strategy=pipeline: this rank's layers
+    std::unique_ptr<PipelineEngine> engine;
+    // Data parallelism: gradients and batch-norm buffers are averaged over `dpcomm`, the training
+    // data sharded over dp_size shards (world, or the pipeline's replicas).
+    dist::Communicator* dpcomm = nullptr;
+    int dp_rank = 0, dp_size = 1;
     std::unique_ptr<dist::GradientSynchronizer> sync;
     std::vector<torch::Tensor> params;
     std::vector<torch::Tensor> float_buffers; // batch-norm running statistics
     std::function<void(const dist::IterationComm&)> on_comm;
+    std::shared_ptr<const data::BatchSource> train_source, test_source;
     std::int64_t per_epoch = 0;
 
     State(const TrainerOptions& opt, models::MobileNetV2 m, const data::DatasetSplits& d,
           data::AdaptedTransform t, dist::Communicator& c, MPI_Comm w)
         : o(opt), model(std::move(m)), data(d), transform(t), comm(c), world(w) {}
 
-    std::size_t sampler_world() const { return o.strategy == "ddp-ds" ? size : 1; }
+    void set_train(bool on) {
+        model->train(on);
+        if (dp) dp->train(on);
+        if (stage) stage->train(on);
+    }
+
+    // A host batch as the network's input: on the device, in the parameters' dtype, NHWC when
+    // channels_last.
+    // With pinned batches on CUDA the copies (and device preprocessing) run on a separate copy
+    // stream; the compute stream waits for them through an event, never the host.
+    std::pair<torch::Tensor, torch::Tensor> input(const data::Batch& batch) {
+        torch::Tensor x, y;
+#if TRAINSCOPE_HAVE_CUDA
+        if (o.device.is_cuda() && o.pin_memory) {
+            const auto index = o.device.index();
+            if (!copy_stream) copy_stream = c10::cuda::getStreamFromPool(false, index);
+            const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(index);
+            at::cuda::CUDAEvent ready;
+            {
+                c10::cuda::CUDAStreamGuard guard(*copy_stream);
+                x = to_network(batch);
+                y = batch.labels.to(o.device, /*non_blocking=*/true);
+                ready.record(*copy_stream);
+            }
+            ready.block(compute);
+            // Allocated on the copy stream, used on the compute stream: tell the allocator.
+            x.record_stream(compute);
+            y.record_stream(compute);
+            return {x, y};
+        }
+#endif
+        x = to_network(batch);
+        y = batch.labels.to(o.device, /*non_blocking=*/o.pin_memory);
+        return {x, y};
+    }
+    torch::Tensor to_network(const data::Batch& batch) const {
+        torch::Tensor x = data::network_input(batch, transform, o.device, o.dtype,
+                                              /*non_blocking=*/o.pin_memory);
+        if (o.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+        return x;
+    }
+#if TRAINSCOPE_HAVE_CUDA
+    std::optional<c10::cuda::CUDAStream> copy_stream;
+#endif
 
     data::DistributedSampler make_sampler() const {
-        const auto n = static_cast<std::size_t>(data.train.labels.size(0));
+        const auto n = static_cast<std::size_t>(data.size(data::Split::Train));
         // ddp: every rank walks the whole training set, each in its own order (seed + rank), as
         // the studies' DDP baseline without a DistributedSampler; ddp-ds: disjoint 1/N shards.
-        if (o.strategy == "ddp-ds")
-            return data::DistributedSampler(n, rank, size, /*shuffle=*/true, o.seed, o.drop_last);
+        // pipeline: disjoint shards per replica (every stage of a replica sees the same batches).
+        if (o.strategy == "ddp-ds" || o.strategy == "pipeline")
+            return data::DistributedSampler(n, dp_rank, dp_size, /*shuffle=*/true, o.seed,
+                                            o.drop_last);
         return data::DistributedSampler(n, 0, 1, /*shuffle=*/true, o.seed + rank, o.drop_last);
     }
 
     // Like DDP's broadcast_buffers: every rank starts each forward with rank 0's batch-norm
     // statistics, so evaluation on any rank sees the same model. One flat broadcast.
     void sync_buffers() {
-        if (size == 1 || float_buffers.empty()) return;
+        if (dp_size == 1 || float_buffers.empty()) return;
         torch::NoGradGuard g;
         std::vector<torch::Tensor> flat;
         for (auto& b : float_buffers)
             flat.push_back(b.reshape(-1));
         torch::Tensor all = torch::cat(flat);
-        comm.broadcast(all, 0);
+        dpcomm->broadcast(all, 0);
         std::int64_t off = 0;
         for (auto& b : float_buffers) {
             b.copy_(all.narrow(0, off, b.numel()).view_as(b));
@@ -112,11 +194,41 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     State& s = *s_;
     MPI_Comm_rank(world, &s.rank);
     MPI_Comm_size(world, &s.size);
+    s.dpcomm = &comm;
+    s.dp_rank = s.rank;
+    s.dp_size = s.size;
     s.model->to(s.o.device, s.o.dtype);
-    for (auto& b : s.model->buffers())
+    if (s.o.channels_last) {
+        // NHWC: 4-D weights (convolutions) in channels-last strides; the inputs follow in run().
+        torch::NoGradGuard no_grad;
+        for (auto& p : s.model->parameters())
+            if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+    torch::nn::Module& net = *s.model;
+    if (s.o.strategy == "pipeline") {
+        if (!s.o.pipeline)
+            throw core::InternalError("ClassificationTrainer: pipeline without its groups");
+        const PipelineGroups& g = *s.o.pipeline;
+        s.stage = PipelineStage(s.model, s.o.pipeline_plan, g.stage); // shares the model's layers
+        s.engine = std::make_unique<PipelineEngine>(s.stage, s.o.pipeline_plan, *g.pipe,
+                                                    s.o.microbatches, s.o.batch_size);
+        s.dpcomm = g.dp.get();
+        s.dp_rank = g.replica;
+        s.dp_size = g.replicas;
+    }
+    torch::nn::Module& trained = s.stage ? static_cast<torch::nn::Module&>(*s.stage) : net;
+    for (auto& b : trained.buffers())
         if (b.is_floating_point()) s.float_buffers.push_back(b);
+    // Augmentation seeds (image folders): one stream per data shard; ddp ranks read the same
+    // samples in their own order, so they also augment them differently.
+    const std::uint64_t aug_seed =
+        s.o.seed + (s.o.strategy == "ddp" ? static_cast<std::uint64_t>(s.rank) : 0);
+    s.train_source =
+        data::make_batch_source(s.data, data::Split::Train, s.transform, s.o.preprocess, aug_seed);
+    s.test_source =
+        data::make_batch_source(s.data, data::Split::Test, s.transform, s.o.preprocess, s.o.seed);
 
-    s.params = s.model->parameters();
+    s.params = trained.parameters();
     const std::vector<torch::Tensor>& params = s.params;
     if (s.o.optimizer == "sgd")
         s.optimizer =
@@ -128,8 +240,19 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
         s.optimizer = std::make_unique<torch::optim::AdamW>(
             params, torch::optim::AdamWOptions(s.o.lr).weight_decay(s.o.weight_decay));
 
+    if (s.o.strategy == "dp" && s.o.dp_devices.size() > 1) {
+        if (!s.o.make_replica)
+            throw core::InternalError("ClassificationTrainer: dp over several devices needs "
+                                      "TrainerOptions::make_replica");
+        s.dp = std::make_unique<DataParallel>(s.model, s.o.make_replica, s.o.dp_devices, s.o.dtype,
+                                              s.o.channels_last);
+    }
+    GradScaler::Options scaler_options;
+    scaler_options.enabled = s.o.precision.loss_scaling;
+    s.scaler = std::make_unique<GradScaler>(scaler_options, s.o.device);
+
     s.sync = std::make_unique<dist::GradientSynchronizer>(
-        comm, params, static_cast<std::size_t>(s.o.bucket_bytes));
+        *s.dpcomm, params, static_cast<std::size_t>(s.o.bucket_bytes));
     s.sync->broadcast_parameters(0);
     s.sync_buffers();
 
@@ -167,7 +290,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
     const std::int64_t total = total_iterations();
     const bool on_cuda = s.o.device.is_cuda();
     const int cuda_index = on_cuda ? s.o.device.index() : -1;
-    const double global_batch = static_cast<double>(s.o.batch_size) * s.size;
+    const double global_batch = static_cast<double>(s.o.batch_size) * s.dp_size;
     std::vector<std::pair<std::int64_t, torch::Tensor>> deferred_losses; // resolved at flush
 
     auto flush = [&] {
@@ -186,9 +309,9 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
         const auto t_epoch = std::chrono::steady_clock::now();
         data::DistributedSampler sampler = s.make_sampler();
         sampler.set_epoch(epoch);
-        data::Loader loader(s.data.train, s.transform, sampler.indices(), s.o.batch_size,
-                            s.o.workers, s.o.prefetch, s.o.pin_memory, s.o.drop_last);
-        s.model->train();
+        data::Loader loader(s.train_source, sampler.indices(), epoch, s.o.batch_size, s.o.workers,
+                            s.o.prefetch, s.o.pin_memory, s.o.drop_last);
+        s.set_train(true);
         torch::Tensor loss_sum =
             torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device));
         std::int64_t epoch_iters = 0;
@@ -214,35 +337,79 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
             torch::Tensor x, y;
             {
                 prof::PhaseScope p(timer, prof::Phase::H2D);
-                x = batch->images.to(s.o.device, s.o.dtype,
-                                     /*non_blocking=*/s.o.pin_memory);             // [B,C,S,S]
-                y = batch->labels.to(s.o.device, /*non_blocking=*/s.o.pin_memory); // [B]
+                std::tie(x, y) = s.input(*batch); // [B,C,S,S], [B]; device preprocessing here
             }
+            // Device allocator peak of each phase (CUDA only; the counter is host-side, so reading
+            // it does not synchronise).
+            PhasePeaks peaks(cuda_index, s.o.accounting);
             torch::Tensor loss;
-            {
-                prof::PhaseScope p(timer, prof::Phase::Forward);
+            if (s.engine) {
+                // GPipe: all micro-batch forwards, then all backwards; the synchronizer is armed
+                // before the last micro-batch's backward, so its buckets overlap that backward.
                 s.sync_buffers();
-                torch::Tensor logits = s.model->forward(x); // [B, classes]
-                loss = torch::nn::functional::cross_entropy(logits, y);
+                timer.start(prof::Phase::Forward);
+                bool in_backward = false;
+                loss = s.engine->step(
+                    x, y, [&] { s.sync->begin_iteration(); }, 0,
+                    [&] {
+                        timer.stop(prof::Phase::Forward);
+                        timer.start(prof::Phase::Backward);
+                        in_backward = true;
+                    });
+                if (!in_backward)
+                    timer.stop(prof::Phase::Forward);
+                else
+                    timer.stop(prof::Phase::Backward);
+            } else {
+                {
+                    prof::PhaseScope p(timer, prof::Phase::Forward);
+                    peaks.begin();
+                    s.sync_buffers();
+                    AutocastScope autocast(s.o.precision, s.o.device);
+                    torch::Tensor logits = s.dp ? s.dp->forward(x) : s.model->forward(x); // [B, K]
+                    loss = torch::nn::functional::cross_entropy(logits, y);
+                    peaks.end(peaks.forward);
+                }
+                {
+                    prof::PhaseScope p(timer, prof::Phase::Backward);
+                    peaks.begin();
+                    s.sync->begin_iteration();
+                    s.scaler->scale(loss).backward();
+                    if (s.dp) s.dp->reduce_gradients();
+                    peaks.end(peaks.backward);
+                }
             }
-            {
-                prof::PhaseScope p(timer, prof::Phase::Backward);
-                s.sync->begin_iteration();
-                loss.backward();
-            }
+            // The scale this iteration's backward used (update() below may change it).
+            const double loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
             {
                 prof::PhaseScope p(timer, prof::Phase::CommWait);
                 s.sync->finish();
             }
+            bool stepped = true;
             {
                 prof::PhaseScope p(timer, prof::Phase::Optimizer);
-                s.optimizer->step();
+                peaks.begin();
+                if (s.scaler->enabled()) {
+                    // Gradients are averaged across ranks first, so an inf/NaN on any rank
+                    // reaches all of them and every rank skips the same steps.
+                    stepped = s.scaler->step(*s.optimizer);
+                    s.scaler->update();
+                } else {
+                    s.optimizer->step();
+                }
                 s.optimizer->zero_grad(/*set_to_none=*/false);
+                if (s.dp) s.dp->refresh();
+                peaks.end(peaks.optimizer);
             }
             timer.end_iteration();
             if (window) window->end_iteration(iteration);
 
-            torch::Tensor loss_d = loss.detach().to(torch::kFloat64);
+            // Pipeline: the loss exists on the last stage only.
+            torch::Tensor loss_d =
+                loss.defined()
+                    ? loss.detach().to(torch::kFloat64)
+                    : torch::full({}, kNaN,
+                                  torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device));
             loss_sum += loss_d;
             epoch_samples += static_cast<double>(batch->size);
             ++epoch_iters;
@@ -252,16 +419,33 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                 v.epoch = epoch;
                 v.samples = static_cast<double>(batch->size);
                 v.lr = lr;
-                // Read late in the iteration: on NCCL it waits for the collectives' end events.
-                const dist::IterationComm c = s.sync->last_iteration();
-                v.comm_bytes = c.bytes;
-                v.comm_collective_s = c.collective_s;
-                if (s.on_comm) s.on_comm(c);
-                v.memory = prof::sample_memory(cuda_index);
-                const StateBytes sb = state_bytes(s.params, *s.optimizer);
-                v.parameter_bytes = sb.parameters;
-                v.gradient_bytes = sb.gradients;
-                v.optimizer_state_bytes = sb.optimizer;
+                v.loss_scale = loss_scale;
+                v.step_skipped = stepped ? 0.0 : 1.0;
+                if (s.o.accounting) {
+                    // Read late in the iteration: on NCCL it waits for the collectives' end
+                    // events.
+                    const dist::IterationComm c = s.sync->last_iteration();
+                    v.comm_bytes = c.bytes;
+                    v.comm_collective_s = c.collective_s;
+                    if (s.on_comm) s.on_comm(c);
+                    v.memory = prof::sample_memory(cuda_index);
+                    const StateBytes sb = state_bytes(s.params, *s.optimizer);
+                    v.parameter_bytes = sb.parameters;
+                    v.gradient_bytes = sb.gradients;
+                    v.optimizer_state_bytes = sb.optimizer;
+                    // Peaks were reset per phase: the iteration's peak is the largest of them.
+                    for (double peak : {peaks.forward, peaks.backward, peaks.optimizer})
+                        if (!std::isnan(peak))
+                            v.memory.device_allocated_peak_bytes =
+                                std::max(v.memory.device_allocated_peak_bytes, peak);
+                    v.forward_peak_bytes = peaks.forward;
+                    v.backward_peak_bytes = peaks.backward;
+                    v.optimizer_peak_bytes = peaks.optimizer;
+                } else {
+                    v.comm_bytes = v.comm_collective_s = kNaN;
+                    v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;
+                    v.memory.host_rss_bytes = v.memory.host_peak_rss_bytes = kNaN;
+                }
                 recorder->record_iteration(v);
                 deferred_losses.emplace_back(iteration, loss_d);
                 if (recorder->flush_due()) flush();
@@ -274,11 +458,17 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                 const double rate = dt > 0 ? global_batch * (iteration - logged_at) / dt : 0;
                 const double elapsed = std::chrono::duration<double>(now - t_begin).count();
                 const double eta = elapsed / iteration * (total - iteration);
+                double shown = loss_d.item<double>();
+                if (s.engine) { // the last stage's loss, for rank 0 (stage 0) to print
+                    torch::Tensor t = loss_d.clone();
+                    s.o.pipeline->pipe->broadcast(t, s.o.pipeline->stages - 1);
+                    shown = t.item<double>();
+                }
                 std::ostringstream line;
                 line << "iter " << iteration << "/" << total << "  epoch " << epoch + 1 << "/"
-                     << s.o.epochs << "  loss " << std::fixed << std::setprecision(4)
-                     << loss_d.item<double>() << "  " << std::setprecision(1) << rate
-                     << " samples/s  ETA " << format_duration(eta);
+                     << s.o.epochs << "  loss " << std::fixed << std::setprecision(4) << shown
+                     << "  " << std::setprecision(1) << rate << " samples/s  ETA "
+                     << format_duration(eta);
                 core::log::info() << line.str();
                 t_log = now;
                 logged_at = iteration;
@@ -310,20 +500,29 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
 std::pair<double, double> ClassificationTrainer::evaluate() {
     State& s = *s_;
     torch::NoGradGuard no_grad;
-    s.model->eval();
-    const std::int64_t n = s.data.test.labels.size(0);
+    s.set_train(false);
+    const std::int64_t n = s.data.size(data::Split::Test);
     // Exact shard without padding: rank r takes every size-th sample from r, so each test image
     // counts once however many ranks there are.
     std::vector<std::int64_t> mine;
-    for (std::int64_t i = s.rank; i < n; i += s.size)
+    for (std::int64_t i = s.dp_rank; i < n; i += s.dp_size)
         mine.push_back(i);
-    data::Loader loader(s.data.test, s.transform, mine, s.o.eval_batch_size, s.o.workers,
+    data::Loader loader(s.test_source, mine, /*epoch=*/0, s.o.eval_batch_size, s.o.workers,
                         s.o.prefetch, s.o.pin_memory, /*drop_last=*/false);
     double sums[3] = {0, 0, 0}; // loss sum, correct, count
     while (auto batch = loader.next()) {
-        torch::Tensor x = batch->images.to(s.o.device, s.o.dtype);
-        torch::Tensor y = batch->labels.to(s.o.device);
-        torch::Tensor logits = s.model->forward(x);
+        auto [x, y] = s.input(*batch);
+        AutocastScope autocast(s.o.precision, s.o.device);
+        torch::Tensor logits;
+        if (s.engine) {
+            // Every stage of a replica walks the same batches; the last one scores them.
+            logits = s.engine->forward_only(x, batch->size);
+            if (!logits.defined()) continue;
+        } else {
+            logits = s.model->forward(x);
+        }
+        if (logits.scalar_type() == torch::kHalf || logits.scalar_type() == torch::kBFloat16)
+            logits = logits.to(torch::kFloat32);
         sums[0] +=
             torch::nn::functional::cross_entropy(
                 logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
@@ -332,7 +531,7 @@ std::pair<double, double> ClassificationTrainer::evaluate() {
         sums[2] += static_cast<double>(batch->size);
     }
     MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, s.world);
-    s.model->train();
+    s.set_train(true);
     if (sums[2] == 0) return {std::nan(""), std::nan("")};
     return {sums[0] / sums[2], sums[1] / sums[2]};
 }

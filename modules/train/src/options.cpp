@@ -7,6 +7,7 @@
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/prof/options.hpp"
 #include "trainscope/prof/telemetry_options.hpp"
+#include "trainscope/train/pipeline.hpp"
 
 namespace trainscope::train {
 
@@ -14,10 +15,26 @@ void declare_options(core::OptionRegistry& r) {
     r.add_choice("run.workload", "cv", {"cv", "comm"},
                  "what to run: cv = image classification training; comm = communication benchmark "
                  "(allreduce/allgather/reduce-scatter/broadcast size sweep, written to /comm)");
-    r.add_choice("run.strategy", "ddp-ds", {"ddp-ds", "ddp"},
+    r.add_choice("run.strategy", "ddp-ds", {"ddp-ds", "ddp", "dp", "pipeline"},
                  "ddp-ds: DDP with a distributed sampler (1/N of the data per rank); ddp: every "
-                 "rank iterates the whole training set (the studies' baseline)");
-    r.add_choice("run.precision", "fp32", {"fp32", "fp64"}, "parameter and compute precision");
+                 "rank iterates the whole training set (the studies' baseline); dp: one process "
+                 "drives all its devices (nn.DataParallel; launch 1 rank); pipeline: the model's "
+                 "layers split into pipeline.stages stages over ranks (GPipe micro-batches)");
+    r.add_choice(
+        "run.precision", "fp32", {"fp64", "fp32", "tf32", "fp16-mixed", "bf16-mixed", "bf16"},
+        "fp64/fp32: plain; tf32: fp32 with TF32 tensor-core matmul and convolution (CUDA); "
+        "fp16-mixed: fp32 weights, fp16 autocast and dynamic loss scaling; bf16-mixed: "
+        "fp32 weights, bf16 autocast; bf16: bf16 weights and compute");
+    r.add_bool("run.deterministic", false,
+               "deterministic algorithms only (cuDNN/cuBLAS included; an operation without one "
+               "fails); sets CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set");
+    r.add_bool("run.cudnn_benchmark", false,
+               "let cuDNN time convolution algorithms and pick the fastest for each shape");
+    r.add_int("dp.devices", 0,
+              "run.strategy=dp: devices the process drives; 0 = every visible CUDA device (1 on "
+              "CPU). On CPU, N > 1 makes N replicas in one process (same code path, no speed-up)",
+              0, 64);
+    r.add_bool("cv.channels_last", false, "NHWC (channels-last) weights and inputs");
     r.add_int("run.seed", 42, "seed for initialisation, shuffling and dropout", 0);
     r.add_int("run.threads", 0,
               "intra-op CPU threads per rank; 0 = the node's cores divided by its ranks (min 1)", 0,
@@ -42,6 +59,9 @@ void declare_options(core::OptionRegistry& r) {
     r.add_int("train.step_epochs", 30, "step schedule: epochs between decays", 1);
     r.add_float("train.gamma", 0.1, "step schedule: decay factor", 0.0, 1.0);
     r.add_float("train.min_lr", 0.0, "cosine schedule: final learning rate", 0.0, 100.0);
+    r.add_bool("profile.accounting", true,
+               "per-iteration accounting in /iterations: memory counters, model-state bytes and "
+               "per-bucket gradient traffic (off only to measure its own cost)");
     r.add_int("profile.warmup_iters", 5,
               "first iterations left out of /summary statistics (still recorded)", 0);
     r.add_int("log.every", 20, "rank 0 prints progress every this many iterations (0 = never)", 0);
@@ -58,6 +78,7 @@ core::OptionRegistry all_options() {
     io::declare_options(r);
     prof::declare_options(r);
     prof::declare_telemetry_options(r);
+    declare_pipeline_options(r);
     return r;
 }
 

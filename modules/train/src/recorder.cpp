@@ -40,7 +40,12 @@ std::vector<io::Column> iteration_columns() {
                        {"device_alloc_retries", "1"},
                        {"device_ooms", "1"},
                        {"device_free_bytes", "B"},
-                       {"device_total_bytes", "B"}});
+                       {"device_total_bytes", "B"},
+                       {"forward_peak_bytes", "B"},
+                       {"backward_peak_bytes", "B"},
+                       {"optimizer_peak_bytes", "B"},
+                       {"loss_scale", "1"},
+                       {"step_skipped", "1"}});
     return c;
 }
 
@@ -131,7 +136,12 @@ void Recorder::flush() {
                                m.device_alloc_retries,
                                m.device_ooms,
                                m.device_free_bytes,
-                               m.device_total_bytes});
+                               m.device_total_bytes,
+                               v.forward_peak_bytes,
+                               v.backward_peak_bytes,
+                               v.optimizer_peak_bytes,
+                               v.loss_scale,
+                               v.step_skipped});
         file_.append("iterations", row);
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
         if (!std::isnan(m.device_allocated_peak_bytes))

@@ -76,6 +76,8 @@ struct Session::State {
     std::unique_ptr<ClassificationTrainer> trainer;
     std::unique_ptr<io::RunFile> file;
     TrainerOptions topt;
+    PrecisionPolicy policy;
+    std::vector<torch::Device> dp_devices; // run.strategy=dp
 };
 
 Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_Comm world)
@@ -99,24 +101,39 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         p.image_size = c.get_int("cv.image_size");
         p.channels = data::data_options(c).channels;
 
-        // Batch split: the per-rank batch, from train.global_batch_size when given.
+        // Data-parallel shards: every rank, or the pipeline's replicas (all stages of a replica
+        // process the same batch).
+        int shards = topo.world_size;
+        if (p.strategy == "pipeline") {
+            const PipelineOptions po = PipelineOptions::from_config(c);
+            shards = pipeline_replicas(topo.world_size, po.stages);
+            p.pipeline_stages = po.stages;
+            p.pipeline_replicas = shards;
+            if (c.get_string("run.precision") == "fp16-mixed" ||
+                c.get_string("run.precision") == "bf16-mixed")
+                throw core::ConfigError(
+                    "run.precision=" + c.get_string("run.precision") +
+                    " is not supported with run.strategy=pipeline (autocast and loss scaling "
+                    "live in the single-model step): use fp32, tf32, bf16 or fp64");
+        }
+        const std::string unit = p.strategy == "pipeline" ? " replicas" : " ranks";
+        // Batch split: the per-shard batch, from train.global_batch_size when given.
         p.batch_per_rank = c.get_int("train.batch_size");
         if (const std::int64_t g = c.get_int("train.global_batch_size"); g > 0) {
-            if (g % topo.world_size != 0)
-                throw core::ConfigError(
-                    "train.global_batch_size=" + std::to_string(g) +
-                    " cannot be split evenly across " + std::to_string(topo.world_size) +
-                    " ranks: use a multiple of " + std::to_string(topo.world_size) + " (e.g. " +
-                    std::to_string((g / topo.world_size + 1) * topo.world_size) +
-                    "), or set train.batch_size (per rank) instead");
-            if (!c.is_default("train.batch_size") && p.batch_per_rank * topo.world_size != g)
+            if (g % shards != 0)
+                throw core::ConfigError("train.global_batch_size=" + std::to_string(g) +
+                                        " cannot be split evenly across " + std::to_string(shards) +
+                                        unit + ": use a multiple of " + std::to_string(shards) +
+                                        " (e.g. " + std::to_string((g / shards + 1) * shards) +
+                                        "), or set train.batch_size (per rank) instead");
+            if (!c.is_default("train.batch_size") && p.batch_per_rank * shards != g)
                 throw core::ConfigError("train.batch_size=" + std::to_string(p.batch_per_rank) +
-                                        " x " + std::to_string(topo.world_size) +
-                                        " ranks != train.global_batch_size=" + std::to_string(g) +
+                                        " x " + std::to_string(shards) + unit +
+                                        " != train.global_batch_size=" + std::to_string(g) +
                                         ": set only one of them");
-            p.batch_per_rank = g / topo.world_size;
+            p.batch_per_rank = g / shards;
         }
-        p.global_batch = p.batch_per_rank * topo.world_size;
+        p.global_batch = p.batch_per_rank * shards;
 
         std::int64_t threads = c.get_int("run.threads");
         if (threads == 0) {
@@ -126,11 +143,56 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         p.threads_per_rank = static_cast<int>(threads);
 
         const dist::DistOptions d = dist::resolve_options(c, dist::cuda_device_count());
+        if (c.get_bool("run.deterministic")) {
+            if (c.get_bool("run.cudnn_benchmark"))
+                throw core::ConfigError("run.deterministic=true and run.cudnn_benchmark=true "
+                                        "conflict: benchmark mode picks algorithms by timing; "
+                                        "set one of them to false");
+            // cuBLAS needs a fixed workspace for reproducible results; before any CUDA use.
+            ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+        }
         s.device = dist::bind_device(d.device, topo, d.backend == "nccl");
         p.backend = d.backend;
         p.bucket_mb = d.bucket_mb;
         p.device = s.device.device.str();
+        s.policy = resolve_precision(p.precision, s.device.device);
+        if (p.strategy == "dp" && topo.world_size > 1)
+            throw core::ConfigError(
+                "run.strategy=dp is single-process data parallelism (one process drives all of "
+                "its devices) but " +
+                std::to_string(topo.world_size) +
+                " ranks were launched: launch 1 rank (mpirun -np 1), or use run.strategy=ddp or "
+                "ddp-ds for several ranks");
+        if (c.get_bool("cv.sync_bn") && p.strategy != "ddp" && p.strategy != "ddp-ds")
+            throw core::ConfigError("cv.sync_bn=true needs run.strategy=ddp or ddp-ds (it "
+                                    "synchronises batch statistics across data-parallel ranks), "
+                                    "not run.strategy=" +
+                                    p.strategy + ": set cv.sync_bn=false");
+        if (p.strategy == "dp") {
+            const std::int64_t want = c.get_int("dp.devices");
+            const int gpus = s.device.device.is_cuda() ? dist::cuda_device_count() : 0;
+            if (s.device.device.is_cuda()) {
+                const int n = want == 0 ? gpus : static_cast<int>(want);
+                if (n > gpus)
+                    throw core::ConfigError("dp.devices=" + std::to_string(want) + " but only " +
+                                            std::to_string(gpus) +
+                                            " CUDA devices are visible: use dp.devices=0 (all) "
+                                            "or at most " +
+                                            std::to_string(gpus));
+                for (int i = 0; i < n; ++i)
+                    s.dp_devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+            } else {
+                for (std::int64_t i = 0; i < std::max<std::int64_t>(1, want); ++i)
+                    s.dp_devices.emplace_back(torch::kCPU);
+            }
+        }
     });
+    apply_math_mode(s.policy);
+    at::globalContext().setBenchmarkCuDNN(c.get_bool("run.cudnn_benchmark"));
+    if (c.get_bool("run.deterministic")) {
+        at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+        at::globalContext().setDeterministicCuDNN(true);
+    }
     const bool named = !s.device.name.empty() && s.device.name != s.device.device.str();
     s.devices =
         allgather_strings(world, s.device.device.str() + (named ? " (" + s.device.name + ")" : ""));
@@ -224,19 +286,27 @@ std::string Session::plan_text() const {
           << s_->devices.at(r) << "\n";
     o << "  data          " << p.dataset_description << "; network input " << p.channels << "x"
       << p.image_size << "x" << p.image_size << "\n"
-      << "  batch         " << p.batch_per_rank << " per rank x " << p.world_size << " = "
-      << p.global_batch << " per iteration; " << p.samples_per_rank_per_epoch
-      << " samples per rank per epoch\n"
+      << "  batch         " << p.batch_per_rank
+      << (p.strategy == "pipeline" ? " per replica x " : " per rank x ")
+      << (p.strategy == "pipeline" ? p.pipeline_replicas : p.world_size) << " = " << p.global_batch
+      << " per iteration; " << p.samples_per_rank_per_epoch
+      << (p.strategy == "pipeline" ? " samples per replica per epoch\n"
+                                   : " samples per rank per epoch\n")
       << "  length        " << p.iterations_per_epoch << " iterations per epoch x " << p.epochs
       << " epoch(s) -> " << p.total_iterations << " iterations\n"
       << "  model         MobileNetV2, " << p.num_classes << " classes, " << p.parameters
       << " parameters, " << std::fixed << std::setprecision(1) << p.macs_per_sample / 1e6
       << " MMAC per sample (forward)\n"
       << "  gradients     buckets of " << p.bucket_mb << " MiB, allreduce of "
-      << mib(static_cast<double>(p.parameters) * (p.precision == "fp64" ? 8 : 4))
+      << mib(static_cast<double>(p.parameters) *
+             static_cast<double>(c10::elementSize(s_->policy.param_dtype)))
       << " per iteration\n"
       << "  memory/rank   ~" << mib(p.memory_estimate_bytes)
       << " (parameters, gradients, optimizer state, buckets, activations; estimate)\n";
+    if (p.strategy == "pipeline")
+        o << "  pipeline      " << p.pipeline_stages << " stages x " << p.pipeline_replicas
+          << " replica(s); rank = replica x stages + stage\n"
+          << p.pipeline_split;
     return o.str();
 }
 
@@ -253,13 +323,18 @@ void Session::prepare() {
     }
     dist::agree_on_errors(s.world, [&] { s.data = data::open_dataset(c); });
     p.dataset_description = s.data.description;
-    p.train_samples = s.data.train.labels.size(0);
-    p.test_samples = s.data.test.labels.size(0);
-    p.num_classes = s.data.train.num_classes;
+    p.train_samples = s.data.size(data::Split::Train);
+    p.test_samples = s.data.size(data::Split::Test);
+    p.num_classes = s.data.num_classes();
 
     TrainerOptions& t = s.topt;
     t.strategy = p.strategy;
-    t.dtype = p.precision == "fp64" ? torch::kFloat64 : torch::kFloat32;
+    t.precision = s.policy;
+    t.dtype = s.policy.param_dtype;
+    t.channels_last = c.get_bool("cv.channels_last");
+    t.preprocess = data::data_options(c).preprocess;
+    t.accounting = c.get_bool("profile.accounting");
+    t.dp_devices = s.dp_devices;
     t.device = s.device.device;
     t.epochs = p.epochs;
     t.max_iters = c.get_int("train.max_iters");
@@ -280,10 +355,10 @@ void Session::prepare() {
     t.bucket_bytes = p.bucket_mb * 1024.0 * 1024.0;
 
     dist::agree_on_errors(s.world, [&] {
+        const std::int64_t shards = p.strategy == "pipeline" ? p.pipeline_replicas : p.world_size;
         const std::int64_t per_rank =
-            p.strategy == "ddp-ds"
-                ? (t.drop_last ? p.train_samples / p.world_size
-                               : (p.train_samples + p.world_size - 1) / p.world_size)
+            p.strategy == "ddp-ds" || p.strategy == "pipeline"
+                ? (t.drop_last ? p.train_samples / shards : (p.train_samples + shards - 1) / shards)
                 : p.train_samples;
         p.samples_per_rank_per_epoch = per_rank;
         if (per_rank < p.batch_per_rank && t.drop_last)
@@ -295,14 +370,33 @@ void Session::prepare() {
                                     " ranks): use a smaller batch or data.drop_last=false");
         s.comm = dist::make_communicator(p.backend, s.world, s.device.device);
     });
+    if (p.strategy == "pipeline") // collective: splits the world into pipe and data-parallel groups
+        t.pipeline = std::shared_ptr<PipelineGroups>(new PipelineGroups(
+            make_pipeline_groups(s.world, p.pipeline_stages, p.backend, s.device.device)));
 
     torch::manual_seed(c.get_int("run.seed"));
-    const auto mopt = models::mobilenet_options_from_config(c, p.num_classes, p.channels);
+    auto mopt = models::mobilenet_options_from_config(c, p.num_classes, p.channels);
+    if (c.get_bool("cv.sync_bn")) {
+        // Cross-rank batch statistics through the run's communicator (it outlives the trainer).
+        dist::Communicator* comm = s.comm.get();
+        mopt.sync_bn_allreduce = [comm](torch::Tensor& t) {
+            comm->allreduce(t, dist::ReduceOp::Sum);
+        };
+    }
+    if (p.strategy == "pipeline") {
+        dist::agree_on_errors(s.world, [&] {
+            const PipelineOptions po = PipelineOptions::from_config(c);
+            t.pipeline_plan = plan_pipeline(mopt, p.image_size, po.stages, po.balance, po.cuts);
+            t.microbatches = po.microbatches;
+        });
+        p.pipeline_split = describe(t.pipeline_plan);
+        torch::manual_seed(c.get_int("run.seed")); // planning must not shift the initialisation
+    }
     models::MobileNetV2 model(mopt);
     p.parameters = models::count_parameters(*model);
     const auto cost = models::mobilenet_v2_cost(mopt, p.image_size);
     p.macs_per_sample = cost.macs;
-    const double elem = p.precision == "fp64" ? 8.0 : 4.0;
+    const double elem = static_cast<double>(c10::elementSize(t.dtype));
     const double opt_states = t.optimizer == "adamw" ? 2.0 : (t.momentum > 0 ? 1.0 : 0.0);
     p.memory_estimate_bytes =
         static_cast<double>(p.parameters) * elem * (3.0 + opt_states) + // weights, grads, buckets
@@ -315,6 +409,7 @@ void Session::prepare() {
     t.schedule.gamma = c.get_float("train.gamma");
     t.schedule.min_lr = c.get_float("train.min_lr");
 
+    t.make_replica = [mopt] { return models::MobileNetV2(mopt); };
     data::AdaptedTransform transform{static_cast<int>(p.channels), static_cast<int>(p.image_size),
                                      s.data.train.mean, s.data.train.std};
     s.trainer =
@@ -343,6 +438,16 @@ void Session::prepare() {
                                 {"parameters", p.parameters},
                                 {"macs_per_sample", p.macs_per_sample},
                                 {"memory_estimate_bytes", p.memory_estimate_bytes}});
+        if (p.strategy == "pipeline") {
+            std::string cuts;
+            for (const auto& st : t.pipeline_plan.stages)
+                cuts += (cuts.empty() ? "" : ",") + std::to_string(st.first_unit);
+            s.file->set_attributes("/plan",
+                                   {{"pipeline_stages", std::int64_t{p.pipeline_stages}},
+                                    {"pipeline_replicas", std::int64_t{p.pipeline_replicas}},
+                                    {"pipeline_microbatches", std::int64_t{t.microbatches}},
+                                    {"pipeline_stage_first_units", cuts}});
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "trainscope/data/options.hpp"
@@ -34,17 +35,31 @@ struct ImageSet {
 // files are not an images/labels pair, or when their counts differ.
 ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path);
 
+struct ImageFolder; // image_folder.hpp
+
+enum class Split { Train, Test }; // Test = the evaluation split (val/ of an image folder)
+
+// The two splits of a dataset: in memory (train, test) for IDX and synthetic sets, or as image
+// folders (train_folder, test_folder; train/test then stay empty) decoded batch by batch.
 struct DatasetSplits {
     ImageSet train, test;
-    std::string name;        // "fashion-mnist", "mnist", "synthetic"
+    std::shared_ptr<const ImageFolder> train_folder, test_folder; // imagefolder only
+    std::string name;        // "fashion-mnist", "mnist", "synthetic", "imagefolder"
     std::string description; // one line for the log and the run file
+
+    bool is_image_folder() const { return train_folder != nullptr; }
+    std::int64_t size(Split split) const; // samples of the split (for the sampler)
+    int num_classes() const;
 };
 
 // The dataset selected by data.dataset:
 //   fashion-mnist, mnist: {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] in data.path
 //                         (InputError naming the missing file and the fix when absent);
 //   synthetic:            make_synthetic() with data.synthetic_samples training and a quarter as
-//                         many test images, 1x28x28 like MNIST, same data on every run.
+//                         many test images, 1x28x28 like MNIST, same data on every run;
+//   imagefolder:          data.path/train and data.path/val scanned by scan_image_folder() (file
+//                         names only; images are decoded by the loader), same classes in both.
+// Checks the option combinations first (check_options: ConfigError).
 DatasetSplits open_dataset(const core::Config& cfg);
 DatasetSplits open_dataset(const DataOptions& options);
 
@@ -67,10 +82,12 @@ struct AdaptedTransform {
     float mean = 0.5f;
     float std = 0.5f;
 
+    // Works on any device: on a CUDA batch (data.preprocess=device) the result stays there.
     torch::Tensor operator()(const torch::Tensor& uint8_batch) const {
         return apply(uint8_batch, /*pinned_output=*/false);
     }
-    // pinned_output: allocate the result in page-locked host memory (needs CUDA at run time).
+    // pinned_output: allocate the result in page-locked host memory (needs CUDA at run time);
+    // ignored for a batch that is not on the CPU.
     torch::Tensor apply(const torch::Tensor& uint8_batch, bool pinned_output) const;
 };
 

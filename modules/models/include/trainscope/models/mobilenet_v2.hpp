@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "trainscope/models/sync_batch_norm.hpp"
+
 namespace trainscope::core {
 class Config;
 class OptionRegistry;
@@ -15,7 +17,7 @@ class OptionRegistry;
 
 namespace trainscope::models {
 
-// cv.model, cv.width_mult, cv.dropout
+// cv.model, cv.width_mult, cv.dropout, cv.sync_bn
 void declare_options(core::OptionRegistry& registry);
 
 struct MobileNetV2Options {
@@ -23,19 +25,23 @@ struct MobileNetV2Options {
     double width_mult = 1.0;
     double dropout = 0.2;
     std::int64_t in_channels = 3;
+    // Set (cv.sync_bn, by the trainer, to the communicator's allreduce): every batch-norm layer is
+    // a SyncBatchNorm2d using it, under the same names. Empty: plain torch::nn::BatchNorm2d.
+    AllreduceSum sync_bn_allreduce;
 };
 
 // Convolution → batch-norm → ReLU6, the network's basic unit (padding keeps "same" size at stride
-// 1).
+// 1). The batch-norm child "bn" is a SyncBatchNorm2d when `sync_bn_allreduce` is set.
 class ConvBNReLU6Impl : public torch::nn::Module {
   public:
     ConvBNReLU6Impl(std::int64_t in, std::int64_t out, std::int64_t kernel, std::int64_t stride,
-                    std::int64_t groups);
+                    std::int64_t groups, const AllreduceSum& sync_bn_allreduce = {});
     torch::Tensor forward(const torch::Tensor& x);
 
   private:
     torch::nn::Conv2d conv_{nullptr};
-    torch::nn::BatchNorm2d bn_{nullptr};
+    torch::nn::BatchNorm2d bn_{nullptr}; // exactly one of these two is set
+    SyncBatchNorm2d sync_bn_{nullptr};
 };
 TORCH_MODULE(ConvBNReLU6);
 
@@ -44,7 +50,7 @@ TORCH_MODULE(ConvBNReLU6);
 class InvertedResidualImpl : public torch::nn::Module {
   public:
     InvertedResidualImpl(std::int64_t in, std::int64_t out, std::int64_t stride,
-                         std::int64_t expand_ratio);
+                         std::int64_t expand_ratio, const AllreduceSum& sync_bn_allreduce = {});
     torch::Tensor forward(const torch::Tensor& x); // [B, in, H, W] → [B, out, H/stride, W/stride]
 
   private:

@@ -17,6 +17,8 @@
 #include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/lr_schedule.hpp"
+#include "trainscope/train/pipeline.hpp"
+#include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
 
 namespace trainscope::prof {
@@ -27,8 +29,24 @@ namespace trainscope::train {
 
 struct TrainerOptions {
     std::string strategy = "ddp-ds"; // ddp-ds: sharded sampler; ddp: every rank reads everything
-    torch::Dtype dtype = torch::kFloat32;
+    torch::Dtype dtype = torch::kFloat32; // parameters (and inputs): precision.param_dtype
+    PrecisionPolicy precision;            // autocast and loss scaling (fp16-mixed)
+    bool channels_last = false;           // NHWC parameters and inputs
+    data::Preprocess preprocess = data::Preprocess::Host; // device: transform after the copy
+    // Per-iteration accounting (memory counters, state bytes, per-bucket traffic); off only to
+    // measure what it costs.
+    bool accounting = true;
     torch::Device device{torch::kCPU};
+    // run.strategy=dp with more than one device: the devices (device is the first) and a factory
+    // of replicas of the model's architecture.
+    std::vector<torch::Device> dp_devices;
+    std::function<models::MobileNetV2()> make_replica;
+    // run.strategy=pipeline: this rank's groups (pipe and data-parallel communicators), the split
+    // and the micro-batch count. Data are sharded over replicas, gradients averaged over the
+    // data-parallel communicator; the loss exists on the last stage only (NaN elsewhere).
+    std::shared_ptr<PipelineGroups> pipeline;
+    PipelinePlan pipeline_plan;
+    int microbatches = 1;
     std::int64_t epochs = 1, max_iters = 0, batch_size = 64, eval_batch_size = 256;
     std::string optimizer = "sgd";
     double lr = 0.05, momentum = 0.9, weight_decay = 4e-5;

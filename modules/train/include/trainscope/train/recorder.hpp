@@ -31,6 +31,15 @@ struct IterationValues {
     // Model state held by this rank (the CPU counterpart of the device allocator figures).
     double parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
     prof::MemorySample memory;
+    // Device allocator peak within the forward, backward and optimizer phases (the peak counter is
+    // reset when each phase starts); NaN on CPU, where the allocator keeps no such counter.
+    double forward_peak_bytes = std::numeric_limits<double>::quiet_NaN();
+    double backward_peak_bytes = std::numeric_limits<double>::quiet_NaN();
+    double optimizer_peak_bytes = std::numeric_limits<double>::quiet_NaN();
+    // fp16-mixed: the loss scale used for this iteration's backward and whether the optimizer
+    // step was skipped because a gradient was inf/NaN. Other precisions: scale NaN, skipped 0.
+    double loss_scale = std::numeric_limits<double>::quiet_NaN();
+    double step_skipped = 0;
 };
 
 struct EpochValues {

@@ -26,6 +26,8 @@ struct Plan {
     double bucket_mb = 0;
     double memory_estimate_bytes = 0; // params + grads + optimizer state + buckets + activations
     std::string dataset_description;
+    int pipeline_stages = 0, pipeline_replicas = 0; // run.strategy=pipeline
+    std::string pipeline_split;                     // describe(PipelinePlan), for --dry-run
 };
 
 class Session {

@@ -1,0 +1,7 @@
+# train: unit tests of the train module (serial, CPU). train_unit_tests checks the precision
+# policy: run.precision parsing and device checks, TF32 math mode, CPU autocast regions and the
+# dynamic loss scaler against PyTorch GradScaler's semantics.
+trainscope_add_test(NAME train_unit_tests TORCH
+  SOURCES unit/test_precision.cpp unit/test_data_parallel.cpp
+  LIBS trainscope::train
+  LABELS train unit)
