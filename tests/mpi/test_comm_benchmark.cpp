@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dist_test_util.hpp"
 #include "h5_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/config.hpp"
@@ -31,9 +32,7 @@ namespace {
 using trainscope::testing::world_rank;
 using trainscope::testing::world_size;
 
-std::unique_ptr<dist::Communicator> mpi_communicator() {
-    return dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU));
-}
+using trainscope::testing::mpi_communicator;
 
 core::Config config_with(const std::map<std::string, std::string>& values) {
     core::OptionRegistry registry;

@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "dist_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/config.hpp"
@@ -28,9 +29,7 @@ namespace {
 using trainscope::testing::world_rank;
 using trainscope::testing::world_size;
 
-std::unique_ptr<dist::Communicator> mpi_communicator() {
-    return dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU));
-}
+using trainscope::testing::mpi_communicator;
 
 // 0, 1, ..., n-1 as `dtype`.
 torch::Tensor iota(std::int64_t n, torch::Dtype dtype) {

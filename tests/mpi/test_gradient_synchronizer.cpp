@@ -7,6 +7,7 @@
 
 #include <chrono>
 
+#include "dist_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/dist/communicator.hpp"
@@ -53,9 +54,7 @@ double max_abs_diff(const Net& a, const Net& b) {
     return m;
 }
 
-std::unique_ptr<dist::Communicator> mpi_communicator() {
-    return dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU));
-}
+using trainscope::testing::mpi_communicator;
 
 struct CapCase {
     std::size_t cap;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dist_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/dist/communicator.hpp"
@@ -28,9 +29,7 @@ namespace {
 using trainscope::testing::world_rank;
 using trainscope::testing::world_size;
 
-std::unique_ptr<dist::Communicator> mpi_communicator() {
-    return dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU));
-}
+using trainscope::testing::mpi_communicator;
 
 // The allreduce the trainer passes to the model, counting its calls.
 models::AllreduceSum counting_allreduce(dist::Communicator& comm, int& calls) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "data_test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/datasets.hpp"
@@ -205,14 +206,7 @@ TEST_F(IdxTest, ImageLabelPair) {
 
 namespace {
 
-core::Config data_config(const std::map<std::string, std::string>& values) {
-    static core::OptionRegistry registry = [] {
-        core::OptionRegistry r;
-        data::declare_options(r);
-        return r;
-    }();
-    return core::Config::from_values(registry, values);
-}
+using trainscope::testing::data_config;
 
 } // namespace
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 
+#include "data_test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/datasets.hpp"
@@ -129,14 +130,7 @@ torch::Tensor normalise(torch::Tensor x) {
     return x;
 }
 
-core::Config data_config(const std::map<std::string, std::string>& values) {
-    static core::OptionRegistry registry = [] {
-        core::OptionRegistry r;
-        data::declare_options(r);
-        return r;
-    }();
-    return core::Config::from_values(registry, values);
-}
+using trainscope::testing::data_config;
 
 struct Expected {
     std::vector<std::uint8_t> rgb;

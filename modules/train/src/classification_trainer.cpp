@@ -480,6 +480,13 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
         ev.samples = epoch_samples;
         ev.train_loss =
             epoch_iters ? loss_sum.item<double>() / static_cast<double>(epoch_iters) : std::nan("");
+        if (s.engine) { // the loss lives on the last stage: every stage records that one
+            torch::Tensor t = torch::full(
+                {}, ev.train_loss,
+                torch::TensorOptions().dtype(torch::kFloat64).device(s.o.pipeline->pipe->device()));
+            s.o.pipeline->pipe->broadcast(t, s.o.pipeline->stages - 1);
+            ev.train_loss = t.item<double>();
+        }
         if (s.o.eval) {
             auto [vl, va] = evaluate();
             ev.val_loss = vl;
