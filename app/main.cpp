@@ -15,8 +15,16 @@
 using namespace trainscope;
 
 int main(int argc, char** argv) {
-    // Bootstrap: MPI, this rank's place in the world, log prefix "[rank r/N host]".
-    dist::MpiRuntime mpi(argc, argv);
+    // Bootstrap: MPI, this rank's place in the world, log prefix "[rank r/N host]". The MPI thread
+    // level depends on the workload, so the command line is read once quietly before MPI starts
+    // (errors are reported properly below, on every rank).
+    std::string workload = "cv";
+    try {
+        workload = core::CommandLine::parse(train::all_options(), argc, argv)
+                       .config.get_string("run.workload");
+    } catch (const std::exception&) {
+    }
+    dist::MpiRuntime mpi(argc, argv, dist::thread_level_for_workload(workload));
     const dist::Topology topo = dist::discover_topology(MPI_COMM_WORLD);
     core::log::set_identity(topo.rank, topo.world_size, topo.hostname);
 

@@ -25,7 +25,8 @@ namespace io = trainscope::io;
 
 int main(int argc, char** argv) {
     int provided = 0;
-    MPI_Init_thread(&argc, &argv, dist::kMpiThreadLevel, &provided);
+    // As the app runs run.workload=comm.
+    MPI_Init_thread(&argc, &argv, dist::thread_level_for_workload("comm"), &provided);
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int rc = 0;

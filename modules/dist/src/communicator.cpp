@@ -56,8 +56,8 @@ const char* to_string(ReduceOp op) {
     return "?";
 }
 
-void Communicator::allreduce(torch::Tensor tensor, ReduceOp op) {
-    allreduce_async(std::move(tensor), op)->wait();
+void Communicator::allreduce(const torch::Tensor& tensor, ReduceOp op) {
+    allreduce_async(tensor, op)->wait();
 }
 
 namespace {
@@ -268,6 +268,11 @@ struct ProgressState {
         std::atomic<double> seconds{0};
     };
     std::array<Counters, kNumKinds> counters;
+    void count(Kind kind, std::uint64_t bytes) {
+        Counters& c = counters[static_cast<std::size_t>(kind)];
+        c.calls.fetch_add(1, std::memory_order_relaxed);
+        c.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    }
     void account(Kind kind, std::uint64_t bytes, double seconds) {
         Counters& c = counters[static_cast<std::size_t>(kind)];
         c.calls.fetch_add(1, std::memory_order_relaxed);
@@ -322,13 +327,11 @@ class MpiCommunicator final : public Communicator {
     MpiCommunicator(MPI_Comm comm, torch::Device device) : device_(device) {
         int level = MPI_THREAD_SINGLE;
         MPI_CHECK(MPI_Query_thread(&level));
-        if (level < MPI_THREAD_SERIALIZED)
-            throw core::DistributedError(
-                "the MPI library provides only " + thread_level_name(level) +
-                " but the MPI backend runs its asynchronous allreduces on a communication thread "
-                "and needs MPI_THREAD_SERIALIZED or higher: use an MPI built with thread support "
-                "(" +
-                mpi_library_version() + ")");
+        // Below MPI_THREAD_SERIALIZED no other thread may call MPI: asynchronous allreduces then
+        // run at once on the caller's thread (no overlap). trainscope asks for that level only for
+        // run.workload=comm, where nothing overlaps and Open MPI's per-call cost of the higher
+        // levels would show in small-message latency (see mpi_runtime.hpp).
+        threaded_ = level >= MPI_THREAD_SERIALIZED;
         MPI_CHECK(MPI_Comm_rank(comm, &rank_));
         MPI_CHECK(MPI_Comm_size(comm, &size_));
         // Two private duplicates: blocking collectives on the caller's thread and asynchronous
@@ -338,7 +341,7 @@ class MpiCommunicator final : public Communicator {
         MPI_CHECK(MPI_Comm_dup(comm, &state_->comm));
         MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN);
-        thread_ = std::thread(progress_loop, state_);
+        if (threaded_) thread_ = std::thread(progress_loop, state_);
     }
 
     ~MpiCommunicator() override {
@@ -369,7 +372,7 @@ class MpiCommunicator final : public Communicator {
                 return;
             }
         }
-        thread_.join();
+        if (thread_.joinable()) thread_.join();
         MPI_Comm_free(&state_->comm);
         MPI_Comm_free(&comm_);
     }
@@ -407,6 +410,17 @@ class MpiCommunicator final : public Communicator {
                       state->account(Kind::Allreduce, bytes, seconds_since(t0));
                   },
                   work};
+        if (!threaded_) { // MPI_THREAD_SINGLE/FUNNELED: run it here and now
+            const auto t0 = Clock::now();
+            std::exception_ptr error;
+            try {
+                task.run();
+            } catch (...) {
+                error = std::current_exception();
+            }
+            work->finish(error, seconds_since(t0));
+            return work;
+        }
         mpi_serializer().enqueued();
         {
             std::lock_guard<std::mutex> lock(state_->m);
@@ -416,10 +430,21 @@ class MpiCommunicator final : public Communicator {
         return work;
     }
 
-    void allreduce(torch::Tensor tensor, ReduceOp op) override {
+    void allreduce(const torch::Tensor& tensor, ReduceOp op) override {
         require_contiguous(tensor, "allreduce");
         check_reduction(tensor, op);
         if (tensor.numel() == 0) return;
+        if (tensor.is_cpu()) {
+            // The hot path of small blocking allreduces (comm benchmark, sync BN, evaluation):
+            // no tensor copies, no clock reads, relaxed counters only.
+            std::unique_lock<std::mutex> mpi = serialize();
+            allreduce_chunked(tensor.data_ptr(), tensor.numel(), tensor.element_size(),
+                              mpi_reduce_type(tensor), mpi_op(op), comm_);
+            if (mpi.owns_lock()) mpi.unlock();
+            if (op == ReduceOp::Average) tensor.div_(size_);
+            state_->count(Kind::Allreduce, tensor.nbytes());
+            return;
+        }
         torch::Tensor host = tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
         std::unique_lock<std::mutex> mpi = serialize();
         const auto t0 = Clock::now();
@@ -428,7 +453,8 @@ class MpiCommunicator final : public Communicator {
         const double seconds = seconds_since(t0);
         if (mpi.owns_lock()) mpi.unlock();
         if (op == ReduceOp::Average) host.div_(size_);
-        if (!tensor.is_cpu()) copy_back(tensor, host);
+        torch::Tensor out = tensor;
+        copy_back(out, host);
         account(Kind::Allreduce, host.nbytes(), seconds);
     }
 
@@ -559,6 +585,7 @@ class MpiCommunicator final : public Communicator {
     }
 
     torch::Device device_;
+    bool threaded_ = true; // a progress thread runs asynchronous allreduces
     int rank_ = 0, size_ = 1;
     MPI_Comm comm_ = MPI_COMM_NULL; // blocking collectives (caller's thread)
     std::shared_ptr<ProgressState> state_;

@@ -59,13 +59,13 @@ template <class E> [[noreturn]] void raise_collective(const std::string& message
 
 } // namespace
 
-MpiRuntime::MpiRuntime(int& argc, char**& argv) {
+MpiRuntime::MpiRuntime(int& argc, char**& argv, int thread_level) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (initialized) {
         MPI_Query_thread(&provided_);
     } else {
-        if (MPI_Init_thread(&argc, &argv, kMpiThreadLevel, &provided_) != MPI_SUCCESS)
+        if (MPI_Init_thread(&argc, &argv, thread_level, &provided_) != MPI_SUCCESS)
             throw core::DistributedError("MPI_Init_thread failed: was trainscope started with "
                                          "mpiexec/srun under a working MPI installation?");
         owns_mpi_ = true;

@@ -36,7 +36,9 @@ class Work {
 // Cumulative accounting per collective kind. bytes = payload of the tensor given (for allgather the
 // input, for reduce_scatter the output: the per-rank share, as nccl-tests count "size"). seconds =
 // host time inside the collective call (MPI, measured on the thread that runs it) or launch time
-// (NCCL, asynchronous: GPU time is the profiler's business).
+// (NCCL, asynchronous: GPU time is the profiler's business). The MPI backend's blocking allreduce
+// on host tensors counts calls and bytes but not seconds: two clock reads would cost a small
+// allreduce a measurable share (time it around the call, as CommBenchmark does).
 struct CommStats {
     std::uint64_t calls = 0, bytes = 0;
     double seconds = 0;
@@ -57,7 +59,7 @@ class Communicator {
     virtual std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) = 0;
     // Blocking allreduce. Default: allreduce_async + wait; the MPI backend runs it on the calling
     // thread instead (no hand-off to its progress thread, which costs microseconds per call).
-    virtual void allreduce(torch::Tensor tensor, ReduceOp op);
+    virtual void allreduce(const torch::Tensor& tensor, ReduceOp op);
     virtual void broadcast(torch::Tensor tensor, int root) = 0; // in place
     // out: size() * in.numel() elements, rank r's input at [r * in.numel(), (r+1) * in.numel()).
     virtual void allgather(const torch::Tensor& in, torch::Tensor out) = 0;

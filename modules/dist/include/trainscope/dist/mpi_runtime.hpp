@@ -13,14 +13,22 @@ namespace trainscope::dist {
 // thread calls MPI, but never at the same time as another thread (see communicator.cpp); with Open
 // MPI, MPI_THREAD_MULTIPLE would add locking to every call and cost small collectives up to half
 // their bandwidth.
+// Open MPI charges every level above MPI_THREAD_SINGLE (measured: FUNNELED and SERIALIZED as much
+// as MULTIPLE) about 0.17 us per small collective; so run.workload=comm, which needs no progress
+// thread, runs at MPI_THREAD_SINGLE (see thread_level_for_workload).
 inline constexpr int kMpiThreadLevel = MPI_THREAD_SERIALIZED;
+
+// The level to request for a workload: MPI_THREAD_SINGLE for "comm", kMpiThreadLevel otherwise.
+inline int thread_level_for_workload(const std::string& workload) {
+    return workload == "comm" ? MPI_THREAD_SINGLE : kMpiThreadLevel;
+}
 
 // Initialises MPI requesting kMpiThreadLevel (the level actually provided is checked where it
 // matters, see make_communicator). If MPI is already initialised (e.g. by a test main) it is left
 // alone and not finalized here.
 class MpiRuntime {
   public:
-    MpiRuntime(int& argc, char**& argv);
+    MpiRuntime(int& argc, char**& argv, int thread_level = kMpiThreadLevel);
     ~MpiRuntime(); // MPI_Finalize unless abort() ran or someone else owns MPI
     MpiRuntime(const MpiRuntime&) = delete;
     MpiRuntime& operator=(const MpiRuntime&) = delete;
