@@ -145,3 +145,43 @@ TEST(MobileNetV2, SyncBatchNormOptionIsOffByDefault) {
     EXPECT_EQ(spec->type, trainscope::core::OptionType::Bool);
     EXPECT_EQ(spec->default_value, "false");
 }
+
+// cv.channels_last: the same network with NHWC weights and inputs (what the trainer does) gives
+// the same loss and gradients as NCHW, to rounding (fp64), in training mode.
+TEST(MobileNetV2, ChannelsLastMatchesNchw) {
+    MobileNetV2Options o;
+    o.num_classes = 10;
+    o.width_mult = 0.25;
+    o.dropout = 0.0;
+    torch::manual_seed(21);
+    MobileNetV2 nchw(o);
+    torch::manual_seed(21);
+    MobileNetV2 nhwc(o);
+    nchw->to(torch::kFloat64);
+    nhwc->to(torch::kFloat64);
+    {
+        torch::NoGradGuard no_grad;
+        for (auto& p : nhwc->parameters())
+            if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+    torch::manual_seed(5);
+    const torch::Tensor x = torch::randn({6, 3, 32, 32}, torch::kFloat64);
+    const torch::Tensor y = torch::randint(0, 10, {6}, torch::kInt64);
+    const torch::Tensor x_cl = x.contiguous(torch::MemoryFormat::ChannelsLast);
+    ASSERT_TRUE(x_cl.is_contiguous(torch::MemoryFormat::ChannelsLast));
+
+    torch::Tensor loss = torch::nn::functional::cross_entropy(nchw->forward(x), y);
+    torch::Tensor loss_cl = torch::nn::functional::cross_entropy(nhwc->forward(x_cl), y);
+    loss.backward();
+    loss_cl.backward();
+    EXPECT_NEAR(loss.item<double>(), loss_cl.item<double>(), 1e-12);
+    const auto a = nchw->parameters(), b = nhwc->parameters();
+    ASSERT_EQ(a.size(), b.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, (a[i].grad() - b[i].grad()).abs().max().item<double>());
+    EXPECT_LE(worst, 1e-10);
+    // The NHWC weights really are channels-last (the comparison is not NCHW against itself).
+    EXPECT_TRUE(b[0].is_contiguous(torch::MemoryFormat::ChannelsLast));
+    EXPECT_FALSE(b[0].is_contiguous());
+}
