@@ -261,32 +261,41 @@ struct ProgressState {
     bool running = false;
     MPI_Comm comm = MPI_COMM_NULL; // the progress thread's own duplicate
 
-    // Accounting per kind, lock-free (the caller's thread and the progress thread both account):
-    // a mutex and a map lookup per call would cost small collectives a measurable share.
+    // Accounting per kind, one set of counters per writing thread: the caller's thread (blocking
+    // calls) and the thread that runs asynchronous collectives (the progress thread, or the
+    // caller itself at MPI_THREAD_SINGLE, when there is no progress thread). With a single writer
+    // an update is a relaxed load and store, no locked read-modify-write: small collectives would
+    // otherwise pay a measurable share for their accounting. stats() may read from any thread.
     struct Counters {
         std::atomic<std::uint64_t> calls{0}, bytes{0};
         std::atomic<double> seconds{0};
+        void add(std::uint64_t b, double s) {
+            calls.store(calls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            bytes.store(bytes.load(std::memory_order_relaxed) + b, std::memory_order_relaxed);
+            if (s != 0)
+                seconds.store(seconds.load(std::memory_order_relaxed) + s,
+                              std::memory_order_relaxed);
+        }
     };
-    std::array<Counters, kNumKinds> counters;
-    void count(Kind kind, std::uint64_t bytes) {
-        Counters& c = counters[static_cast<std::size_t>(kind)];
-        c.calls.fetch_add(1, std::memory_order_relaxed);
-        c.bytes.fetch_add(bytes, std::memory_order_relaxed);
+    std::array<Counters, kNumKinds> caller, async;
+    // Caller's thread.
+    void account(Kind kind, std::uint64_t bytes, double seconds = 0) {
+        caller[static_cast<std::size_t>(kind)].add(bytes, seconds);
     }
-    void account(Kind kind, std::uint64_t bytes, double seconds) {
-        Counters& c = counters[static_cast<std::size_t>(kind)];
-        c.calls.fetch_add(1, std::memory_order_relaxed);
-        c.bytes.fetch_add(bytes, std::memory_order_relaxed);
-        c.seconds.fetch_add(seconds, std::memory_order_relaxed);
+    // Whichever thread runs asynchronous collectives.
+    void account_async(Kind kind, std::uint64_t bytes, double seconds) {
+        async[static_cast<std::size_t>(kind)].add(bytes, seconds);
     }
     std::map<std::string, CommStats> stats() const {
         std::map<std::string, CommStats> out;
         for (std::size_t k = 0; k < kNumKinds; ++k) {
-            const Counters& c = counters[k];
-            const std::uint64_t calls = c.calls.load(std::memory_order_relaxed);
-            if (calls == 0) continue;
-            out[kKindNames[k]] = {calls, c.bytes.load(std::memory_order_relaxed),
-                                  c.seconds.load(std::memory_order_relaxed)};
+            CommStats s;
+            for (const Counters* c : {&caller[k], &async[k]}) {
+                s.calls += c->calls.load(std::memory_order_relaxed);
+                s.bytes += c->bytes.load(std::memory_order_relaxed);
+                s.seconds += c->seconds.load(std::memory_order_relaxed);
+            }
+            if (s.calls > 0) out[kKindNames[k]] = s;
         }
         return out;
     }
@@ -407,7 +416,7 @@ class MpiCommunicator final : public Communicator {
                       allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
                                         mpi_op(op), state->comm);
                       if (op == ReduceOp::Average) host.div_(size);
-                      state->account(Kind::Allreduce, bytes, seconds_since(t0));
+                      state->account_async(Kind::Allreduce, bytes, seconds_since(t0));
                   },
                   work};
         if (!threaded_) { // MPI_THREAD_SINGLE/FUNNELED: run it here and now
@@ -442,7 +451,7 @@ class MpiCommunicator final : public Communicator {
                               mpi_reduce_type(tensor), mpi_op(op), comm_);
             if (mpi.owns_lock()) mpi.unlock();
             if (op == ReduceOp::Average) tensor.div_(size_);
-            state_->count(Kind::Allreduce, tensor.nbytes());
+            state_->account(Kind::Allreduce, tensor.nbytes());
             return;
         }
         torch::Tensor host = tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
