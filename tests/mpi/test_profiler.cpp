@@ -223,27 +223,10 @@ struct H5Reader {
         return out;
     }
     std::string str_attr(const std::string& obj, const std::string& name) const {
-        const hid_t a = H5Aopen_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
-        if (a < 0) return "<missing " + obj + "@" + name + ">";
-        const hid_t t = H5Aget_type(a);
-        char* text = nullptr;
-        std::string value = "<not a string>";
-        if (H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0 &&
-            H5Aread(a, t, &text) >= 0) {
-            value = text ? text : "";
-            H5free_memory(text);
-        }
-        H5Tclose(t);
-        H5Aclose(a);
-        return value;
+        return trainscope::testing::read_string_attr(file, obj, name);
     }
     std::int64_t int_attr(const std::string& obj, const std::string& name) const {
-        std::int64_t v = -12345;
-        const hid_t a = H5Aopen_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT, H5P_DEFAULT);
-        if (a < 0) return v;
-        H5Aread(a, H5T_NATIVE_INT64, &v);
-        H5Aclose(a);
-        return v;
+        return trainscope::testing::read_int_attr(file, obj, name);
     }
     // Every dataset below `group` (full paths).
     std::vector<std::string> datasets(const std::string& group) const {

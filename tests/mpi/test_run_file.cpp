@@ -2,6 +2,7 @@
 // the closed file back with the serial HDF5 C API and checks values, shapes, NaN padding,
 // attributes and units; refusals (existing file, missing or unwritable directory) must be the same
 // OutputError on every rank.
+#include "h5_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
@@ -66,30 +67,10 @@ struct Reader {
         return H5Aexists_by_name(file, obj.c_str(), name.c_str(), H5P_DEFAULT) > 0;
     }
     std::string str_attr(const std::string& obj, const std::string& name) const {
-        const hid_t a = open_attr(obj, name);
-        if (a < 0) return "<missing " + obj + "@" + name + ">";
-        const hid_t t = H5Aget_type(a);
-        std::string value = "<not a variable-length string>";
-        if (H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0) {
-            char* text = nullptr;
-            H5Aread(a, t, &text);
-            value = text ? text : "";
-            H5free_memory(text);
-        }
-        H5Tclose(t);
-        H5Aclose(a);
-        return value;
+        return trainscope::testing::read_string_attr(file, obj, name);
     }
     std::int64_t int_attr(const std::string& obj, const std::string& name) const {
-        std::int64_t v = -12345;
-        const hid_t a = open_attr(obj, name);
-        if (a >= 0) {
-            const hid_t t = H5Aget_type(a);
-            if (H5Tget_class(t) == H5T_INTEGER) H5Aread(a, H5T_NATIVE_INT64, &v);
-            H5Tclose(t);
-            H5Aclose(a);
-        }
-        return v;
+        return trainscope::testing::read_int_attr(file, obj, name);
     }
     double float_attr(const std::string& obj, const std::string& name) const {
         double v = -12345;
