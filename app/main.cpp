@@ -9,12 +9,15 @@
 #include "trainscope/core/log.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/dist/topology.hpp"
+#include "trainscope/prof/memory.hpp"
 #include "trainscope/train/options.hpp"
 #include "trainscope/train/session.hpp"
 
 using namespace trainscope;
 
 int main(int argc, char** argv) {
+    // Count live CPU tensor bytes from the first allocation on (host_tensor_* in /iterations).
+    prof::install_host_tensor_counter();
     // Bootstrap: MPI, this rank's place in the world, log prefix "[rank r/N host]". The MPI thread
     // level depends on the workload, so the command line is read once quietly before MPI starts
     // (errors are reported properly below, on every rank).

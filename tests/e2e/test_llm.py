@@ -48,7 +48,18 @@ def common_checks(f, max_seq_len=256):
     assert np.all(np.isfinite(it["loss"][...]))
     for col in ("tokens", "label_tokens", "padding_fraction", "frozen_weight_bytes"):
         assert it[col].attrs["units"] is not None
+    # Memory on CPU: the host tensor counter's peaks. Model state is all live in the optimizer
+    # phase, so its peak holds at least weights + gradients + optimizer state; the iteration's
+    # peak is the largest phase peak or above.
+    state = it["parameter_bytes"][...] + it["gradient_bytes"][...] + \
+        it["optimizer_state_bytes"][...]
+    phases = np.stack([it[f"{p}_peak_bytes"][...] for p in ("forward", "backward", "optimizer")])
+    assert np.all(np.isfinite(phases)) and np.all(phases > 0)
+    assert np.all(it["optimizer_peak_bytes"][...] >= state)
+    assert np.all(it["host_tensor_peak_bytes"][...] >= phases.max(axis=0))
+    assert np.all(it["host_tensor_bytes"][...] <= it["host_tensor_peak_bytes"][...])
     s = f["summary"].attrs
+    assert float(s["peak_host_tensor_bytes"]) == np.max(it["host_tensor_peak_bytes"][...])
     assert float(s["throughput_tokens_per_s"]) > 0
     assert float(s["tokens"]) == pytest.approx(
         tokens[:, int(s["warmup_iterations"]):int(s["warmup_iterations"]) +

@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/models/llama.hpp"
+#include "trainscope/models/lora.hpp"
 #include "trainscope/models/nf4.hpp"
 
 namespace tm_ = trainscope::models;
@@ -92,4 +94,34 @@ TEST(Nf4, ProjectionUsesTheDequantisedWeightForwardAndBackward) {
     EXPECT_LT((x.grad() - x2.grad()).abs().max().item<double>(), 1e-5);
     EXPECT_TRUE(p.parameters().empty()); // nothing of the base weight is trainable
     EXPECT_EQ(p.buffers().size(), 3u);
+}
+
+// QLoRA's memory saving is real only if nothing keeps the dense projections once they are
+// quantised: the layers used to hold them in members besides their children, which kept every
+// dense weight alive (found by the host tensor counter: QLoRA peaked above LoRA).
+TEST(Nf4, QuantisedLlamaReleasesTheDenseProjections) {
+    torch::manual_seed(2);
+    tm_::LlamaConfig c = tm_::LlamaConfig::preset("tiny");
+    c.vocab_size = 64;
+    tm_::LlamaForCausalLM model(c, torch::TensorOptions().dtype(torch::kFloat32));
+    std::vector<std::weak_ptr<torch::nn::Module>> dense;
+    tm_::for_each_projection(*model,
+                             [&](torch::nn::Module&, const std::string&, const std::string& full,
+                                 std::shared_ptr<tm_::ProjectionImpl> p) {
+                                 if (full.rfind("layers.", 0) == 0) dense.push_back(p);
+                             });
+    ASSERT_EQ(dense.size(), 2u * 7u);
+    tm_::quantize_nf4(*model, torch::kFloat32);
+    tm_::LoraOptions lora;
+    tm_::apply_lora(*model, lora);
+    for (const auto& d : dense)
+        EXPECT_TRUE(d.expired());
+    for (const auto& p : model->named_parameters())
+        EXPECT_TRUE(p.key().find("lora_") != std::string::npos ||
+                    p.key().rfind("layers.", 0) != 0 ||
+                    p.key().find("layernorm") != std::string::npos)
+            << p.key() << " is a dense parameter left in a quantised layer";
+    // Still a working model.
+    const torch::Tensor logits = model->forward(torch::randint(0, 64, {1, 8}));
+    EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
 }

@@ -244,14 +244,10 @@ void init_normal(const std::shared_ptr<ProjectionImpl>& p) {
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, const torch::TensorOptions& options)
     : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
     const std::int64_t q = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
-    q_proj = register_module("q_proj",
-                             std::make_shared<LinearProjectionImpl>(c.hidden_size, q, options));
-    k_proj = register_module("k_proj",
-                             std::make_shared<LinearProjectionImpl>(c.hidden_size, kv, options));
-    v_proj = register_module("v_proj",
-                             std::make_shared<LinearProjectionImpl>(c.hidden_size, kv, options));
-    o_proj = register_module("o_proj",
-                             std::make_shared<LinearProjectionImpl>(q, c.hidden_size, options));
+    register_module("q_proj", std::make_shared<LinearProjectionImpl>(c.hidden_size, q, options));
+    register_module("k_proj", std::make_shared<LinearProjectionImpl>(c.hidden_size, kv, options));
+    register_module("v_proj", std::make_shared<LinearProjectionImpl>(c.hidden_size, kv, options));
+    register_module("o_proj", std::make_shared<LinearProjectionImpl>(q, c.hidden_size, options));
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in) {
@@ -275,12 +271,12 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Attentio
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, const torch::TensorOptions& options) {
-    gate_proj = register_module("gate_proj", std::make_shared<LinearProjectionImpl>(
-                                                 c.hidden_size, c.intermediate_size, options));
-    up_proj = register_module("up_proj", std::make_shared<LinearProjectionImpl>(
-                                             c.hidden_size, c.intermediate_size, options));
-    down_proj = register_module("down_proj", std::make_shared<LinearProjectionImpl>(
-                                                 c.intermediate_size, c.hidden_size, options));
+    register_module("gate_proj", std::make_shared<LinearProjectionImpl>(
+                                     c.hidden_size, c.intermediate_size, options));
+    register_module("up_proj", std::make_shared<LinearProjectionImpl>(
+                                   c.hidden_size, c.intermediate_size, options));
+    register_module("down_proj", std::make_shared<LinearProjectionImpl>(c.intermediate_size,
+                                                                        c.hidden_size, options));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
@@ -356,16 +352,17 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config,
     layers = register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < config.num_hidden_layers; ++i) {
         LlamaDecoderLayer layer(config, options);
-        for (auto p : {layer->self_attn->q_proj, layer->self_attn->k_proj, layer->self_attn->v_proj,
-                       layer->self_attn->o_proj, layer->mlp->gate_proj, layer->mlp->up_proj,
-                       layer->mlp->down_proj})
-            init_normal(p);
+        for (torch::nn::Module* block : {static_cast<torch::nn::Module*>(layer->self_attn.get()),
+                                         static_cast<torch::nn::Module*>(layer->mlp.get())})
+            for (const auto& child : block->named_children())
+                init_normal(std::dynamic_pointer_cast<ProjectionImpl>(child.value()));
         layers->push_back(layer);
     }
     norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps, options));
     if (!config.tie_word_embeddings) {
-        lm_head = register_module("lm_head", std::make_shared<LinearProjectionImpl>(
-                                                 config.hidden_size, config.vocab_size, options));
+        auto lm_head = register_module(
+            "lm_head",
+            std::make_shared<LinearProjectionImpl>(config.hidden_size, config.vocab_size, options));
         init_normal(lm_head);
     }
     inv_freq_ = rope_inverse_frequencies(config).to(options.device());

@@ -1,10 +1,21 @@
-// Memory counters: /proc/self/status (VmRSS, VmHWM) on the host; LibTorch's CUDA caching
-// allocator statistics and cudaMemGetInfo on the device.
+// Memory counters: /proc/self/status (VmRSS, VmHWM) and a counting CPU tensor allocator on the
+// host; LibTorch's CUDA caching allocator statistics and cudaMemGetInfo on the device.
 #include "trainscope/prof/memory.hpp"
 
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <limits>
+#include <mutex>
 #include <string>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include "trainscope/core/log.hpp"
 
 #include "trainscope/core/build_config.hpp"
 #if TRAINSCOPE_HAVE_CUDA
@@ -14,6 +25,117 @@
 #endif
 
 namespace trainscope::prof {
+
+namespace {
+
+// Each allocation carries its size in a 64-byte header in front of the data, so the data keeps
+// c10's 64-byte alignment and the deleter (which only gets the data pointer) knows what to
+// subtract. The data pointer doubles as the DataPtr context, which keeps raw_allocate working.
+constexpr std::size_t kHeader = 64;
+std::atomic<std::int64_t> g_live{0};
+std::atomic<std::int64_t> g_peak{0};
+std::atomic<bool> g_installed{false};
+
+void raise_peak(std::int64_t now) {
+    std::int64_t seen = g_peak.load(std::memory_order_relaxed);
+    while (now > seen && !g_peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+}
+
+void counted_free(void* data) {
+    if (data == nullptr) return;
+    char* base = static_cast<char*>(data) - kHeader;
+    std::size_t n = 0;
+    std::memcpy(&n, base, sizeof n);
+    const auto bytes = static_cast<std::int64_t>(n);
+    const std::int64_t now = g_live.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
+    if (c10::memoryProfilingEnabled())
+        c10::reportMemoryUsageToProfiler(data, -bytes, static_cast<std::size_t>(now),
+                                         static_cast<std::size_t>(now),
+                                         c10::Device(c10::DeviceType::CPU));
+    c10::free_cpu(base);
+}
+
+class CountingCpuAllocator final : public c10::Allocator {
+  public:
+    c10::DataPtr allocate(std::size_t n) override {
+        const c10::Device cpu(c10::DeviceType::CPU);
+        if (n == 0) return {nullptr, nullptr, &counted_free, cpu};
+        char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader)); // throws on OOM
+        std::memcpy(base, &n, sizeof n);
+        void* data = base + kHeader;
+        const auto bytes = static_cast<std::int64_t>(n);
+        const std::int64_t now = g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+        raise_peak(now);
+        if (c10::memoryProfilingEnabled())
+            c10::reportMemoryUsageToProfiler(data, bytes, static_cast<std::size_t>(now),
+                                             static_cast<std::size_t>(now), cpu);
+        return {data, data, &counted_free, cpu};
+    }
+    c10::DeleterFnPtr raw_deleter() const override { return &counted_free; }
+    void copy_data(void* dest, const void* src, std::size_t count) const override {
+        default_copy_data(dest, src, count);
+    }
+};
+
+} // namespace
+
+void install_host_tensor_counter() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // Never destroyed: tensors may be released during static destruction.
+        static auto* counter = new CountingCpuAllocator();
+        // Priority 1 wins over LibTorch's default CPU allocator (registered at 0).
+        c10::SetCPUAllocator(counter, /*priority=*/1);
+        if (c10::GetCPUAllocator() == counter) {
+            g_installed.store(true);
+        } else {
+            core::log::warn() << "host tensor memory counter not installed: another CPU "
+                                 "allocator has priority; host_tensor_* columns will be NaN";
+        }
+    });
+}
+
+bool host_tensor_counter_installed() {
+    return g_installed.load();
+}
+
+HostTensorBytes host_tensor_bytes() {
+    HostTensorBytes b;
+    if (!g_installed.load(std::memory_order_relaxed)) return b;
+    b.current = static_cast<double>(g_live.load(std::memory_order_relaxed));
+    b.peak = static_cast<double>(g_peak.load(std::memory_order_relaxed));
+    return b;
+}
+
+void reset_host_tensor_peak() {
+    g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+PhasePeak::PhasePeak(int cuda_device, bool enabled)
+    : cuda_device_(cuda_device),
+      enabled_(enabled && (cuda_device >= 0 || host_tensor_counter_installed())) {}
+
+void PhasePeak::begin() const {
+    if (!enabled_) return;
+    if (cuda_device_ >= 0)
+        reset_device_peaks(cuda_device_);
+    else
+        reset_host_tensor_peak();
+}
+
+void PhasePeak::end(double& slot) const {
+    if (!enabled_) return;
+    const double peak =
+        cuda_device_ >= 0 ? device_allocated_peak_bytes(cuda_device_) : host_tensor_bytes().peak;
+    if (std::isnan(slot) || peak > slot) slot = peak;
+}
+
+void fold_phase_peaks(MemorySample& m, int cuda_device, std::initializer_list<double> phase_peaks) {
+    double& peak = cuda_device >= 0 ? m.device_allocated_peak_bytes : m.host_tensor_peak_bytes;
+    for (double p : phase_peaks)
+        if (!std::isnan(p) && (std::isnan(peak) || p > peak)) peak = p;
+}
 
 MemorySample sample_memory(int cuda_device) {
     MemorySample s;
@@ -27,6 +149,9 @@ MemorySample sample_memory(int cuda_device) {
             s.host_peak_rss_bytes = kib * 1024;
         status.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
     }
+    const HostTensorBytes tensors = host_tensor_bytes();
+    s.host_tensor_bytes = tensors.current;
+    s.host_tensor_peak_bytes = tensors.peak;
 #if TRAINSCOPE_HAVE_CUDA
     if (cuda_device >= 0) {
         using c10::CachingAllocator::StatType;

@@ -222,6 +222,8 @@ std::string format_summary_table(const SummaryReport& r) {
     else
         row("GPU energy", "n/a (no NVML energy counter)");
     row("peak host RSS", fixed(r.peak_host_rss_bytes / (1024.0 * 1024.0), 1) + " MiB");
+    if (r.peak_host_tensor_bytes >= 0)
+        row("peak host tensors", fixed(r.peak_host_tensor_bytes / (1024.0 * 1024.0), 1) + " MiB");
     if (r.peak_device_bytes >= 0)
         row("peak device allocated", fixed(r.peak_device_bytes / (1024.0 * 1024.0), 1) + " MiB");
     std::string s = o.str();

@@ -55,22 +55,6 @@ StateBytes state_bytes(const std::vector<torch::Tensor>& params, torch::optim::O
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Peak device memory per phase: the allocator's peak counter is reset when a phase begins and read
-// when it ends. The counter lives on the host and moves when the host enqueues work, which is what
-// the stream-ordered caching allocator reserves for the phase. NaN on CPU.
-struct PhasePeaks {
-    int cuda_index;
-    bool enabled;
-    double forward = kNaN, backward = kNaN, optimizer = kNaN;
-    PhasePeaks(int index, bool on) : cuda_index(index), enabled(on && index >= 0) {}
-    void begin() const {
-        if (enabled) prof::reset_device_peaks(cuda_index);
-    }
-    void end(double& slot) const {
-        if (enabled) slot = prof::device_allocated_peak_bytes(cuda_index);
-    }
-};
-
 std::string format_duration(double seconds) {
     if (!std::isfinite(seconds) || seconds < 0) return "?";
     auto s = static_cast<long long>(seconds + 0.5);
@@ -339,9 +323,10 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                 prof::PhaseScope p(timer, prof::Phase::H2D);
                 std::tie(x, y) = s.input(*batch); // [B,C,S,S], [B]; device preprocessing here
             }
-            // Device allocator peak of each phase (CUDA only; the counter is host-side, so reading
-            // it does not synchronise).
-            PhasePeaks peaks(cuda_index, s.o.accounting);
+            // Allocator peak of each phase: the CUDA caching allocator's, or on CPU the host
+            // tensor counter's. Both counters are host-side, so reading them does not synchronise.
+            const prof::PhasePeak peak(cuda_index, s.o.accounting);
+            double forward_peak = kNaN, backward_peak = kNaN, optimizer_peak = kNaN;
             torch::Tensor loss;
             if (s.engine) {
                 // GPipe: all micro-batch forwards, then all backwards; the synchronizer is armed
@@ -363,20 +348,20 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
             } else {
                 {
                     prof::PhaseScope p(timer, prof::Phase::Forward);
-                    peaks.begin();
+                    peak.begin();
                     s.sync_buffers();
                     AutocastScope autocast(s.o.precision, s.o.device);
                     torch::Tensor logits = s.dp ? s.dp->forward(x) : s.model->forward(x); // [B, K]
                     loss = torch::nn::functional::cross_entropy(logits, y);
-                    peaks.end(peaks.forward);
+                    peak.end(forward_peak);
                 }
                 {
                     prof::PhaseScope p(timer, prof::Phase::Backward);
-                    peaks.begin();
+                    peak.begin();
                     s.sync->begin_iteration();
                     s.scaler->scale(loss).backward();
                     if (s.dp) s.dp->reduce_gradients();
-                    peaks.end(peaks.backward);
+                    peak.end(backward_peak);
                 }
             }
             // The scale this iteration's backward used (update() below may change it).
@@ -388,7 +373,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
             bool stepped = true;
             {
                 prof::PhaseScope p(timer, prof::Phase::Optimizer);
-                peaks.begin();
+                peak.begin();
                 if (s.scaler->enabled()) {
                     // Gradients are averaged across ranks first, so an inf/NaN on any rank
                     // reaches all of them and every rank skips the same steps.
@@ -399,7 +384,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                 }
                 s.optimizer->zero_grad(/*set_to_none=*/false);
                 if (s.dp) s.dp->refresh();
-                peaks.end(peaks.optimizer);
+                peak.end(optimizer_peak);
             }
             timer.end_iteration();
             if (window) window->end_iteration(iteration);
@@ -433,14 +418,11 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                     v.parameter_bytes = sb.parameters;
                     v.gradient_bytes = sb.gradients;
                     v.optimizer_state_bytes = sb.optimizer;
-                    // Peaks were reset per phase: the iteration's peak is the largest of them.
-                    for (double peak : {peaks.forward, peaks.backward, peaks.optimizer})
-                        if (!std::isnan(peak))
-                            v.memory.device_allocated_peak_bytes =
-                                std::max(v.memory.device_allocated_peak_bytes, peak);
-                    v.forward_peak_bytes = peaks.forward;
-                    v.backward_peak_bytes = peaks.backward;
-                    v.optimizer_peak_bytes = peaks.optimizer;
+                    prof::fold_phase_peaks(v.memory, cuda_index,
+                                           {forward_peak, backward_peak, optimizer_peak});
+                    v.forward_peak_bytes = forward_peak;
+                    v.backward_peak_bytes = backward_peak;
+                    v.optimizer_peak_bytes = optimizer_peak;
                 } else {
                     v.comm_bytes = v.comm_collective_s = kNaN;
                     v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;

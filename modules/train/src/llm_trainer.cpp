@@ -318,6 +318,10 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                 sequences += static_cast<double>(b.input_ids.size(0));
             }
 
+            // Allocator peak per phase (CUDA caching allocator, or the host tensor counter on
+            // CPU); forward and backward repeat per micro-batch and keep their largest peak.
+            const prof::PhasePeak peak(cuda_index, s.o.accounting);
+            double forward_peak = kNaN, backward_peak = kNaN, optimizer_peak = kNaN;
             if (s.zero) s.zero->zero_grad();
             torch::Tensor loss_acc = torch::zeros({}, torch::kFloat64);
             double dpo_vals[4] = {0, 0, 0, 0}; // chosen, rejected, margin, accuracy (sums)
@@ -334,6 +338,7 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                 torch::Tensor loss;
                 {
                     prof::PhaseScope p(timer, prof::Phase::Forward);
+                    peak.begin();
                     if (dpo) {
                         const std::int64_t pairs = ids.size(0) / 2;
                         torch::Tensor ref_c, ref_r;
@@ -365,11 +370,14 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                         loss = causal_lm_loss_sum(model.forward(ids, pos, seg), labels);
                         loss_acc += loss.detach().to(torch::kFloat64).cpu();
                     }
+                    peak.end(forward_peak);
                 }
                 {
                     prof::PhaseScope p(timer, prof::Phase::Backward);
+                    peak.begin();
                     if (a == accum - 1 && s.sync) s.sync->begin_iteration();
                     s.scaler->scale(loss).backward();
+                    peak.end(backward_peak);
                 }
             }
 
@@ -405,6 +413,7 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
             bool stepped = true;
             {
                 prof::PhaseScope p(timer, prof::Phase::Optimizer);
+                peak.begin();
                 if (s.zero) {
                     s.zero->step(lr);
                 } else {
@@ -416,6 +425,7 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                     }
                     s.optimizer->zero_grad(/*set_to_none=*/false);
                 }
+                peak.end(optimizer_peak);
             }
             timer.end_iteration();
             if (window) window->end_iteration(iteration);
@@ -465,6 +475,11 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                     v.comm_bytes = comm_bytes;
                     v.comm_collective_s = comm_s;
                     v.memory = prof::sample_memory(cuda_index);
+                    prof::fold_phase_peaks(v.memory, cuda_index,
+                                           {forward_peak, backward_peak, optimizer_peak});
+                    v.forward_peak_bytes = forward_peak;
+                    v.backward_peak_bytes = backward_peak;
+                    v.optimizer_peak_bytes = optimizer_peak;
                     double params = 0, grads = 0, state = 0;
                     for (const auto& t : s.m.trainable) {
                         params += bytes_of(t);

@@ -31,6 +31,8 @@ std::vector<io::Column> iteration_columns() {
                        {"optimizer_state_bytes", "B"},
                        {"host_rss_bytes", "B"},
                        {"host_peak_rss_bytes", "B"},
+                       {"host_tensor_bytes", "B"},
+                       {"host_tensor_peak_bytes", "B"},
                        {"device_allocated_bytes", "B"},
                        {"device_allocated_peak_bytes", "B"},
                        {"device_reserved_bytes", "B"},
@@ -135,6 +137,8 @@ void Recorder::flush() {
                                v.optimizer_state_bytes,
                                m.host_rss_bytes,
                                m.host_peak_rss_bytes,
+                               m.host_tensor_bytes,
+                               m.host_tensor_peak_bytes,
                                m.device_allocated_bytes,
                                m.device_allocated_peak_bytes,
                                m.device_reserved_bytes,
@@ -155,6 +159,10 @@ void Recorder::flush() {
         row.insert(row.end(), v.extra.begin(), v.extra.end());
         file_.append("iterations", row);
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
+        if (!std::isnan(m.host_tensor_peak_bytes))
+            peak_tensor_ = std::isnan(peak_tensor_)
+                               ? m.host_tensor_peak_bytes
+                               : std::max(peak_tensor_, m.host_tensor_peak_bytes);
         if (!std::isnan(m.device_allocated_peak_bytes))
             peak_device_ = std::isnan(peak_device_)
                                ? m.device_allocated_peak_bytes
@@ -313,6 +321,10 @@ void Recorder::finish(const RunInfo& info) {
     MPI_Allreduce(MPI_IN_PLACE, &peak_dev, 1, MPI_DOUBLE, MPI_MAX, comm_);
     s.push_back({"peak_host_rss_bytes", peak_rss});
     s.push_back({"peak_device_allocated_bytes", peak_dev < 0 ? kNaN : peak_dev});
+    double peak_tensor = std::isnan(peak_tensor_) ? -1 : peak_tensor_;
+    MPI_Allreduce(MPI_IN_PLACE, &peak_tensor, 1, MPI_DOUBLE, MPI_MAX, comm_);
+    s.push_back({"peak_host_tensor_bytes", peak_tensor < 0 ? kNaN : peak_tensor});
+    report.peak_host_tensor_bytes = peak_tensor;
     report.peak_host_rss_bytes = peak_rss;
     report.peak_device_bytes = peak_dev;
     if (have_epoch_) {

@@ -95,7 +95,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
   public:
     LlamaAttentionImpl(const LlamaConfig& config, const torch::TensorOptions& options);
     torch::Tensor forward(const torch::Tensor& x, const AttentionInputs& in); // [B,T,H] -> [B,T,H]
-    std::shared_ptr<ProjectionImpl> q_proj, k_proj, v_proj, o_proj;
+    // Children "q_proj", "k_proj", "v_proj", "o_proj": looked up by name on every use, never held
+    // in members, because LoRA/NF4/QAT replace them (a member would keep a replaced projection
+    // and its dense weight alive).
 
   private:
     std::int64_t heads_, kv_heads_, head_dim_;
@@ -106,7 +108,7 @@ class LlamaMLPImpl : public torch::nn::Module {
   public:
     LlamaMLPImpl(const LlamaConfig& config, const torch::TensorOptions& options);
     torch::Tensor forward(const torch::Tensor& x);
-    std::shared_ptr<ProjectionImpl> gate_proj, up_proj, down_proj;
+    // Children "gate_proj", "up_proj", "down_proj" (by name, as in LlamaAttentionImpl).
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -151,7 +153,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
     torch::nn::Embedding embed_tokens{nullptr};
     torch::nn::ModuleList layers{nullptr};
     RMSNorm norm{nullptr};
-    std::shared_ptr<ProjectionImpl> lm_head; // null when tied
+    // "lm_head" is looked up by name too (LoRA may wrap it).
 
   private:
     LlamaConfig config_;

@@ -1,9 +1,11 @@
-// Memory counters sampled once per iteration: host resident set (current and peak) and, on CUDA,
-// the caching allocator's allocated/reserved/active bytes (current and peak), its retry and OOM
-// counts, and the device's free/total memory as the driver sees it (other processes included).
+// Memory counters sampled once per iteration: host resident set (current and peak), the bytes of
+// live LibTorch CPU tensors (current and peak, from trainscope's counting CPU allocator) and, on
+// CUDA, the caching allocator's allocated/reserved/active bytes (current and peak), its retry and
+// OOM counts, and the device's free/total memory as the driver sees it (other processes included).
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 
 namespace trainscope::prof {
@@ -12,6 +14,11 @@ struct MemorySample {
     static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
     double host_rss_bytes = 0;
     double host_peak_rss_bytes = 0;
+    // Bytes of live LibTorch CPU tensor storage: what the tensors hold, not what the C heap keeps
+    // (RSS also counts freed memory glibc has not returned to the kernel). NaN until
+    // install_host_tensor_counter() ran. The peak follows the same reset rule as the device peaks.
+    double host_tensor_bytes = kNaN;
+    double host_tensor_peak_bytes = kNaN;
     // Device counters are NaN on CPU runs: they do not exist there (not zero, which would read as
     // "measured"). Peaks are since the process start or the last reset_device_peaks(); the
     // trainer resets them at every phase, so in /iterations they are peaks within the iteration.
@@ -38,5 +45,42 @@ double device_allocated_peak_bytes(int cuda_device);
 // Resets the caching allocator's peak counters of `cuda_device`, so the next sample's peaks cover
 // only what ran in between (e.g. one phase). No-op for cuda_device < 0 or a build without CUDA.
 void reset_device_peaks(int cuda_device);
+
+// Replaces LibTorch's default CPU allocator by one that allocates the same way (c10::alloc_cpu,
+// 64-byte aligned) and counts the live bytes and their peak, like the CUDA caching allocator's
+// allocated_bytes. Call once at start, before tensors are made: storage allocated before it is
+// not counted (neither its allocation nor its release). Idempotent and thread-safe. Memory
+// profiling events (the profiler's profile_memory) are still reported.
+void install_host_tensor_counter();
+bool host_tensor_counter_installed();
+
+struct HostTensorBytes {
+    double current = MemorySample::kNaN;
+    double peak = MemorySample::kNaN;
+};
+// NaN in both fields when the counter is not installed.
+HostTensorBytes host_tensor_bytes();
+// Sets the peak to the current value, so the next reading's peak covers only what ran since.
+void reset_host_tensor_peak();
+
+// Peak memory of one phase: the device allocator's peak on CUDA, the host tensor counter's on CPU.
+// begin() resets the peak; end() folds the peak since begin() into a slot (max, so a phase that
+// repeats within an iteration, e.g. per micro-batch, keeps its largest peak). Disabled (slots stay
+// NaN) when accounting is off or, on CPU, when the counter is not installed.
+class PhasePeak {
+  public:
+    PhasePeak(int cuda_device, bool enabled);
+    void begin() const;
+    void end(double& slot) const;
+    bool enabled() const { return enabled_; }
+
+  private:
+    int cuda_device_;
+    bool enabled_;
+};
+
+// The iteration's peak is the largest of its phase peaks (the counter was reset at every phase):
+// folds them into `m`'s device allocated peak (cuda_device >= 0) or host tensor peak (CPU).
+void fold_phase_peaks(MemorySample& m, int cuda_device, std::initializer_list<double> phase_peaks);
 
 } // namespace trainscope::prof

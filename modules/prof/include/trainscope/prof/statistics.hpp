@@ -87,7 +87,8 @@ struct SummaryReport {
     double energy_per_iteration_j = -1;
     double energy_per_sample_j = -1;
     double peak_host_rss_bytes = 0;
-    double peak_device_bytes = -1; // < 0: CPU run
+    double peak_device_bytes = -1;      // < 0: CPU run
+    double peak_host_tensor_bytes = -1; // < 0: host tensor counter not installed
 };
 // A fixed-width text table (no trailing newline), e.g.
 //   phase        median ms     p95 ms

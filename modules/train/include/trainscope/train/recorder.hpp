@@ -109,6 +109,7 @@ class Recorder {
     bool have_epoch_ = false;
     double peak_rss_ = 0;
     double peak_device_ = std::numeric_limits<double>::quiet_NaN();
+    double peak_tensor_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 } // namespace trainscope::train

@@ -1,0 +1,101 @@
+// The host tensor counter (prof::install_host_tensor_counter): LibTorch's CPU tensors are
+// allocated through it, it counts exactly the bytes of live storage and their peak, and the
+// per-phase peak keeps the largest phase. Every later test in this executable also runs with the
+// counting allocator installed, which exercises it under real training code.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <c10/core/CPUAllocator.h>
+
+#include <cmath>
+
+#include "trainscope/prof/memory.hpp"
+
+namespace prof = trainscope::prof;
+
+namespace {
+
+double live() {
+    return prof::host_tensor_bytes().current;
+}
+
+} // namespace
+
+TEST(HostTensorCounter, CountsLiveStorageAndPeak) {
+    prof::install_host_tensor_counter();
+    prof::install_host_tensor_counter(); // idempotent
+    ASSERT_TRUE(prof::host_tensor_counter_installed());
+    const double base = live();
+    torch::Tensor a = torch::ones({1000}, torch::kFloat32);
+    EXPECT_EQ(live(), base + 4000);
+    prof::reset_host_tensor_peak();
+    EXPECT_EQ(prof::host_tensor_bytes().peak, base + 4000);
+    {
+        torch::Tensor b = torch::zeros({1000}, torch::kFloat64); // 8000 B, freed at scope end
+        EXPECT_EQ(live(), base + 12000);
+        b.fill_(2.0); // the storage is usable (in place: no allocation)
+        EXPECT_EQ(b.data_ptr<double>()[999], 2.0);
+    }
+    EXPECT_EQ(live(), base + 4000);
+    EXPECT_EQ(prof::host_tensor_bytes().peak, base + 12000);
+    // Views share storage and add nothing; a clone allocates its own.
+    torch::Tensor v = a.narrow(0, 0, 10);
+    EXPECT_EQ(live(), base + 4000);
+    torch::Tensor c = a.clone();
+    EXPECT_EQ(live(), base + 8000);
+    EXPECT_FLOAT_EQ(c.sum().item<float>(), 1000.0f);
+    c.reset();
+    a.reset();
+    v.reset();
+    EXPECT_EQ(live(), base);
+
+    // The sample carries the counter; the data pointer keeps c10's 64-byte alignment.
+    torch::Tensor d = torch::empty({3, 7}, torch::kInt16);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(d.data_ptr()) % 64, 0u);
+    const prof::MemorySample m = prof::sample_memory(-1);
+    EXPECT_EQ(m.host_tensor_bytes, base + 42);
+    EXPECT_FALSE(std::isnan(m.host_tensor_peak_bytes));
+}
+
+TEST(HostTensorCounter, EmptyTensorsAndRawInterface) {
+    prof::install_host_tensor_counter();
+    const double base = live();
+    torch::Tensor e = torch::empty({0}, torch::kFloat32);
+    EXPECT_EQ(live(), base);
+    e.reset();
+    c10::Allocator* alloc = c10::GetCPUAllocator();
+    void* p = alloc->raw_allocate(100);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(live(), base + 100);
+    alloc->raw_deallocate(p);
+    EXPECT_EQ(live(), base);
+}
+
+TEST(HostTensorCounter, PhasePeakKeepsTheLargestPhase) {
+    prof::install_host_tensor_counter();
+    const double base = live();
+    const prof::PhasePeak peak(/*cuda_device=*/-1, /*enabled=*/true);
+    ASSERT_TRUE(peak.enabled());
+    double forward = std::nan(""), optimizer = std::nan("");
+    for (std::int64_t n : {2000, 500}) { // two micro-batches: the first has the larger peak
+        peak.begin();
+        torch::Tensor t = torch::empty({n}, torch::kFloat32);
+        t.reset();
+        peak.end(forward);
+    }
+    EXPECT_EQ(forward, base + 8000);
+    peak.begin();
+    peak.end(optimizer);
+    EXPECT_EQ(optimizer, base);
+
+    prof::MemorySample m = prof::sample_memory(-1);
+    prof::fold_phase_peaks(m, -1, {forward, optimizer, std::nan("")});
+    EXPECT_EQ(m.host_tensor_peak_bytes, base + 8000);
+    EXPECT_TRUE(std::isnan(m.device_allocated_peak_bytes));
+
+    const prof::PhasePeak off(-1, /*enabled=*/false);
+    double untouched = std::nan("");
+    off.begin();
+    off.end(untouched);
+    EXPECT_TRUE(std::isnan(untouched));
+}
