@@ -475,3 +475,24 @@ TEST(Tokenizer, TiktokenRanksMustBeDenseAndUnique) {
               std::string::npos);
     EXPECT_EQ(message(b64("ab") + " 256\n"), "no error");
 }
+
+// Role and content are stripped like Python's str.strip() in torchtune: Unicode spaces (NBSP,
+// ideographic space, line separator) as well as ASCII ones; other characters stay.
+TEST(Tokenizer, ChatStripsUnicodeWhitespaceLikePython) {
+    const auto tok = td::load_tiktoken(tiktoken_file());
+    const auto& s = tok->specials();
+    const auto t = td::tokenize_messages(
+        *tok, {{" user\t", "\xC2\xA0\xE3\x80\x80 yo\xC2\xA0x \xE2\x80\xA8\x1F", false}}, false,
+        false);
+    std::vector<std::int64_t> want = {s.start_header};
+    for (auto id : bytes_of("user"))
+        want.push_back(id);
+    want.insert(want.end(), {s.end_header, 263});
+    for (auto id : tok->encode("yo\xC2\xA0x")) // the inner NBSP stays
+        want.push_back(id);
+    want.push_back(s.eot);
+    EXPECT_EQ(t.ids, want);
+    EXPECT_EQ(td::tokenize_messages(*tok, {{"user", "\xC2\xA0\xE3\x80\x80", false}}, false, false)
+                  .ids.size(),
+              bytes_of("user").size() + 4); // header, "\n\n", eot: no content tokens
+}

@@ -599,6 +599,36 @@ class HfBpeTokenizer final : public Tokenizer {
     std::int64_t max_id_ = -1;
 };
 
+// Python's str.strip() (torchtune strips role and content): it removes every character for which
+// str.isspace() holds, which beyond ASCII whitespace includes U+001C..U+001F, U+0085, U+00A0 and
+// the Unicode space separators.
+bool python_space(std::uint32_t cp) {
+    return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+std::string python_strip(const std::string& t) {
+    // Decode to (offset, code point); invalid bytes count as non-space.
+    auto cp_at = [&](std::size_t i, std::size_t& len) -> std::uint32_t {
+        const unsigned char c = static_cast<unsigned char>(t[i]);
+        len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+        if (len == 1 || i + len > t.size()) return len = 1, c < 0x80 ? c : 0xFFFFFFFF;
+        std::uint32_t cp = c & (0x7F >> len);
+        for (std::size_t k = 1; k < len; ++k)
+            cp = (cp << 6) | (static_cast<unsigned char>(t[i + k]) & 0x3F);
+        return cp;
+    };
+    std::size_t begin = 0, end = 0, len = 0;
+    bool seen = false;
+    for (std::size_t i = 0; i < t.size(); i += len)
+        if (!python_space(cp_at(i, len))) {
+            if (!seen) begin = i, seen = true;
+            end = i + len;
+        }
+    return seen ? t.substr(begin, end - begin) : std::string();
+}
+
 } // namespace
 
 std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path) {
@@ -634,21 +664,16 @@ TokenizedText tokenize_messages(const Tokenizer& tok, const std::vector<Message>
         out.ids.push_back(id);
         out.mask.push_back(masked);
     };
-    auto strip = [](const std::string& t) {
-        const auto b = t.find_first_not_of(" \t\n\r\f\v");
-        if (b == std::string::npos) return std::string();
-        return t.substr(b, t.find_last_not_of(" \t\n\r\f\v") - b + 1);
-    };
     // BOS and EOS are never trained on (torchtune masks them).
     if (add_bos) push(s.bos, true);
     for (const Message& m : messages) {
         push(s.start_header, m.masked);
-        for (auto id : tok.encode(strip(m.role)))
+        for (auto id : tok.encode(python_strip(m.role)))
             push(id, m.masked);
         push(s.end_header, m.masked);
         for (auto id : tok.encode("\n\n"))
             push(id, m.masked);
-        for (auto id : tok.encode(strip(m.content)))
+        for (auto id : tok.encode(python_strip(m.content)))
             push(id, m.masked);
         push(s.eot, m.masked);
     }
