@@ -9,7 +9,8 @@ set_source_files_properties(unit/test_sampler.cpp PROPERTIES SKIP_PRECOMPILE_HEA
 # data_tokenize: a helper program (not a test) that tests/python/test_tokenizer_reference.py runs
 # to compare the tokenizers with Python tiktoken and HF tokenizers. It compiles the tokenizer
 # source itself, so that it links without LibTorch.
-add_executable(data_tokenize unit/data_tokenize.cpp ${PROJECT_SOURCE_DIR}/modules/data/src/tokenizer.cpp)
+add_executable(data_tokenize unit/data_tokenize.cpp
+               ${PROJECT_SOURCE_DIR}/modules/data/src/tokenizer.cpp)
 target_include_directories(data_tokenize PRIVATE ${PROJECT_SOURCE_DIR}/modules/data/include)
 target_link_libraries(data_tokenize PRIVATE trainscope::core PkgConfig::PCRE2
                       nlohmann_json::nlohmann_json)
