@@ -3,8 +3,11 @@
 // special-token ids; the chat format; errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/tokenizer.hpp"
@@ -239,4 +242,257 @@ TEST(Tokenizer, BadFilesAreNamed) {
     } catch (const trainscope::core::InputError& e) {
         EXPECT_NE(std::string(e.what()).find("WordPiece"), std::string::npos) << e.what();
     }
+}
+
+namespace {
+
+// A tiktoken file of the 256 bytes followed by `tokens` (ranks 256...).
+std::string write_tiktoken(const std::string& name, const std::vector<std::string>& tokens) {
+    const fs::path p = dir() / name;
+    std::ofstream out(p);
+    for (int b = 0; b < 256; ++b)
+        out << b64(std::string(1, static_cast<char>(b))) << " " << b << "\n";
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+        out << b64(tokens[i]) << " " << 256 + i << "\n";
+    return p.string();
+}
+
+std::string json_string(const std::string& s) {
+    std::string o = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') o += '\\';
+        o += c;
+    }
+    return o + "\"";
+}
+
+// A GPT-2-style tokenizer.json: byte-level with GPT-2's regex, the 256 bytes then `merges`
+// (pairs of byte strings; token 256 + i is merges[i].first + merges[i].second). `model_extra` and
+// `top_extra` are spliced into the "model" and top-level objects.
+std::string write_hf(const std::string& name,
+                     const std::vector<std::pair<std::string, std::string>>& merges,
+                     const std::string& model_extra = "", const std::string& top_extra = "",
+                     const std::string& pre_tokenizer =
+                         R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})") {
+    const fs::path p = dir() / name;
+    std::ofstream out(p);
+    out << "{" << top_extra << R"("pre_tokenizer": )" << pre_tokenizer
+        << R"(, "model": {"type": "BPE", )" << model_extra << R"("vocab": {)";
+    for (int b = 0; b < 256; ++b)
+        out << (b ? "," : "") << json_string(byte_char(b)) << ": " << b;
+    for (std::size_t i = 0; i < merges.size(); ++i)
+        out << "," << json_string(mapped(merges[i].first + merges[i].second)) << ": " << 256 + i;
+    out << R"(}, "merges": [)";
+    for (std::size_t i = 0; i < merges.size(); ++i)
+        out << (i ? "," : "")
+            << json_string(mapped(merges[i].first) + " " + mapped(merges[i].second));
+    out << "]}}";
+    return p.string();
+}
+
+// Reference BPE written from the definition: rescan all adjacent pairs, merge the lowest-ranked
+// (leftmost on ties), until no pair merges. `rank_of(a, b)` is -1 for "no merge".
+template <class RankOf>
+std::vector<std::string> naive_bpe(const std::string& piece, RankOf rank_of) {
+    std::vector<std::string> parts;
+    for (char c : piece)
+        parts.emplace_back(1, c);
+    for (;;) {
+        std::int64_t best = -1;
+        std::size_t at = 0;
+        for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+            const std::int64_t r = rank_of(parts[i], parts[i + 1]);
+            if (r >= 0 && (best < 0 || r < best)) best = r, at = i;
+        }
+        if (best < 0) return parts;
+        parts[at] += parts[at + 1];
+        parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+    }
+}
+
+// Random merges over the letters a, b, c: each joins two earlier tokens (bytes or merges).
+std::vector<std::pair<std::string, std::string>> random_merges(std::uint32_t seed, int count) {
+    std::vector<std::string> tokens = {"a", "b", "c"};
+    std::vector<std::pair<std::string, std::string>> merges;
+    std::uint32_t x = seed;
+    auto next = [&] { return x = x * 1664525u + 1013904223u, (x >> 8); };
+    while (static_cast<int>(merges.size()) < count) {
+        const std::string& l = tokens[next() % tokens.size()];
+        const std::string& r = tokens[next() % tokens.size()];
+        const std::string t = l + r;
+        if (t.size() > 6 || std::find(tokens.begin(), tokens.end(), t) != tokens.end()) continue;
+        merges.emplace_back(l, r);
+        tokens.push_back(t);
+    }
+    return merges;
+}
+
+std::string random_word(std::uint32_t& x, std::size_t n) {
+    std::string s;
+    for (std::size_t i = 0; i < n; ++i) {
+        x = x * 1103515245u + 12345u;
+        s += "abc"[(x >> 16) % 3];
+    }
+    return s;
+}
+
+} // namespace
+
+// Both tokenizers against the from-the-definition reference on random single-piece words: tiktoken
+// (any two adjacent tokens whose concatenation is a token merge, by that token's rank; a piece that
+// is a token is taken whole) and HF (only the listed pairs merge, by list position).
+TEST(Tokenizer, MergesMatchANaiveReferenceOnRandomWords) {
+    const auto merges = random_merges(7, 60);
+    std::vector<std::string> tokens;
+    std::map<std::string, std::int64_t> tt_rank, hf_id;
+    std::map<std::pair<std::string, std::string>, std::int64_t> hf_rank;
+    for (int b = 0; b < 256; ++b)
+        hf_id[std::string(1, static_cast<char>(b))] = b;
+    for (std::size_t i = 0; i < merges.size(); ++i) {
+        const std::string t = merges[i].first + merges[i].second;
+        tokens.push_back(t);
+        tt_rank[t] = hf_id[t] = 256 + static_cast<std::int64_t>(i);
+        hf_rank[merges[i]] = static_cast<std::int64_t>(i);
+    }
+    const auto tt = td::load_tiktoken(write_tiktoken("random.model", tokens));
+    const auto hf = td::load_hf_tokenizer(write_hf("random.json", merges));
+    std::uint32_t x = 11;
+    for (int k = 0; k < 300; ++k) {
+        const std::string w = random_word(x, k < 297 ? 1 + k % 40 : 2000);
+        std::vector<std::int64_t> want_tt, want_hf;
+        if (tt_rank.count(w)) {
+            want_tt = {tt_rank[w]};
+        } else {
+            for (const auto& p : naive_bpe(w, [&](const std::string&a, const std::string&b) {
+                     auto it = tt_rank.find(a + b);
+                     return it == tt_rank.end() ? std::int64_t{-1} : it->second;
+                 }))
+                want_tt.push_back(p.size() == 1 ? static_cast<unsigned char>(p[0]) : tt_rank[p]);
+        }
+        for (const auto& p : naive_bpe(w, [&](const std::string&a, const std::string&b) {
+                 auto it = hf_rank.find({a, b});
+                 return it == hf_rank.end() ? std::int64_t{-1} : it->second;
+             }))
+            want_hf.push_back(hf_id.at(p));
+        ASSERT_EQ(tt->encode(w), want_tt) << w;
+        ASSERT_EQ(hf->encode(w), want_hf) << w;
+    }
+}
+
+// Equal ranks merge the leftmost pair first: "   " (one trailing-whitespace piece) with the
+// merge "  " gives ["  ", " "], not [" ", "  "].
+TEST(Tokenizer, EqualRanksMergeLeftmostFirst) {
+    const auto tok = td::load_tiktoken(tiktoken_file());
+    EXPECT_EQ(tok->encode("x   "), (std::vector<std::int64_t>{'x', 259, ' '}));
+    EXPECT_EQ(tok->encode("\n\n\n"), (std::vector<std::int64_t>{263, '\n'}));
+}
+
+// A run without split points (a base64 blob, a line of '=') must not take quadratic time: 200,000
+// bytes in one piece. Rescanning all pairs after each merge needed minutes here.
+TEST(Tokenizer, LongRunsEncodeInLinearithmicTime) {
+    const auto tok = td::load_tiktoken(write_tiktoken("runs.model", {"==", "====", "aa", "aaaa"}));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string eq(200000, '='), letters(200001, 'a');
+    const auto a = tok->encode(eq), b = tok->encode(letters);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    // Pairs merge leftmost first, so the runs become "====" tokens (257, 259) plus a tail "a".
+    EXPECT_EQ(a, std::vector<std::int64_t>(50000, 257));
+    std::vector<std::int64_t> want(50000, 259);
+    want.push_back('a');
+    EXPECT_EQ(b, want);
+}
+
+// ignore_merges (Llama-3's tokenizer.json sets it) takes a piece that is in the vocabulary whole;
+// without it only the merges decide. Merges: b+c (256), a+b (257), ab+c (258): "abc" merges b+c
+// first and then cannot reach "abc". tiktoken always takes a whole-token piece.
+TEST(Tokenizer, HuggingFaceIgnoreMerges) {
+    const std::vector<std::pair<std::string, std::string>> m = {
+        {"b", "c"}, {"a", "b"}, {"ab", "c"}};
+    const auto plain = td::load_hf_tokenizer(write_hf("merges.json", m));
+    const auto whole =
+        td::load_hf_tokenizer(write_hf("ignore.json", m, R"("ignore_merges": true, )"));
+    EXPECT_EQ(plain->encode("abc"), (std::vector<std::int64_t>{'a', 256}));
+    EXPECT_EQ(whole->encode("abc"), (std::vector<std::int64_t>{258}));
+    EXPECT_EQ(plain->decode({'a', 256}), "abc");
+    const auto tt = td::load_tiktoken(write_tiktoken("abc.model", {"bc", "ab", "abc"}));
+    EXPECT_EQ(tt->encode("abc"), (std::vector<std::int64_t>{258}));
+    // GPT-2's pattern (ByteLevel use_regex): " abc" is one piece, "'s" splits off.
+    EXPECT_EQ(plain->encode("x's abc"), (std::vector<std::int64_t>{'x', '\'', 's', ' ', 'a', 256}));
+}
+
+// Features that would change the ids are refused with the key named, not ignored.
+TEST(Tokenizer, UnsupportedTokenizerJsonFeaturesAreNamed) {
+    auto message = [](const std::string& path) {
+        try {
+            td::load_hf_tokenizer(path);
+        } catch (const trainscope::core::InputError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    const std::vector<std::pair<std::string, std::string>> m = {{"a", "b"}};
+    EXPECT_NE(
+        message(write_hf("n.json", m, "", R"("normalizer": {"type": "NFC"}, )")).find("normalizer"),
+        std::string::npos);
+    EXPECT_NE(message(write_hf("f.json", m, R"("byte_fallback": true, )")).find("byte_fallback"),
+              std::string::npos);
+    EXPECT_NE(message(write_hf("d.json", m, R"("dropout": 0.1, )")).find("dropout"),
+              std::string::npos);
+    EXPECT_NE(message(write_hf("i.json", m, "", "",
+                               R"({"type": "Sequence", "pretokenizers": [{"type": "Split",
+                               "pattern": {"Regex": "\\s+"}, "behavior": "Isolated",
+                               "invert": true}, {"type": "ByteLevel", "use_regex": false}]})"))
+                  .find("invert"),
+              std::string::npos);
+    EXPECT_NE(message(write_hf("m.json", m, "", "", R"({"type": "Metaspace"})")).find("Metaspace"),
+              std::string::npos);
+    EXPECT_NE(message(write_hf("s.json", m, "", "", R"({"type": "Split", "pattern": {"Regex":
+                               "\\s+"}, "behavior": "Isolated", "invert": false})"))
+                  .find("ByteLevel"),
+              std::string::npos);
+    EXPECT_NE(message(write_hf("x.json", {{"a", "b"}, {"ab", "zz"}})).find("merges[1]"),
+              std::string::npos);
+}
+
+TEST(Tokenizer, TiktokenRanksMustBeDenseAndUnique) {
+    auto message = [](const std::string& text) {
+        const fs::path p = dir() / "ranks.model";
+        std::ofstream out(p);
+        for (int b = 0; b < 256; ++b)
+            out << b64(std::string(1, static_cast<char>(b))) << " " << b << "\n";
+        out << text;
+        out.close();
+        try {
+            td::load_tiktoken(p.string());
+        } catch (const trainscope::core::InputError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    // A gap would give a special token the id of a base token.
+    EXPECT_NE(message(b64("ab") + " 300\n").find("without gaps"), std::string::npos);
+    EXPECT_NE(message(b64("ab") + " 256\n" + b64("cd") + " 256\n").find("line 258"),
+              std::string::npos);
+    EXPECT_EQ(message(b64("ab") + " 256\n"), "no error");
+}
+
+// Role and content are stripped like Python's str.strip() in torchtune: Unicode spaces (NBSP,
+// ideographic space, line separator) as well as ASCII ones; other characters stay.
+TEST(Tokenizer, ChatStripsUnicodeWhitespaceLikePython) {
+    const auto tok = td::load_tiktoken(tiktoken_file());
+    const auto& s = tok->specials();
+    const auto t = td::tokenize_messages(
+        *tok, {{" user\t", "\xC2\xA0\xE3\x80\x80 yo\xC2\xA0x \xE2\x80\xA8\x1F", false}}, false,
+        false);
+    std::vector<std::int64_t> want = {s.start_header};
+    for (auto id : bytes_of("user"))
+        want.push_back(id);
+    want.insert(want.end(), {s.end_header, 263});
+    for (auto id : tok->encode("yo\xC2\xA0x")) // the inner NBSP stays
+        want.push_back(id);
+    want.push_back(s.eot);
+    EXPECT_EQ(t.ids, want);
+    EXPECT_EQ(td::tokenize_messages(*tok, {{"user", "\xC2\xA0\xE3\x80\x80", false}}, false, false)
+                  .ids.size(),
+              bytes_of("user").size() + 4); // header, "\n\n", eot: no content tokens
 }

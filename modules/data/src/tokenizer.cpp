@@ -13,7 +13,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -50,28 +49,27 @@ class Splitter {
                                    reinterpret_cast<const char*>(msg));
         }
         pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE); // optional: falls back to the interpreter
-        data_ = pcre2_match_data_create_from_pattern(code_, nullptr);
     }
-    ~Splitter() {
-        pcre2_match_data_free(data_);
-        pcre2_code_free(code_);
-    }
+    ~Splitter() { pcre2_code_free(code_); }
     Splitter(const Splitter&) = delete;
     Splitter& operator=(const Splitter&) = delete;
 
     // Calls fn(piece) for every match, in order. Text between matches (none for these patterns,
     // whose last alternatives take any whitespace) is passed through as a piece as well.
+    // Match data is per call, so that encode may run on several threads at once.
     template <class Fn> void split(std::string_view text, Fn&& fn) const {
-        std::lock_guard<std::mutex> lock(m_); // match data is per call
+        std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
+            pcre2_match_data_create_from_pattern(code_, nullptr), &pcre2_match_data_free);
+        pcre2_match_data* data = md.get();
         PCRE2_SIZE pos = 0;
         const auto* s = reinterpret_cast<PCRE2_SPTR>(text.data());
         while (pos < text.size()) {
-            const int rc = pcre2_match(code_, s, text.size(), pos, 0, data_, nullptr);
+            const int rc = pcre2_match(code_, s, text.size(), pos, 0, data, nullptr);
             if (rc < 0) { // no further match (e.g. invalid UTF-8 tail): keep the rest as bytes
                 fn(text.substr(pos));
                 return;
             }
-            const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data_);
+            const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data);
             if (ov[0] > pos) fn(text.substr(pos, ov[0] - pos));
             if (ov[1] == ov[0]) { // empty match: step one byte to make progress
                 fn(text.substr(ov[0], 1));
@@ -85,28 +83,84 @@ class Splitter {
 
   private:
     pcre2_code* code_ = nullptr;
-    pcre2_match_data* data_ = nullptr;
-    mutable std::mutex m_;
 };
 
-// Merges the parts of `piece` (initially single bytes / symbols) pairwise: each round merges the
-// adjacent pair with the lowest rank (`rank_of` returns max() for "no such merge").
-template <class RankOf>
-std::vector<std::string> merge_pairs(std::vector<std::string> parts, RankOf&& rank_of) {
-    const auto none = std::numeric_limits<std::int64_t>::max();
-    while (parts.size() > 1) {
-        std::int64_t best = none;
-        std::size_t at = 0;
-        for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
-            const std::int64_t r = rank_of(parts[i], parts[i + 1]);
-            if (r < best) best = r, at = i;
+constexpr std::int64_t kNoRank = std::numeric_limits<std::int64_t>::max();
+
+// Byte-pair merging of one piece of n bytes, as tiktoken and HF's BPE model do: repeatedly merge
+// the adjacent pair of parts with the lowest rank, the leftmost one on ties. Parts are byte ranges
+// of the piece kept in a linked list; candidate pairs wait in a min-heap keyed (rank, start) and
+// are dropped when popped if either part has changed since. This is O(n log n): rescanning all
+// pairs after every merge is quadratic, and one long run without split points (a base64 blob, a
+// line of 20,000 '=') then takes seconds to minutes.
+// rank(begin, mid, end): rank of merging [begin, mid) with [mid, end), or kNoRank.
+// merged(begin, mid, end): told of each merge, in order. Returns the start offsets of the final
+// parts (each part ends where the next starts; the last at n).
+class BytePairMerger {
+  public:
+    template <class Rank, class Merged>
+    const std::vector<std::size_t>& run(std::size_t n, Rank&& rank, Merged&& merged) {
+        next_.resize(n);
+        prev_.resize(n);
+        alive_.assign(n, 1);
+        heap_.clear();
+        for (std::size_t i = 0; i < n; ++i) {
+            next_[i] = i + 1;
+            prev_[i] = i == 0 ? kNone : i - 1;
         }
-        if (best == none) break;
-        parts[at] += parts[at + 1];
-        parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+        auto push = [&](std::size_t b) {
+            const std::size_t m = next_[b];
+            if (m >= n) return;
+            const std::int64_t r = rank(b, m, next_[m]);
+            if (r == kNoRank) return;
+            heap_.push_back({r, b, next_[m]});
+            std::push_heap(heap_.begin(), heap_.end(), later);
+        };
+        for (std::size_t i = 0; i + 1 < n; ++i)
+            push(i);
+        while (!heap_.empty()) {
+            std::pop_heap(heap_.begin(), heap_.end(), later);
+            const Candidate c = heap_.back();
+            heap_.pop_back();
+            // Parts only grow, so the pair is unchanged iff the left part still starts at `begin`
+            // and the part after it still ends at `end`.
+            if (!alive_[c.begin]) continue;
+            const std::size_t m = next_[c.begin];
+            if (m >= n || next_[m] != c.end) continue;
+            merged(c.begin, m, c.end);
+            alive_[m] = 0;
+            next_[c.begin] = c.end;
+            if (c.end < n) prev_[c.end] = c.begin;
+            if (prev_[c.begin] != kNone) push(prev_[c.begin]);
+            push(c.begin);
+        }
+        starts_.clear();
+        for (std::size_t i = 0; i < n; i = next_[i])
+            starts_.push_back(i);
+        return starts_;
     }
-    return parts;
-}
+
+  private:
+    struct Candidate {
+        std::int64_t rank;
+        std::size_t begin, end;
+    };
+    // Heap order: the lowest rank first, then the leftmost.
+    static bool later(const Candidate& a, const Candidate& b) {
+        return a.rank != b.rank ? a.rank > b.rank : a.begin > b.begin;
+    }
+    static constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+    std::vector<std::size_t> next_, prev_, starts_;
+    std::vector<char> alive_;
+    std::vector<Candidate> heap_;
+};
+
+// Hash for string-keyed maps looked up with string_views of the text (no key copies).
+struct StringHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using ByteMap = std::unordered_map<std::string, std::int64_t, StringHash, std::equal_to<>>;
 
 int base64_value(char c) {
     if (c >= 'A' && c <= 'Z') return c - 'A';
@@ -201,9 +255,23 @@ class TiktokenTokenizer final : public Tokenizer {
             if (!encoder_.emplace(bytes, rank).second)
                 throw core::InputError("tokenizer file '" + path + "' line " +
                                        std::to_string(lineno) + ": token listed twice");
-            decoder_[rank] = bytes;
+            if (!decoder_.emplace(rank, bytes).second)
+                throw core::InputError("tokenizer file '" + path + "' line " +
+                                       std::to_string(lineno) + ": rank " + std::to_string(rank) +
+                                       " listed twice");
         }
         if (encoder_.empty()) throw core::InputError("tokenizer file '" + path + "' is empty");
+        // The specials take ids N..N+255 after the N base tokens: a gap in the ranks would give a
+        // special the id of a base token.
+        std::int64_t max_rank = 0;
+        for (const auto& [rank, bytes] : decoder_)
+            max_rank = std::max(max_rank, rank);
+        if (max_rank + 1 != static_cast<std::int64_t>(decoder_.size()))
+            throw core::InputError("tokenizer file '" + path + "' has " +
+                                   std::to_string(decoder_.size()) + " tokens but ranks up to " +
+                                   std::to_string(max_rank) +
+                                   ": ranks must be 0..N-1 without gaps (the 256 special tokens "
+                                   "take the ids after them)");
         for (int b = 0; b < 256; ++b)
             if (!encoder_.count(std::string(1, static_cast<char>(b))))
                 throw core::InputError("tokenizer file '" + path + "' lacks the single byte " +
@@ -218,21 +286,23 @@ class TiktokenTokenizer final : public Tokenizer {
 
     std::vector<std::int64_t> encode(std::string_view text) const override {
         std::vector<std::int64_t> out;
+        BytePairMerger bpe;
         splitter_.split(text, [&](std::string_view piece) {
-            auto whole = encoder_.find(std::string(piece));
-            if (whole != encoder_.end()) {
+            // A piece that is itself a token needs no merging (tiktoken does the same; most words
+            // of a large vocabulary take this path).
+            if (auto whole = encoder_.find(piece); whole != encoder_.end()) {
                 out.push_back(whole->second);
                 return;
             }
-            std::vector<std::string> parts;
-            for (char c : piece)
-                parts.emplace_back(1, c);
-            parts = merge_pairs(std::move(parts), [&](const std::string& a, const std::string& b) {
-                auto it = encoder_.find(a + b);
-                return it == encoder_.end() ? std::numeric_limits<std::int64_t>::max() : it->second;
-            });
-            for (const auto& p : parts)
-                out.push_back(encoder_.at(p));
+            auto rank = [&](std::size_t b, std::size_t, std::size_t e) {
+                auto it = encoder_.find(piece.substr(b, e - b));
+                return it == encoder_.end() ? kNoRank : it->second;
+            };
+            const auto& starts = bpe.run(piece.size(), rank, [](auto...) {});
+            for (std::size_t i = 0; i < starts.size(); ++i) {
+                const std::size_t end = i + 1 < starts.size() ? starts[i + 1] : piece.size();
+                out.push_back(encoder_.find(piece.substr(starts[i], end - starts[i]))->second);
+            }
         });
         return out;
     }
@@ -265,7 +335,7 @@ class TiktokenTokenizer final : public Tokenizer {
 
   private:
     Splitter splitter_;
-    std::unordered_map<std::string, std::int64_t> encoder_;
+    ByteMap encoder_;
     std::unordered_map<std::int64_t, std::string> decoder_;
     SpecialTable specials_table_;
     std::int64_t num_base_ = 0;
@@ -290,24 +360,9 @@ std::array<std::uint32_t, 256> bytes_to_unicode() {
     return map;
 }
 
-std::string utf8(std::uint32_t cp) {
-    std::string s;
-    if (cp < 0x80) {
-        s.push_back(static_cast<char>(cp));
-    } else if (cp < 0x800) {
-        s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    } else {
-        s.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-        s.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-        s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    return s;
-}
-
 class HfBpeTokenizer final : public Tokenizer {
   public:
-    explicit HfBpeTokenizer(const std::string& path) {
+    explicit HfBpeTokenizer(const std::string& path) : path_(path) {
         json j;
         try {
             std::ifstream in(path);
@@ -319,97 +374,70 @@ class HfBpeTokenizer final : public Tokenizer {
         auto fail = [&](const std::string& what) {
             throw core::InputError("tokenizer file '" + path + "': " + what);
         };
-        if (!j.contains("model") || !j["model"].is_object()) fail("no \"model\" object");
-        const json& model = j["model"];
-        if (model.value("type", std::string()) != "BPE")
-            fail("model.type is '" + model.value("type", std::string("?")) +
-                 "': only byte-level BPE tokenizers (Llama-3) are supported");
-        if (!model.contains("vocab") || !model["vocab"].is_object()) fail("no model.vocab");
-        for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-            const auto id = it->get<std::int64_t>();
-            vocab_[it.key()] = id;
-            inverse_[id] = it.key();
-            max_id_ = std::max(max_id_, id);
-        }
-        if (!model.contains("merges") || !model["merges"].is_array()) fail("no model.merges");
-        std::int64_t rank = 0;
-        for (const auto& m : model["merges"]) {
-            std::string a, b;
-            if (m.is_string()) {
-                const std::string s = m.get<std::string>();
-                const auto sp = s.find(' ');
-                if (sp == std::string::npos) fail("merge '" + s + "' is not 'left right'");
-                a = s.substr(0, sp);
-                b = s.substr(sp + 1);
-            } else if (m.is_array() && m.size() == 2) {
-                a = m[0].get<std::string>();
-                b = m[1].get<std::string>();
-            } else {
-                fail("model.merges holds an entry that is neither \"a b\" nor [a, b]");
-            }
-            merges_.emplace(a + '\x01' + b, rank++);
-        }
-        // Pre-tokenizer: a Split regex (Llama-3) and/or ByteLevel (GPT-2's pattern if use_regex).
-        std::string pattern;
-        std::function<void(const json&)> scan = [&](const json& p) {
-            if (!p.is_object()) return;
-            const std::string type = p.value("type", std::string());
-            if (type == "Sequence" && p.contains("pretokenizers")) {
-                for (const auto& q : p["pretokenizers"])
-                    scan(q);
-            } else if (type == "Split") {
-                if (p.contains("pattern") && p["pattern"].contains("Regex"))
-                    pattern = p["pattern"]["Regex"].get<std::string>();
-                else
-                    fail("pre_tokenizer Split without a Regex pattern is not supported");
-            } else if (type == "ByteLevel") {
-                if (p.value("use_regex", true) && pattern.empty()) pattern = kGpt2Pattern;
-            } else if (!type.empty()) {
-                fail("pre_tokenizer type '" + type + "' is not supported (Split, ByteLevel)");
-            }
+        // Features that change the ids and that this byte-level BPE does not implement are
+        // refused by name rather than ignored.
+        auto set = [](const json& o, const char* key) {
+            return o.is_object() && o.contains(key) && !o[key].is_null();
         };
-        if (j.contains("pre_tokenizer")) scan(j["pre_tokenizer"]);
-        if (pattern.empty()) pattern = kLlama3Pattern;
-        splitter_ = std::make_unique<Splitter>(pattern, "tokenizer file '" + path + "'");
-        if (j.contains("added_tokens") && j["added_tokens"].is_array())
-            for (const auto& t : j["added_tokens"]) {
-                const auto id = t.at("id").get<std::int64_t>();
-                specials_table_.add(t.at("content").get<std::string>(), id);
-                max_id_ = std::max(max_id_, id);
-            }
-        const auto table = bytes_to_unicode();
-        for (int b = 0; b < 256; ++b) {
-            byte_char_[b] = utf8(table[b]);
-            char_byte_[byte_char_[b]] = static_cast<char>(b);
+        try {
+            if (!j.contains("model") || !j["model"].is_object()) fail("no \"model\" object");
+            const json& model = j["model"];
+            if (model.value("type", std::string()) != "BPE")
+                fail("model.type is '" + model.value("type", std::string("?")) +
+                     "': only byte-level BPE tokenizers (Llama-3) are supported");
+            if (set(j, "normalizer"))
+                fail("normalizer is not supported (byte-level BPE such as Llama-3's has none): "
+                     "use a byte-level BPE tokenizer or its tiktoken file");
+            if (model.value("byte_fallback", false))
+                fail("model.byte_fallback is not supported (a SentencePiece-style BPE, not "
+                     "byte-level)");
+            for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+                if (set(model, key) && !model[key].get<std::string>().empty())
+                    fail(std::string("model.") + key + " is not supported");
+            if (set(model, "dropout") && model["dropout"].get<double>() != 0.0)
+                fail("model.dropout is not supported (it makes encoding random)");
+            ignore_merges_ = model.value("ignore_merges", false);
+            if (!model.contains("vocab") || !model["vocab"].is_object()) fail("no model.vocab");
+            read_pre_tokenizer(j, fail);
+            read_vocab(model["vocab"], fail);
+            if (!model.contains("merges") || !model["merges"].is_array()) fail("no model.merges");
+            read_merges(model["merges"], fail);
+            if (j.contains("added_tokens") && j["added_tokens"].is_array())
+                for (const auto& t : j["added_tokens"]) {
+                    const auto id = t.at("id").get<std::int64_t>();
+                    specials_table_.add(t.at("content").get<std::string>(), id);
+                    max_id_ = std::max(max_id_, id);
+                }
+        } catch (const json::exception& e) {
+            fail(std::string("unexpected JSON structure: ") + e.what());
         }
         specials_ = specials_table_.resolve();
     }
 
     std::vector<std::int64_t> encode(std::string_view text) const override {
         std::vector<std::int64_t> out;
+        BytePairMerger bpe;
+        std::vector<std::int64_t> ids; // id of the part starting at each byte
         splitter_->split(text, [&](std::string_view piece) {
-            std::vector<std::string> parts;
-            for (char c : piece)
-                parts.push_back(byte_char_[static_cast<unsigned char>(c)]);
-            std::string whole;
-            for (const auto& p : parts)
-                whole += p;
-            auto w = vocab_.find(whole);
-            if (w != vocab_.end()) {
-                out.push_back(w->second);
-                return;
-            }
-            parts = merge_pairs(std::move(parts), [&](const std::string& a, const std::string& b) {
-                auto it = merges_.find(a + '\x01' + b);
-                return it == merges_.end() ? std::numeric_limits<std::int64_t>::max() : it->second;
-            });
-            for (const auto& p : parts) {
-                auto it = vocab_.find(p);
-                if (it == vocab_.end())
-                    throw core::InputError("tokenizer.json: symbol without an id after BPE (the "
-                                           "vocabulary lacks a byte?)");
-                out.push_back(it->second);
-            }
+            // HF's BPE takes a piece that is in the vocabulary whole only with ignore_merges
+            // (Llama-3 sets it); otherwise the merges alone decide.
+            if (ignore_merges_)
+                if (auto whole = by_bytes_.find(piece); whole != by_bytes_.end()) {
+                    out.push_back(whole->second);
+                    return;
+                }
+            ids.resize(piece.size());
+            for (std::size_t i = 0; i < piece.size(); ++i)
+                ids[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+            auto rank = [&](std::size_t b, std::size_t m, std::size_t) {
+                auto it = merges_.find(pair_key(ids[b], ids[m]));
+                return it == merges_.end() ? kNoRank : it->second.first;
+            };
+            auto merged = [&](std::size_t b, std::size_t m, std::size_t) {
+                ids[b] = merges_.find(pair_key(ids[b], ids[m]))->second.second;
+            };
+            for (std::size_t start : bpe.run(piece.size(), rank, merged))
+                out.push_back(ids[start]);
         });
         return out;
     }
@@ -422,19 +450,11 @@ class HfBpeTokenizer final : public Tokenizer {
                 out += sp->second;
                 continue;
             }
-            auto it = inverse_.find(id);
-            if (it == inverse_.end())
+            auto it = bytes_of_.find(id);
+            if (it == bytes_of_.end())
                 throw core::InputError("token id " + std::to_string(id) +
                                        " is not in the tokenizer's vocabulary");
-            // Each code point of the token stands for one byte.
-            const std::string& s = it->second;
-            for (std::size_t i = 0; i < s.size();) {
-                const unsigned char c = static_cast<unsigned char>(s[i]);
-                const std::size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-                auto b = char_byte_.find(s.substr(i, len));
-                out.push_back(b == char_byte_.end() ? '?' : b->second);
-                i += len;
-            }
+            out += it->second;
         }
         return out;
     }
@@ -448,15 +468,166 @@ class HfBpeTokenizer final : public Tokenizer {
     std::string kind() const override { return "hf-bpe"; }
 
   private:
+    static std::uint64_t pair_key(std::int64_t a, std::int64_t b) {
+        return (static_cast<std::uint64_t>(a) << 32) ^ static_cast<std::uint64_t>(b);
+    }
+
+    // Pre-tokenizer: a Split regex (Llama-3: Sequence[Split, ByteLevel without regex]) or a
+    // ByteLevel with its own regex (GPT-2's pattern, as HF's ByteLevel uses).
+    template <class Fail> void read_pre_tokenizer(const json& j, Fail&& fail) {
+        if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
+            fail("pre_tokenizer is missing: only byte-level BPE (a ByteLevel pre-tokenizer, "
+                 "optionally after a Split regex) is supported");
+        std::string pattern;
+        bool byte_level = false;
+        std::function<void(const json&)> scan = [&](const json& p) {
+            const std::string type = p.value("type", std::string());
+            if (type == "Sequence" && p.contains("pretokenizers")) {
+                for (const auto& q : p["pretokenizers"])
+                    scan(q);
+            } else if (type == "Split") {
+                if (!p.contains("pattern") || !p["pattern"].contains("Regex"))
+                    fail("pre_tokenizer Split without a Regex pattern is not supported");
+                if (p.value("behavior", std::string("Isolated")) != "Isolated" ||
+                    p.value("invert", false))
+                    fail("pre_tokenizer Split with behavior '" +
+                         p.value("behavior", std::string()) +
+                         "' or invert true is not supported (Isolated, invert false)");
+                if (!pattern.empty()) fail("pre_tokenizer with two split patterns");
+                pattern = p["pattern"]["Regex"].get<std::string>();
+            } else if (type == "ByteLevel") {
+                byte_level = true;
+                if (p.value("add_prefix_space", false))
+                    fail("pre_tokenizer ByteLevel add_prefix_space true is not supported");
+                if (p.value("use_regex", true)) {
+                    if (!pattern.empty()) fail("pre_tokenizer with two split patterns");
+                    pattern = kGpt2Pattern;
+                }
+            } else {
+                fail("pre_tokenizer type '" + type + "' is not supported (Split, ByteLevel)");
+            }
+        };
+        scan(j["pre_tokenizer"]);
+        if (!byte_level)
+            fail("pre_tokenizer has no ByteLevel step: only byte-level BPE is supported");
+        if (pattern.empty())
+            fail("pre_tokenizer has no split pattern (a Split regex or ByteLevel use_regex)");
+        splitter_ = std::make_unique<Splitter>(pattern, "tokenizer file '" + path_ + "'");
+    }
+
+    // Vocabulary entries spell bytes with GPT-2's printable code points; keep them as bytes.
+    template <class Fail> void read_vocab(const json& vocab, Fail&& fail) {
+        const auto table = bytes_to_unicode();
+        std::unordered_map<std::uint32_t, char> byte_of_cp;
+        for (int b = 0; b < 256; ++b)
+            byte_of_cp[table[b]] = static_cast<char>(b);
+        for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+            const auto id = it->get<std::int64_t>();
+            if (id < 0 || id >= (std::int64_t{1} << 31))
+                fail("model.vocab['" + it.key() + "'] has the id " + std::to_string(id));
+            std::string bytes;
+            bool mapped = true;
+            const std::string& s = it.key();
+            for (std::size_t i = 0; i < s.size() && mapped;) {
+                const unsigned char c = static_cast<unsigned char>(s[i]);
+                const std::size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+                std::uint32_t cp = len == 1 ? c : c & (0x3F >> (len - 1));
+                for (std::size_t k = 1; k < len && i + k < s.size(); ++k)
+                    cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+                auto b = byte_of_cp.find(cp);
+                if (b == byte_of_cp.end())
+                    mapped = false;
+                else
+                    bytes.push_back(b->second);
+                i += len;
+            }
+            // A token outside the byte alphabet (e.g. a special token listed in the vocabulary)
+            // cannot come out of byte-level BPE: it decodes to its text.
+            if (!mapped)
+                bytes = s;
+            else
+                by_bytes_.emplace(bytes, id);
+            if (!bytes_of_.emplace(id, bytes).second)
+                fail("model.vocab gives the id " + std::to_string(id) + " twice");
+            by_text_.emplace(s, id);
+            max_id_ = std::max(max_id_, id);
+        }
+        for (int b = 0; b < 256; ++b) {
+            auto it = by_bytes_.find(std::string(1, static_cast<char>(b)));
+            if (it == by_bytes_.end())
+                fail("model.vocab lacks the byte " + std::to_string(b) +
+                     ": a byte-level BPE vocabulary needs all 256");
+            byte_id_[b] = it->second;
+        }
+    }
+
+    template <class Fail> void read_merges(const json& merges, Fail&& fail) {
+        std::int64_t rank = 0;
+        for (const auto& m : merges) {
+            std::string a, b;
+            if (m.is_string()) {
+                const std::string s = m.get<std::string>();
+                const auto sp = s.find(' ');
+                if (sp == std::string::npos) fail("model.merges entry '" + s + "' is not 'a b'");
+                a = s.substr(0, sp);
+                b = s.substr(sp + 1);
+            } else if (m.is_array() && m.size() == 2) {
+                a = m[0].get<std::string>();
+                b = m[1].get<std::string>();
+            } else {
+                fail("model.merges[" + std::to_string(rank) + "] is neither \"a b\" nor [a, b]");
+            }
+            auto ia = by_text_.find(a), ib = by_text_.find(b), iab = by_text_.find(a + b);
+            if (ia == by_text_.end() || ib == by_text_.end() || iab == by_text_.end())
+                fail("model.merges[" + std::to_string(rank) + "] ('" + a + "' + '" + b +
+                     "') names a token missing from model.vocab");
+            // The first listing of a pair counts (the lowest rank), as in HF.
+            merges_.emplace(pair_key(ia->second, ib->second), std::pair{rank, iab->second});
+            ++rank;
+        }
+    }
+
     std::unique_ptr<Splitter> splitter_;
-    std::unordered_map<std::string, std::int64_t> vocab_;
-    std::unordered_map<std::int64_t, std::string> inverse_;
-    std::unordered_map<std::string, std::int64_t> merges_;
+    ByteMap by_bytes_;                                      // token bytes -> id
+    std::unordered_map<std::string, std::int64_t> by_text_; // vocabulary spelling -> id
+    std::unordered_map<std::int64_t, std::string> bytes_of_;
+    std::unordered_map<std::uint64_t, std::pair<std::int64_t, std::int64_t>> merges_; // rank, id
+    std::array<std::int64_t, 256> byte_id_{};
     SpecialTable specials_table_;
-    std::array<std::string, 256> byte_char_;
-    std::unordered_map<std::string, char> char_byte_;
+    std::string path_;
+    bool ignore_merges_ = false;
     std::int64_t max_id_ = -1;
 };
+
+// Python's str.strip() (torchtune strips role and content): it removes every character for which
+// str.isspace() holds, which beyond ASCII whitespace includes U+001C..U+001F, U+0085, U+00A0 and
+// the Unicode space separators.
+bool python_space(std::uint32_t cp) {
+    return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+std::string python_strip(const std::string& t) {
+    // Decode to (offset, code point); invalid bytes count as non-space.
+    auto cp_at = [&](std::size_t i, std::size_t& len) -> std::uint32_t {
+        const unsigned char c = static_cast<unsigned char>(t[i]);
+        len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+        if (len == 1 || i + len > t.size()) return len = 1, c < 0x80 ? c : 0xFFFFFFFF;
+        std::uint32_t cp = c & (0x7F >> len);
+        for (std::size_t k = 1; k < len; ++k)
+            cp = (cp << 6) | (static_cast<unsigned char>(t[i + k]) & 0x3F);
+        return cp;
+    };
+    std::size_t begin = 0, end = 0, len = 0;
+    bool seen = false;
+    for (std::size_t i = 0; i < t.size(); i += len)
+        if (!python_space(cp_at(i, len))) {
+            if (!seen) begin = i, seen = true;
+            end = i + len;
+        }
+    return seen ? t.substr(begin, end - begin) : std::string();
+}
 
 } // namespace
 
@@ -493,21 +664,16 @@ TokenizedText tokenize_messages(const Tokenizer& tok, const std::vector<Message>
         out.ids.push_back(id);
         out.mask.push_back(masked);
     };
-    auto strip = [](const std::string& t) {
-        const auto b = t.find_first_not_of(" \t\n\r\f\v");
-        if (b == std::string::npos) return std::string();
-        return t.substr(b, t.find_last_not_of(" \t\n\r\f\v") - b + 1);
-    };
     // BOS and EOS are never trained on (torchtune masks them).
     if (add_bos) push(s.bos, true);
     for (const Message& m : messages) {
         push(s.start_header, m.masked);
-        for (auto id : tok.encode(strip(m.role)))
+        for (auto id : tok.encode(python_strip(m.role)))
             push(id, m.masked);
         push(s.end_header, m.masked);
         for (auto id : tok.encode("\n\n"))
             push(id, m.masked);
-        for (auto id : tok.encode(strip(m.content)))
+        for (auto id : tok.encode(python_strip(m.content)))
             push(id, m.masked);
         push(s.eot, m.masked);
     }

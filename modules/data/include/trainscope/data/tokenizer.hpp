@@ -71,8 +71,8 @@ struct TokenizedText {
 
 // Llama-3 chat format as torchtune's Llama3Tokenizer.tokenize_messages: BOS (if add_bos), then per
 // message <|start_header_id|> role <|end_header_id|> "\n\n" content <|eot_id|>, then EOS if
-// add_eos. Header and content tokens take the message's mask; BOS takes the first message's mask,
-// EOS the last message's.
+// add_eos. Header and content tokens take the message's mask; BOS and EOS are always masked (as in
+// torchtune).
 TokenizedText tokenize_messages(const Tokenizer& tokenizer, const std::vector<Message>& messages,
                                 bool add_bos = true, bool add_eos = true);
 
