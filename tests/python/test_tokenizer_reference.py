@@ -4,8 +4,8 @@ ByteLevel and Llama-3-style Split + ByteLevel with ignore_merges). The vocabular
 BPE trained here with HF tokenizers on the repository's LLM datasets and this file's Unicode
 samples; the texts are those datasets plus edge cases of the split pattern.
 
-Runs the helper program data_tokenize from $TRAINSCOPE_BUILD_DIR (default /work/main/build);
-skipped when it is not built or tiktoken / tokenizers are not installed."""
+Runs the helper program data_tokenize from $TRAINSCOPE_BUILD_DIR (default build/);
+scripts/build builds it."""
 
 import base64
 import json
@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-tiktoken = pytest.importorskip("tiktoken")
-tokenizers = pytest.importorskip("tokenizers")
+import tiktoken  # scripts/setup installs both (tokenizers comes with transformers)
+import tokenizers
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_DIR = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", "/work/main/build"))
+BUILD_DIR = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
 TOOL = next((p for p in [BUILD_DIR / "tests" / "data_tokenize", *BUILD_DIR.glob("**/data_tokenize")]
              if p.is_file()), None)
-pytestmark = pytest.mark.skipif(TOOL is None, reason=f"data_tokenize not built under {BUILD_DIR}")
+assert TOOL is not None, f"data_tokenize not built under {BUILD_DIR}: run scripts/build"
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
