@@ -131,6 +131,25 @@ def test_full_qlora_dpo_qat(run_ts, tmp_path):
         assert list(on[:4]) == [0, 0, 1, 1] and np.all(on[2:] == 1)  # llm.qat.start_step = 2
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16-mixed"])
+def test_lora_in_low_precision(run_ts, tmp_path, precision):
+    """torchtune's default bf16 (weights, adapters and optimizer state in bf16) and fp16 mixed
+    (fp32 weights, fp16 autocast, dynamic loss scaling) train on CPU with finite losses."""
+    f, _ = tiny_run(run_ts, tmp_path, "lora", f"--run.precision={precision}", iters=6)
+    with f:
+        it = f["iterations"]
+        assert np.all(np.isfinite(it["loss"][...]))
+        trainable = int(f["plan"].attrs["trainable_parameters"])
+        scale = it["loss_scale"][...]
+        if precision == "bf16":
+            assert np.all(it["trainable_weight_bytes"][...] == trainable * 2)  # bf16 adapters
+            assert np.all(np.isnan(scale))
+        else:
+            assert np.all(it["trainable_weight_bytes"][...] == trainable * 4)  # fp32 master
+            assert np.all(scale > 0) and np.all(np.isfinite(scale))
+            assert np.all(np.isin(it["step_skipped"][...], [0, 1]))
+
+
 @pytest.mark.parametrize("zero", [1, 2])
 def test_zero_shards_the_optimizer_state(run_ts, tmp_path, zero):
     f, _ = tiny_run(run_ts, tmp_path, "full", f"--dist.zero={zero}", iters=4)
