@@ -94,33 +94,106 @@ class RunFile:
     def ranks(self) -> np.ndarray:
         return np.asarray(self._h5["ranks"][...])
 
+    def has(self, path: str) -> bool:
+        return path in self._h5
+
+    def group(self, path: str):
+        return self._h5.get(path)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.attrs("/").get("world_size", 0) or 0)
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up iterations excluded from statistics: /summary's count, or for a run without a
+        summary (interrupted) the configured profile.warmup_iters."""
+        s = self.summary
+        if "warmup_iterations" in s:
+            return int(s["warmup_iterations"])
+        try:
+            return int(self.config.get("profile.warmup_iters", 0))
+        except (TypeError, ValueError):
+            return 0
+
+    def rank_rows(self, group: str = "iterations") -> np.ndarray:
+        g = self._h5.get(group)
+        if g is None:
+            return np.zeros(self.world_size, dtype=np.int64)
+        return np.asarray(g.attrs.get("rank_rows", np.zeros(self.world_size)), dtype=np.int64)
+
+    def measured(self, name: str, group: str = "iterations") -> np.ndarray:
+        """Column `name` over the measured iterations, [ranks, n] (NaN where a rank wrote less).
+        Reads only that slice of the dataset."""
+        g = self._h5.get(group)
+        if g is None or name not in g:
+            return np.empty((self.world_size, 0))
+        ds = g[name]
+        start = min(self.warmup, ds.shape[1])
+        end = ds.shape[1]
+        s = self.summary
+        if "measured_iterations" in s:
+            end = min(end, start + int(s["measured_iterations"]))
+        return np.asarray(ds[:, start:end], dtype=np.float64)
+
+    def units(self, name: str, group: str = "iterations") -> str:
+        g = self._h5.get(group)
+        if g is None or name not in g:
+            return ""
+        return str(_text(g[name].attrs.get("units", "")))
+
+    @property
+    def method(self) -> str:
+        """LLM method (full, lora, ...) or empty for other workloads."""
+        if self.attrs("/").get("workload") != "llm":
+            return ""
+        return self.attrs("/plan").get("method", self.config.get("llm.method", ""))
+
+    @property
+    def dataset(self) -> str:
+        if self.attrs("/").get("workload") == "llm":
+            return self.attrs("/plan").get("dataset_format", self.config.get("llm.dataset.format", ""))
+        return self.config.get("data.dataset", "")
+
     # --- one row for tables ------------------------------------------------------------------
     def summary_row(self) -> dict:
+        """One row for the summary table, from attributes only (no per-iteration data) for a
+        completed run; an incomplete run's iteration count comes from /iterations@rank_rows."""
         root, cfg, s = self.attrs("/"), self.config, self.summary
         row = {
-            "file": self.path.name,
+            "file": str(self.path),
             "workload": root.get("workload", ""),
             "strategy": cfg.get("run.strategy", ""),
             "precision": cfg.get("run.precision", ""),
             "ranks": root.get("world_size", ""),
             "nodes": root.get("num_nodes", ""),
-            "dataset": cfg.get("data.dataset", ""),
+            "dataset": self.dataset,
+            "method": self.method,
             "status": self.status,
         }
+        nan = math.nan
         if s:
+            tokens_per_s = s.get("throughput_tokens_per_s", nan)
+            peaks = [s.get(k, nan) for k in ("peak_device_allocated_bytes", "peak_host_tensor_bytes")]
+            peak = next((p for p in peaks if p == p), nan)  # device first, else host tensors
             row.update(
                 {
                     "iters": s.get("measured_iterations", ""),
-                    "median_step_s": s.get("median_step_s", math.nan),
-                    "samples_per_s": s.get("throughput_samples_per_s", math.nan),
-                    "val_accuracy": s.get("final_val_accuracy", math.nan),
-                    "train_loss": s.get("final_train_loss", math.nan),
-                    "peak_rss_MiB": s.get("peak_host_rss_bytes", math.nan) / 2**20,
-                    "wall_s": s.get("wall_s", math.nan),
+                    "median_step_s": s.get("median_step_s", nan),
+                    "samples_per_s": s.get("throughput_samples_per_s", nan),
+                    "tokens_per_s": tokens_per_s,
+                    "val_accuracy": s.get("final_val_accuracy", nan),
+                    "train_loss": s.get("final_train_loss", nan),
+                    "peak_mem_MiB": peak / 2**20,
+                    "peak_rss_MiB": s.get("peak_host_rss_bytes", nan) / 2**20,
+                    "energy_per_sample_j": s.get("energy_per_sample_j", nan),
+                    "wall_s": s.get("wall_s", nan),
                 }
             )
-        else:  # interrupted: report what was flushed
-            if "iterations" in self._h5 and "step_s" in self._h5["iterations"]:
-                steps = self.series("iterations", "step_s").values
-                row["iters"] = int(np.sum(~np.isnan(steps[0]))) if steps.size else 0
+            if row["workload"] == "llm":
+                loss = self.measured("loss")
+                row["train_loss"] = float(np.nanmean(loss[:, -1])) if loss.size else nan
+        else:  # interrupted or failed: report what was flushed
+            rows = self.rank_rows()
+            row["iters"] = int(rows.min()) if rows.size else 0
         return row

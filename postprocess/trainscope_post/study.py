@@ -1,0 +1,438 @@
+"""Tables over many run files: loading a study, summary rows, scaling, phase breakdown, profile
+shares, comparisons, memory and communication. Every function returns a pandas DataFrame whose
+column names carry their units (``[s]``, ``[MiB]``, ``[%]``...), so printed and exported tables
+say what they hold."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .runfile import RunFile, SchemaError
+
+PHASES = ["data", "h2d", "forward", "backward", "comm_wait", "optimizer"]
+
+# Config keys that never change what is measured: where the output goes, logging.
+IGNORED_PREFIXES = ("output.", "log.")
+
+
+class StudyError(ValueError):
+    """A study cannot be processed as asked (no files, incompatible runs, ...)."""
+
+
+@dataclass
+class Run:
+    """What the tables need of one file, read once (attributes only)."""
+
+    path: Path
+    row: dict
+    config: dict
+    summary: dict
+    attrs: dict
+    status: str
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    @property
+    def ranks(self) -> int:
+        return int(self.attrs.get("world_size", 0) or 0)
+
+    @property
+    def nodes(self) -> int:
+        return int(self.attrs.get("num_nodes", 1) or 1)
+
+    @property
+    def workload(self) -> str:
+        return str(self.attrs.get("workload", ""))
+
+    def open(self) -> RunFile:
+        return RunFile(self.path)
+
+
+@dataclass
+class Study:
+    runs: list[Run] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def usable(self, include_incomplete: bool = False) -> list[Run]:
+        return [r for r in self.runs if include_incomplete or r.completed]
+
+    def excluded(self, include_incomplete: bool = False) -> list[Run]:
+        return [] if include_incomplete else [r for r in self.runs if not r.completed]
+
+
+def expand(paths) -> list[Path]:
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(p.rglob("*.h5"))
+        elif p.exists():
+            out.append(p)
+        else:
+            raise StudyError(f"{p}: no such file or directory")
+    return out
+
+
+def load(paths) -> Study:
+    """Reads the attributes of every run file under `paths` (files or directories, recursively).
+    Files that are not trainscope run files are reported in Study.errors, not raised."""
+    files = expand(paths)
+    if not files:
+        raise StudyError("no run files (*.h5) found in: " + " ".join(map(str, paths)))
+    study = Study()
+    for f in files:
+        try:
+            with RunFile(f) as rf:
+                study.runs.append(Run(f, rf.summary_row(), rf.config, rf.summary, rf.attrs("/"),
+                                      rf.status))
+        except (SchemaError, OSError, KeyError) as e:
+            study.errors.append(str(e))
+    return study
+
+
+def label(run: Run, study_root: Path | None = None) -> str:
+    try:
+        return str(run.path.relative_to(study_root)) if study_root else run.path.name
+    except ValueError:
+        return run.path.name
+
+
+# --- summary ------------------------------------------------------------------------------------
+SUMMARY_COLUMNS = [
+    ("file", "file"), ("workload", "workload"), ("strategy", "strategy"),
+    ("precision", "precision"), ("ranks", "ranks"), ("nodes", "nodes"), ("dataset", "dataset"),
+    ("method", "method"), ("status", "status"), ("iters", "measured iters"),
+    ("median_step_s", "median step [s]"), ("samples_per_s", "throughput [samples/s]"),
+    ("tokens_per_s", "throughput [tokens/s]"), ("val_accuracy", "val accuracy [%]"),
+    ("train_loss", "train loss"), ("peak_mem_MiB", "peak memory [MiB]"),
+    ("peak_rss_MiB", "peak RSS [MiB]"), ("energy_per_sample_j", "energy [J/sample]"),
+]
+
+
+def summary_table(study: Study) -> pd.DataFrame:
+    rows = []
+    for r in study.runs:
+        row = dict(r.row)
+        acc = row.get("val_accuracy", math.nan)
+        row["val_accuracy"] = 100.0 * acc if isinstance(acc, (int, float)) else acc
+        rows.append({title: row.get(key, math.nan) for key, title in SUMMARY_COLUMNS})
+    return pd.DataFrame(rows, columns=[t for _, t in SUMMARY_COLUMNS])
+
+
+# --- grouping by configuration ----------------------------------------------------------------
+BATCH_KEYS = ("train.batch_size", "train.global_batch_size")
+
+
+def point_config(run: Run, ignore=(), mode: str | None = None) -> dict:
+    """The configuration that defines a study point. With a scaling mode, the batch is compared
+    the way that mode keeps it fixed: strong = the global batch (per-rank batch = global / N),
+    weak = the per-rank batch."""
+    cfg = {k: str(v) for k, v in run.config.items()
+           if not k.startswith(IGNORED_PREFIXES) and k not in ignore}
+    if mode in ("strong", "weak"):
+        for k in BATCH_KEYS:
+            cfg.pop(k, None)
+        g = run.summary.get("global_batch_samples")
+        if g is None:
+            try:
+                g = int(run.config.get("train.global_batch_size", 0)) or \
+                    int(run.config.get("train.batch_size", 0)) * run.ranks
+            except (TypeError, ValueError):
+                g = 0
+        g = float(g)
+        if mode == "strong":
+            cfg["global batch"] = f"{g:g}"
+        else:
+            cfg["batch per rank"] = f"{g / max(run.ranks, 1):g}"
+    return cfg
+
+
+def differing_keys(configs: list[dict]) -> list[str]:
+    keys = sorted(set().union(*configs)) if configs else []
+    return [k for k in keys if len({c.get(k, "<unset>") for c in configs}) > 1]
+
+
+def group_by_config(runs: list[Run], ignore=(), mode: str | None = None) -> list[list[Run]]:
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        key = tuple(sorted(point_config(r, ignore, mode).items()))
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def describe_group(runs: list[Run], all_groups: list[list[Run]], mode: str | None = None) -> str:
+    """A short name for a configuration: the keys in which it differs from the other groups."""
+    configs = [point_config(g[0], mode=mode) for g in all_groups]
+    keys = differing_keys(configs)
+    mine = point_config(runs[0], mode=mode)
+    if not keys:
+        return runs[0].workload or "runs"
+    return ", ".join(f"{k}={mine.get(k, '<unset>')}" for k in keys[:4])
+
+
+# --- scaling ------------------------------------------------------------------------------------
+def throughput(run: Run) -> tuple[float, str]:
+    s = run.summary
+    tok = s.get("throughput_tokens_per_s", math.nan)
+    if tok == tok and run.workload == "llm":
+        return float(tok), "tokens/s"
+    return float(s.get("throughput_samples_per_s", math.nan)), "samples/s"
+
+
+def scaling_table(study: Study, mode: str, include_incomplete: bool = False) -> pd.DataFrame:
+    """Per configuration and rank count: median step time and throughput (mean, min, max over
+    repeats), speedup and parallel efficiency against the configuration's smallest rank count.
+    strong: speedup = X_N / X_1 (global throughput: the same work finishes that much sooner),
+    efficiency = speedup / (N / N_1). weak: efficiency = (X_N / N) / (X_1 / N_1), speedup (scaled)
+    = X_N / X_1."""
+    if mode not in ("strong", "weak"):
+        raise StudyError(f"--mode {mode!r}: use strong or weak")
+    runs = [r for r in study.usable(include_incomplete) if r.summary]
+    if not runs:
+        raise StudyError("no completed runs to scale (incomplete runs are excluded unless "
+                         "--include-incomplete)")
+    workloads = {r.workload for r in runs}
+    groups = group_by_config(runs, mode=mode)
+    if len(workloads) > 1:
+        keys = differing_keys([point_config(g[0], mode=mode) for g in groups])
+        raise StudyError("runs of different workloads (" + ", ".join(sorted(workloads)) +
+                         ") cannot be scaled together; keys that differ: " + ", ".join(keys))
+    scalable = [g for g in groups if len({r.ranks for r in g}) > 1]
+    if not scalable:
+        keys = differing_keys([point_config(g[0], mode=mode) for g in groups])
+        raise StudyError("no configuration was run at more than one rank count"
+                         + (": the runs differ in " + ", ".join(keys) if keys else ""))
+    rows = []
+    for g in scalable:
+        name = describe_group(g, groups, mode)
+        by_n: dict[int, list[Run]] = {}
+        for r in g:
+            by_n.setdefault(r.ranks, []).append(r)
+        n0 = min(by_n)
+        x0 = float(np.mean([throughput(r)[0] for r in by_n[n0]]))
+        unit = throughput(g[0])[1]
+        for n in sorted(by_n):
+            xs = np.array([throughput(r)[0] for r in by_n[n]])
+            ts = np.array([float(r.summary.get("median_step_s", math.nan)) for r in by_n[n]])
+            speedups = xs / x0
+            eff = speedups / (n / n0) if mode == "strong" else (xs / n) / (x0 / n0)
+            rows.append({
+                "configuration": name, "ranks": n, "nodes": max(r.nodes for r in by_n[n]),
+                "repeats": len(by_n[n]),
+                "median step [s]": float(np.mean(ts)),
+                "step min [s]": float(np.min(ts)), "step max [s]": float(np.max(ts)),
+                f"throughput [{unit}]": float(np.mean(xs)),
+                f"throughput per rank [{unit}]": float(np.mean(xs)) / n,
+                "speedup": float(np.mean(speedups)),
+                "speedup min": float(np.min(speedups)), "speedup max": float(np.max(speedups)),
+                "efficiency [%]": 100.0 * float(np.mean(eff)),
+                "efficiency min [%]": 100.0 * float(np.min(eff)),
+                "efficiency max [%]": 100.0 * float(np.max(eff)),
+            })
+    return pd.DataFrame(rows)
+
+
+# --- breakdown ----------------------------------------------------------------------------------
+def phase_table(run: Run) -> pd.DataFrame:
+    """Per rank: mean seconds of each phase over the measured iterations, the step time, and each
+    phase's share of the summed phases."""
+    with run.open() as rf:
+        data = {p: rf.measured(f"{p}_s") for p in PHASES}
+        step = rf.measured("step_s")
+    n = step.shape[0]
+    rows = []
+    for r in range(n):
+        row = {"rank": r}
+        for p in PHASES:
+            v = data[p][r] if data[p].size else np.array([math.nan])
+            row[f"{p} [s]"] = float(np.nanmean(v)) if np.any(~np.isnan(v)) else math.nan
+        row["step [s]"] = float(np.nanmean(step[r])) if step.size and np.any(~np.isnan(step[r])) \
+            else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def imbalance_table(phases: pd.DataFrame) -> pd.DataFrame:
+    """Per phase: mean over ranks, max, max/mean, and the slowest rank (the straggler)."""
+    rows = []
+    for p in PHASES + ["step"]:
+        col = phases[f"{p} [s]"]
+        if col.isna().all():
+            continue
+        mean = float(col.mean())
+        rows.append({"phase": p, "mean [s]": mean, "max [s]": float(col.max()),
+                     "max/mean": float(col.max()) / mean if mean > 0 else math.nan,
+                     "slowest rank": int(phases.loc[col.idxmax(), "rank"])})
+    return pd.DataFrame(rows)
+
+
+PROFILE_CLASSES = ["kernels", "communication", "memcpy", "memset", "runtime"]
+
+
+def _profile_class(category: str) -> str | None:
+    if category == "gpu_kernel":
+        return "kernels"
+    if category == "nccl_kernel":
+        return "communication"
+    if category.startswith("memcpy"):
+        return "memcpy"
+    if category == "memset":
+        return "memset"
+    if category.startswith(("cuda_runtime", "cuda_driver")) or category == "cuda_sync":
+        return "runtime"
+    return None
+
+
+def profile_table(run: Run) -> pd.DataFrame:
+    """Per rank, from /profile/categories: seconds and percent of kernels, communication kernels,
+    memcpy, memset and CUDA runtime/driver calls in the profiler window (like Nsight's summary).
+    Empty when the run had no profiler window or no GPU activity (CPU runs)."""
+    with run.open() as rf:
+        g = rf.group("profile/categories")
+        if g is None or "name" not in g:
+            return pd.DataFrame()
+        names = g["name"].asstr()[...]
+        total = np.asarray(g["total_s"][...])
+        offset = np.asarray(g["name_offset"][...]) if "name_offset" in g else None
+        count = np.asarray(g["name_count"][...]) if "name_count" in g else None
+    if offset is None or count is None:
+        return pd.DataFrame()
+    rows = []
+    for r in range(len(offset)):
+        sums = dict.fromkeys(PROFILE_CLASSES, 0.0)
+        for i in range(int(offset[r]), int(offset[r] + count[r])):
+            c = _profile_class(str(names[i]))
+            if c:
+                sums[c] += float(total[i])
+        tot = sum(sums.values())
+        if tot <= 0:
+            continue
+        row = {"rank": r}
+        for c in PROFILE_CLASSES:
+            row[f"{c} [s]"] = sums[c]
+        for c in PROFILE_CLASSES:
+            row[f"{c} [%]"] = 100.0 * sums[c] / tot
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# --- compare ------------------------------------------------------------------------------------
+def value_of(run: Run, key: str):
+    """A grouping key or metric: a config key (section.key), a summary attribute, a root
+    attribute, or a summary-table column (ranks, method, dataset, ...)."""
+    for source in (run.config, run.summary, run.attrs, run.row):
+        if key in source:
+            return source[key]
+    return None
+
+
+def compare_table(study: Study, by: list[str], metric: str, baseline: str | None = None,
+                  include_incomplete: bool = False) -> pd.DataFrame:
+    runs = study.usable(include_incomplete)
+    if not runs:
+        raise StudyError("no completed runs to compare")
+    missing = [k for k in by if all(value_of(r, k) is None for r in runs)]
+    if missing:
+        raise StudyError(f"--by {','.join(missing)}: no run has this key (use config keys such as "
+                         "run.precision, summary attributes, or ranks/method/dataset)")
+    if all(value_of(r, metric) is None for r in runs):
+        raise StudyError(f"--metric {metric}: no run has this value (e.g. median_step_s, "
+                         "throughput_samples_per_s, peak_host_rss_bytes)")
+    groups: dict[str, list[float]] = {}
+    for r in runs:
+        name = ", ".join(f"{k}={value_of(r, k)}" for k in by)
+        v = value_of(r, metric)
+        groups.setdefault(name, []).append(float(v) if v is not None else math.nan)
+    names = list(groups)
+    base = baseline if baseline is not None else names[0]
+    if base not in groups:
+        raise StudyError(f"--baseline {base!r} is not one of the groups: " + "; ".join(names))
+    b = float(np.nanmean(groups[base]))
+    rows = []
+    for name in names:
+        v = np.array(groups[name])
+        m = float(np.nanmean(v))
+        rows.append({"group": name, "runs": len(v), metric: m, "min": float(np.nanmin(v)),
+                     "max": float(np.nanmax(v)), f"relative to {base}": m / b if b else math.nan})
+    return pd.DataFrame(rows)
+
+
+# --- memory -------------------------------------------------------------------------------------
+MEMORY_COLUMNS = [
+    ("parameter_bytes", "parameters"), ("gradient_bytes", "gradients"),
+    ("optimizer_state_bytes", "optimizer state"), ("host_tensor_peak_bytes", "peak CPU tensors"),
+    ("device_allocated_peak_bytes", "peak device allocated"),
+    ("device_reserved_peak_bytes", "peak device reserved"), ("host_peak_rss_bytes", "peak RSS"),
+]
+
+
+def memory_table(study: Study, include_incomplete: bool = False) -> pd.DataFrame:
+    """Per run: the largest value over ranks and measured iterations of each memory column, in
+    MiB; columns that are NaN everywhere (e.g. device counters on CPU) are dropped."""
+    rows = []
+    for r in study.usable(include_incomplete):
+        row = {"run": r.path.name, "method": r.row.get("method") or "-",
+               "precision": r.row.get("precision", ""), "ranks": r.ranks}
+        with r.open() as rf:
+            for col, title in MEMORY_COLUMNS:
+                v = rf.measured(col)
+                row[f"{title} [MiB]"] = float(np.nanmax(v)) / 2**20 if v.size and \
+                    np.any(~np.isnan(v)) else math.nan
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    return df.dropna(axis=1, how="all") if not df.empty else df
+
+
+# --- comm ---------------------------------------------------------------------------------------
+def comm_table(study: Study, include_incomplete: bool = False) -> pd.DataFrame:
+    rows = []
+    for r in study.usable(include_incomplete):
+        with r.open() as rf:
+            g = rf.group("comm")
+            if g is None:
+                continue
+            backend = str(rf.attrs("/comm").get("backend", ""))
+            for op in ("allreduce", "allgather", "reduce_scatter", "broadcast"):
+                if op not in g or "bytes" not in g[op]:
+                    continue
+                o = g[op]
+                for b, t, bus, alg in zip(o["bytes"][...], o["time_s"][...], o["busbw_GBps"][...],
+                                          o["algbw_GBps"][...]):
+                    rows.append({"run": r.path.name, "op": op, "backend": backend,
+                                 "ranks": r.ranks, "size [B]": int(b), "time [us]": 1e6 * float(t),
+                                 "algbw [GB/s]": float(alg), "busbw [GB/s]": float(bus)})
+    return pd.DataFrame(rows)
+
+
+# --- export -------------------------------------------------------------------------------------
+def long_table(study: Study, include_incomplete: bool = True) -> pd.DataFrame:
+    """Every /iterations value as tidy rows: run, rank, iteration, metric, value, units. Only the
+    rows each rank wrote (rank_rows)."""
+    frames = []
+    for r in study.usable(include_incomplete):
+        with r.open() as rf:
+            g = rf.group("iterations")
+            if g is None:
+                continue
+            rows = rf.rank_rows()
+            it = np.asarray(g["iteration"][...]) if "iteration" in g else None
+            for name in rf.columns("iterations"):
+                if name == "iteration":
+                    continue
+                data = np.asarray(g[name][...], dtype=np.float64)
+                units = rf.units(name)
+                for rank in range(data.shape[0]):
+                    k = int(rows[rank]) if rank < len(rows) else data.shape[1]
+                    frames.append(pd.DataFrame({
+                        "run": r.path.name, "rank": rank,
+                        "iteration": it[rank, :k] if it is not None else np.arange(k),
+                        "metric": name, "value": data[rank, :k], "units": units}))
+    if not frames:
+        return pd.DataFrame(columns=["run", "rank", "iteration", "metric", "value", "units"])
+    return pd.concat(frames, ignore_index=True)

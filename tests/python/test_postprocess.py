@@ -1,0 +1,200 @@
+"""trainscope-post on run files of the real binary (tests/python/conftest.py): every subcommand
+runs; the numbers in its tables equal values computed here from the files with h5py; figures have
+the expected axis labels; the report has every section; incomplete runs are listed but kept out of
+aggregates; bad input gives clear errors and a non-zero exit."""
+
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+from trainscope_post import cli, plots
+from trainscope_post.report import SECTIONS
+from trainscope_post.study import (compare_table, load, long_table, memory_table, phase_table,
+                                   scaling_table, summary_table)
+
+
+def post(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "trainscope_post", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def summary_attrs(path):
+    with h5py.File(path, "r") as f:
+        return dict(f["summary"].attrs)
+
+
+def test_summary_lists_every_run_with_its_status(study):
+    s = load([study])
+    assert not s.errors
+    df = summary_table(s)
+    assert len(df) == 8  # 4 scaling runs, profiled, llm, comm, killed
+    status = dict(zip(df["file"].map(lambda p: p.split("/")[-1]), df["status"]))
+    assert status["killed.h5"] == "running"
+    assert status["rep0.h5"] == "completed"
+    row = df[df["file"].str.endswith("n2/rep0.h5")].iloc[0]
+    a = summary_attrs(study / "cv/n2/rep0.h5")
+    assert row["median step [s]"] == pytest.approx(float(a["median_step_s"]))
+    assert row["throughput [samples/s]"] == pytest.approx(float(a["throughput_samples_per_s"]))
+    assert row["ranks"] == 2 and row["dataset"] == "fashion-mnist"
+    llm = df[df["file"].str.endswith("lora.h5")].iloc[0]
+    assert llm["method"] == "lora" and llm["dataset"] == "instruct"
+    assert llm["throughput [tokens/s]"] == pytest.approx(
+        float(summary_attrs(study / "llm/lora.h5")["throughput_tokens_per_s"]))
+    killed = df[df["file"].str.endswith("killed.h5")].iloc[0]
+    with h5py.File(study / "killed/killed.h5", "r") as f:
+        assert killed["measured iters"] == int(np.min(f["iterations"].attrs["rank_rows"])) > 0
+    out = post("summary", study)
+    assert out.returncode == 0, out.stderr
+    assert "killed.h5" in out.stdout and "running" in out.stdout
+
+
+def test_strong_scaling_matches_the_files(study, tmp_path):
+    s = load([study / "cv", study / "killed"])
+    df = scaling_table(s, "strong")
+    assert list(df["ranks"]) == [1, 2] and list(df["repeats"]) == [2, 2]
+    x = {n: [float(summary_attrs(study / f"cv/n{n}/rep{r}.h5")["throughput_samples_per_s"])
+             for r in (0, 1)] for n in (1, 2)}
+    speedups = np.array(x[2]) / np.mean(x[1])
+    row = df[df["ranks"] == 2].iloc[0]
+    assert row["speedup"] == pytest.approx(speedups.mean())
+    assert row["speedup min"] == pytest.approx(speedups.min())
+    assert row["efficiency [%]"] == pytest.approx(100 * speedups.mean() / 2)
+    assert df[df["ranks"] == 1].iloc[0]["speedup"] == pytest.approx(1.0)
+    fig = plots.scaling_figure(df, "strong")
+    left, right = fig.axes
+    assert left.get_ylabel() == "speedup [×]" and "ranks" in left.get_xlabel()
+    assert right.get_ylabel() == "median iteration time [s]"
+    assert "ideal" in [t.get_text() for t in left.get_legend().get_texts()]
+    out = post("scaling", study / "cv", study / "killed", "--mode", "strong", "--out", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "killed.h5: status running: excluded" in out.stderr
+    assert (tmp_path / "scaling_strong.png").stat().st_size > 0
+
+
+def test_weak_scaling_refuses_points_that_keep_the_global_batch(study):
+    # The study keeps the global batch (strong scaling), so no configuration has the same
+    # per-rank batch at two rank counts.
+    out = post("scaling", study / "cv", "--mode", "weak")
+    assert out.returncode == 2
+    assert "no configuration was run at more than one rank count" in out.stderr
+    assert "batch per rank" in out.stderr
+
+
+def test_scaling_refuses_mixed_workloads(study):
+    out = post("scaling", study / "cv", study / "llm", "--mode", "strong")
+    assert out.returncode == 2
+    assert "different workloads" in out.stderr and "run.workload" in out.stderr
+
+
+def test_breakdown_is_the_mean_of_measured_iterations(study, tmp_path):
+    s = load([study / "cv/n2/rep0.h5"])
+    ph = phase_table(s.runs[0])
+    with h5py.File(study / "cv/n2/rep0.h5", "r") as f:
+        w = int(f["summary"].attrs["warmup_iterations"])
+        m = int(f["summary"].attrs["measured_iterations"])
+        fwd = f["iterations/forward_s"][:, w:w + m].mean(axis=1)
+    assert ph["forward [s]"].to_numpy() == pytest.approx(fwd)
+    fig = plots.breakdown_figure(ph, "x")
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "mean time per iteration [ms]" and ax.get_xlabel() == "rank"
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:3] == ["data", "h2d", "forward"]
+    out = post("breakdown", study / "profiled", "--out", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "slowest rank" in out.stdout and "comm_wait" in out.stdout
+    assert "profile: no device activity" in out.stdout  # CPU run: no GPU kernels
+
+
+def test_compare_relative_to_baseline(study, tmp_path):
+    s = load([study / "cv"])
+    df = compare_table(s, ["ranks"], "median_step_s")
+    t = {n: np.mean([float(summary_attrs(study / f"cv/n{n}/rep{r}.h5")["median_step_s"])
+                     for r in (0, 1)]) for n in (1, 2)}
+    assert list(df["group"]) == ["ranks=1", "ranks=2"]
+    assert df.iloc[1]["relative to ranks=1"] == pytest.approx(t[2] / t[1])
+    out = post("compare", study / "cv", "--by", "ranks,run.precision", "--out", tmp_path,
+               "--csv", tmp_path / "c.csv")
+    assert out.returncode == 0, out.stderr
+    assert pd.read_csv(tmp_path / "c.csv")["runs"].tolist() == [2, 2]
+    bad = post("compare", study / "cv", "--by", "no.such_key")
+    assert bad.returncode == 2 and "--by no.such_key: no run has this key" in bad.stderr
+
+
+def test_memory_per_run(study, tmp_path):
+    df = memory_table(load([study / "llm"]))
+    with h5py.File(study / "llm/lora.h5", "r") as f:
+        w = int(f["summary"].attrs["warmup_iterations"])
+        peak = np.nanmax(f["iterations/host_tensor_peak_bytes"][:, w:]) / 2**20
+    row = df.iloc[0]
+    assert row["method"] == "lora"
+    assert row["peak CPU tensors [MiB]"] == pytest.approx(peak)
+    assert "peak device allocated [MiB]" not in df.columns  # NaN on CPU: dropped
+    fig = plots.memory_figure(df)
+    assert fig.axes[0].get_ylabel() == "memory [MiB]"
+    assert post("memory", study, "--out", tmp_path).returncode == 0
+
+
+def test_comm_busbw(study, tmp_path):
+    out = post("comm", study, "--out", tmp_path, "--csv", tmp_path / "comm.csv")
+    assert out.returncode == 0, out.stderr
+    df = pd.read_csv(tmp_path / "comm.csv")
+    with h5py.File(study / "comm/comm.h5", "r") as f:
+        bus = f["comm/allreduce/busbw_GBps"][...]
+    assert df[df["op"] == "allreduce"]["busbw [GB/s]"].to_numpy() == pytest.approx(bus)
+    assert (tmp_path / "comm_busbw.png").exists()
+    none = post("comm", study / "cv")
+    assert none.returncode == 2 and "run.workload=comm" in none.stderr
+
+
+def test_export_long_table(study, tmp_path):
+    out = post("export", study / "cv/n2/rep0.h5", "--format", "csv", "-o", tmp_path / "x.csv")
+    assert out.returncode == 0, out.stderr
+    df = pd.read_csv(tmp_path / "x.csv")
+    assert list(df.columns) == ["run", "rank", "iteration", "metric", "value", "units"]
+    step = df[(df["metric"] == "step_s") & (df["rank"] == 1)]
+    with h5py.File(study / "cv/n2/rep0.h5", "r") as f:
+        assert step["value"].to_numpy() == pytest.approx(f["iterations/step_s"][1])
+    assert set(step["units"]) == {"s"}
+    # The killed run's rows are those it flushed.
+    killed = long_table(load([study / "killed"]))
+    with h5py.File(study / "killed/killed.h5", "r") as f:
+        rows = f["iterations"].attrs["rank_rows"]
+    assert len(killed[(killed["metric"] == "loss") & (killed["rank"] == 0)]) == rows[0]
+
+
+def test_report_has_every_section_and_embedded_figures(study, tmp_path):
+    out = post("report", study, "-o", tmp_path / "report.html")
+    assert out.returncode == 0, out.stderr
+    html = (tmp_path / "report.html").read_text()
+    for section in SECTIONS:
+        assert f"<h2>{section}</h2>" in html
+    assert html.count("data:image/png;base64,") >= 4  # scaling, breakdowns, memory, comm
+    assert "killed.h5 (running)" in html
+    md = (tmp_path / "report.md").read_text()
+    assert "## Scaling" in md and "report_files/scaling.png" in md
+    assert (tmp_path / "report_files" / "scaling.png").exists()
+
+
+def test_bad_inputs(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = post("summary", empty)
+    assert out.returncode == 2 and "no run files" in out.stderr
+    out = post("summary", tmp_path / "missing.h5")
+    assert out.returncode == 2 and "missing.h5: no such file" in out.stderr
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.attrs["schema"] = "trainscope/9"
+    out = post("summary", other)
+    assert out.returncode == 1 and "schema 'trainscope/9'" in out.stderr
+    out = post("export", other, "--format", "parquet", "-o", tmp_path / "x.parquet")
+    assert out.returncode in (0, 2)  # no rows to write, or pyarrow missing with a message
+    assert "Traceback" not in out.stderr
+
+
+def test_main_returns_codes_without_exiting(study, capsys):
+    assert cli.main(["summary", str(study / "cv")]) == 0
+    assert "rep1.h5" in capsys.readouterr().out
