@@ -25,12 +25,15 @@ def _emit(df, args, title=None):
         print(f"table written to {args.csv}")
 
 
-def _warn_study(study: Study, include_incomplete: bool):
+def _warn_study(study: Study, include_incomplete: bool) -> int:
+    """Reports files that are not run files (the exit code becomes 1, after the output) and runs
+    left out of aggregates."""
     for e in study.errors:
         print(f"trainscope-post: skipped: {e}", file=sys.stderr)
     for r in study.excluded(include_incomplete):
         print(f"trainscope-post: {r.path}: status {r.status}: excluded from aggregates "
               "(--include-incomplete to keep it)", file=sys.stderr)
+    return 1 if study.errors else 0
 
 
 def _outdir(args) -> Path:
@@ -47,19 +50,19 @@ def cmd_summary(args) -> int:
 
 def cmd_scaling(args) -> int:
     study = load(args.files)
-    _warn_study(study, args.include_incomplete)
+    rc = _warn_study(study, args.include_incomplete)
     df = scaling_table(study, args.mode, args.include_incomplete)
     _emit(df, args, f"{args.mode} scaling (speedup and efficiency against the smallest rank count "
                     "of each configuration; min/max over repeats)")
     for p in plots.save(plots.scaling_figure(df, args.mode), _outdir(args) / f"scaling_{args.mode}",
                         args.svg):
         print(f"figure: {p}")
-    return 0
+    return rc
 
 
 def cmd_breakdown(args) -> int:
     study = load(args.files)
-    _warn_study(study, args.include_incomplete)
+    rc = _warn_study(study, args.include_incomplete)
     runs = [r for r in study.usable(args.include_incomplete) if r.workload in ("cv", "llm")]
     if not runs:
         raise StudyError("no training runs (cv or llm workload) to break down")
@@ -79,12 +82,12 @@ def cmd_breakdown(args) -> int:
             for p in plots.save(plots.profile_figure(pr, r.path.name),
                                 _outdir(args) / f"profile_{r.path.stem}", args.svg):
                 print(f"figure: {p}")
-    return 0
+    return rc
 
 
 def cmd_compare(args) -> int:
     study = load(args.files)
-    _warn_study(study, args.include_incomplete)
+    rc = _warn_study(study, args.include_incomplete)
     by = [k for k in args.by.split(",") if k]
     df = compare_table(study, by, args.metric, args.baseline, args.include_incomplete)
     units = "s" if args.metric.endswith("_s") else ("B" if args.metric.endswith("bytes") else "")
@@ -92,24 +95,24 @@ def cmd_compare(args) -> int:
     for p in plots.save(plots.compare_figure(df, args.metric, units),
                         _outdir(args) / f"compare_{args.metric}", args.svg):
         print(f"figure: {p}")
-    return 0
+    return rc
 
 
 def cmd_memory(args) -> int:
     study = load(args.files)
-    _warn_study(study, args.include_incomplete)
+    rc = _warn_study(study, args.include_incomplete)
     df = memory_table(study, args.include_incomplete)
     if df.empty:
         raise StudyError("no completed runs")
     _emit(df, args, "peak memory by category [MiB] (max over ranks and measured iterations)")
     for p in plots.save(plots.memory_figure(df), _outdir(args) / "memory", args.svg):
         print(f"figure: {p}")
-    return 0
+    return rc
 
 
 def cmd_comm(args) -> int:
     study = load(args.files)
-    _warn_study(study, args.include_incomplete)
+    rc = _warn_study(study, args.include_incomplete)
     df = comm_table(study, args.include_incomplete)
     if df.empty:
         raise StudyError("no communication benchmark results (/comm) in these files: run "
@@ -117,13 +120,12 @@ def cmd_comm(args) -> int:
     _emit(df, args)
     for p in plots.save(plots.comm_figure(df), _outdir(args) / "comm_busbw", args.svg):
         print(f"figure: {p}")
-    return 0
+    return rc
 
 
 def cmd_export(args) -> int:
     study = load(args.files)
-    for e in study.errors:
-        print(f"trainscope-post: skipped: {e}", file=sys.stderr)
+    rc = _warn_study(study, include_incomplete=True)
     df = long_table(study, include_incomplete=True)
     out = Path(args.output)
     if args.format == "csv":
@@ -135,18 +137,18 @@ def cmd_export(args) -> int:
             raise StudyError(f"--format parquet needs pyarrow ({e}); scripts/setup installs it, "
                              "or use --format csv") from e
     print(f"{len(df)} rows (run, rank, iteration, metric, value, units) written to {out}")
-    return 0
+    return rc
 
 
 def cmd_report(args) -> int:
     root = Path(args.dir)
     study = load([root])
-    _warn_study(study, args.include_incomplete)
+    rc = _warn_study(study, args.include_incomplete)
     out = Path(args.output) if args.output else (root if root.is_dir() else root.parent) / \
         "report.html"
     h, m = write_report(study, root, out, args.mode, args.include_incomplete)
     print(f"report: {h}\nmarkdown: {m}")
-    return 0
+    return rc
 
 
 def main(argv=None) -> int:

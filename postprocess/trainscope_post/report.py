@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import plots
-from .study import (Study, StudyError, comm_table, imbalance_table, memory_table, phase_table,
-                    profile_table, scaling_table, summary_table)
+from .study import (Study, StudyError, comm_table, imbalance_table, label, memory_table,
+                    phase_table, profile_table, scaling_table, summary_table)
 
 SECTIONS = ["Runs", "Scaling", "Phase breakdown", "Profile", "Memory", "Communication"]
 
@@ -94,8 +94,9 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     if len(usable) > MAX_RUN_SECTIONS:
         s.parts.append(("p", f"Per-run breakdowns of the first {MAX_RUN_SECTIONS} of "
                              f"{len(usable)} runs (trainscope-post breakdown gives any run's)."))
+    base = root if root.is_dir() else root.parent
     for k, r in enumerate(usable[:MAX_RUN_SECTIONS]):
-        name = r.path.name
+        name = label(r, base)
         ph = phase_table(r)
         if ph.empty:
             continue
@@ -146,7 +147,7 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
          "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#111}"
          "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}"
          "td,th{border:1px solid #999;padding:2px 6px;text-align:right}"
-         "th{background:#eee}img{max-width:100%}</style></head><body>",
+         "th{background:#eee}img{max-width:100%}div.t{overflow-x:auto}</style></head><body>",
          f"<h1>trainscope report: {html.escape(str(root))}</h1>",
          f"<p>{len(study.runs)} run files; {len(study.usable(include_incomplete))} in aggregates."
          "</p>"]
@@ -161,7 +162,8 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
                 md += [part[1], ""]
             elif part[0] == "table":
                 t = fmt_table(part[1])
-                h.append(t.to_html(index=False, escape=True, border=0))
+                h.append("<div class='t'>" + t.to_html(index=False, escape=True, border=0) +
+                         "</div>")
                 md += [t.to_markdown(index=False) if _has_tabulate() else "```\n" +
                        text_table(part[1]) + "\n```", ""]
             else:

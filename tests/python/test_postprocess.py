@@ -181,7 +181,7 @@ def test_report_has_every_section_and_embedded_figures(study, tmp_path):
     assert (tmp_path / "report_files" / "scaling.png").exists()
 
 
-def test_bad_inputs(tmp_path):
+def test_bad_inputs(study, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     out = post("summary", empty)
@@ -193,6 +193,10 @@ def test_bad_inputs(tmp_path):
         f.attrs["schema"] = "trainscope/9"
     out = post("summary", other)
     assert out.returncode == 1 and "schema 'trainscope/9'" in out.stderr
+    # In a study directory: the other runs are still processed, the stray file named, exit 1.
+    out = post("memory", other, study / "llm", "--out", tmp_path)
+    assert out.returncode == 1 and "other.h5: schema 'trainscope/9'" in out.stderr
+    assert "lora" in out.stdout
 
 
 def test_main_returns_codes_without_exiting(study, capsys):
