@@ -1,6 +1,7 @@
 # End-to-end and Python suites, run by ctest so that one command reports every test.
 #   e2e_app       the real binary under mpirun, checked from Python (h5py, h5dump)   label e2e
 #   python_tests  tests/python: run files from helper programs, the postprocess package  label python
+#   jobscripts_tests  tests/jobscripts: job scripts, sweep generator, real Slurm  label jobscripts
 if(TRAINSCOPE_PYTHON)
   set(_py_env "TRAINSCOPE_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONPATH=${PROJECT_SOURCE_DIR}/postprocess;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
   add_test(NAME e2e_app
@@ -10,6 +11,12 @@ if(TRAINSCOPE_PYTHON)
   add_test(NAME python_tests
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set_tests_properties(python_tests PROPERTIES LABELS "python" TIMEOUT 600 PROCESSORS 2
+    ENVIRONMENT "${_py_env}")
+  # jobscripts/: shellcheck, rendering, a PBS script under a stub PBS, a local study, and a real
+  # single-node Slurm that the test starts and stops itself (tests/slurm/local_slurm.sh).
+  add_test(NAME jobscripts_tests
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/jobscripts)
+  set_tests_properties(jobscripts_tests PROPERTIES LABELS "jobscripts" TIMEOUT 1500 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
 else()
   message(WARNING "TRAINSCOPE_PYTHON is not set: the e2e and Python suites are not registered "

@@ -75,6 +75,33 @@ def test_batch_that_cannot_be_split(run_ts, tmp_path):
     assert not (tmp_path / "x.h5").exists()
 
 
+def test_scaling_study_points_are_checked(run_ts, tmp_path):
+    """run.scaling (set by jobscripts/sweep): the point must keep the study's batch."""
+    proc = run_bad(run_ts, "--run.scaling=strong", "--run.global_batch=65",
+                   f"--output.file={tmp_path}/x.h5")
+    both_ranks_said(proc, "run.global_batch=65 does not divide over 2 ranks")
+    proc = run_bad(run_ts, "--run.scaling=weak", f"--output.file={tmp_path}/x.h5")
+    both_ranks_said(proc, "run.scaling=weak needs run.batch_per_rank")
+    proc = run_bad(run_ts, "--run.global_batch=64", f"--output.file={tmp_path}/x.h5")
+    both_ranks_said(proc, "run.global_batch is set but run.scaling=none")
+    proc = run_bad(run_ts, "--run.scaling=strong", "--run.global_batch=64",
+                   "--train.batch_size=16", f"--output.file={tmp_path}/x.h5")
+    both_ranks_said(proc, "remove --train.batch_size from the command line")
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_scaling_point_sets_the_per_rank_batch(run_ts, tmp_path):
+    out = tmp_path / "strong.h5"
+    proc = run_ts(2, *QUICK, "--run.scaling=strong", "--run.global_batch=48",
+                  "--train.max_iters=3", "--log.every=0", f"--output.file={out}", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "placement: 2 rank(s) on 1 node(s)" in proc.stdout
+    with h5py.File(out, "r") as f:
+        assert int(f["config"].attrs["train.batch_size"]) == 24  # the INI's 64 replaced
+        assert (f["iterations/samples"][...] == 24).all()
+        assert int(f["summary"].attrs["global_batch_samples"]) == 48
+
+
 def test_malformed_config_file(run_ts, tmp_path):
     bad = tmp_path / "bad.ini"
     bad.write_text("[train\nbatch_size = 3\n")

@@ -451,3 +451,27 @@ TEST(DeviceBinding, CpuAndMissingGpu) {
             << e.what();
     }
 }
+
+// Launch checks for batch jobs: an srun step whose MPI did not get PMI (N tasks, 1-rank worlds),
+// and CUDA ranks per node that differ from the GPUs Slurm gave the node.
+TEST(LaunchProblem, SrunWithoutPmiAndRanksPerGpu) {
+    dist::Topology one;
+    one.hostname = "n1";
+    EXPECT_EQ(dist::launch_problem(one, false, {}), "");
+    EXPECT_EQ(dist::launch_problem(one, false, {{"SLURM_STEP_NUM_TASKS", "1"}}), "");
+    const std::string m = dist::launch_problem(one, false, {{"SLURM_STEP_NUM_TASKS", "4"}});
+    EXPECT_NE(m.find("4 tasks (SLURM_STEP_NUM_TASKS) but MPI sees 1 rank"), std::string::npos) << m;
+    EXPECT_NE(m.find("srun --mpi=pmix"), std::string::npos);
+
+    dist::Topology four = one;
+    four.world_size = 8;
+    four.local_size = 4;
+    EXPECT_EQ(dist::launch_problem(four, true,
+                                   {{"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_GPUS_ON_NODE", "4"}}),
+              "");
+    const std::string g = dist::launch_problem(four, true, {{"SLURM_GPUS_ON_NODE", "2"}});
+    EXPECT_NE(g.find("4 ranks run on node n1 but the job has 2 GPUs there"), std::string::npos)
+        << g;
+    EXPECT_EQ(dist::launch_problem(four, false, {{"SLURM_GPUS_ON_NODE", "2"}}), ""); // CPU run
+    EXPECT_EQ(dist::launch_problem(four, true, {{"SLURM_GPUS_ON_NODE", "junk"}}), "");
+}

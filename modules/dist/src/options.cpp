@@ -2,6 +2,8 @@
 // GPUs are visible, so the rules ("auto" choices, impossible combinations) are testable anywhere.
 #include "trainscope/dist/options.hpp"
 
+#include <cstdlib>
+
 #include <cmath>
 #include <sstream>
 
@@ -71,6 +73,40 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
     const double bytes = std::round(o.bucket_mb * 1024.0 * 1024.0);
     o.bucket_cap_bytes = bytes < 1 ? 1 : static_cast<std::size_t>(bytes);
     return o;
+}
+
+std::string launch_problem(const Topology& topo, bool cuda,
+                           const std::map<std::string, std::string>& env) {
+    auto number = [&](const char* key) -> long {
+        auto it = env.find(key);
+        if (it == env.end()) return -1;
+        try {
+            return std::stol(it->second);
+        } catch (const std::exception&) {
+            return -1;
+        }
+    };
+    const long step_tasks = number("SLURM_STEP_NUM_TASKS");
+    if (step_tasks > 1 && topo.world_size == 1)
+        return "this Slurm step has " + std::to_string(step_tasks) +
+               " tasks (SLURM_STEP_NUM_TASKS) but MPI sees 1 rank: the MPI library was not "
+               "given the step's PMI, so each task started a job of its own. Launch with srun "
+               "--mpi=pmix (srun --mpi=list shows what Slurm offers; Open MPI needs PMIx "
+               "support), or with mpirun inside the allocation";
+    const long gpus = number("SLURM_GPUS_ON_NODE");
+    if (cuda && gpus > 0 && gpus != topo.local_size)
+        return std::to_string(topo.local_size) + " ranks run on node " + topo.hostname +
+               " but the job has " + std::to_string(gpus) +
+               " GPUs there (SLURM_GPUS_ON_NODE): trainscope runs one rank per GPU; set "
+               "--ntasks-per-node equal to --gpus-per-node";
+    return {};
+}
+
+std::map<std::string, std::string> launch_environment() {
+    std::map<std::string, std::string> env;
+    for (const char* key : {"SLURM_STEP_NUM_TASKS", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS"})
+        if (const char* v = std::getenv(key)) env[key] = v;
+    return env;
 }
 
 } // namespace trainscope::dist

@@ -44,6 +44,18 @@ void declare_options(core::OptionRegistry& r) {
     r.add_int("train.epochs", 1, "passes over the training data", 1, 100000);
     r.add_int("train.max_iters", 0, "stop after this many iterations in total (0 = no cap)", 0);
     r.add_int("train.batch_size", 64, "samples per rank per iteration", 1, 1 << 20);
+    r.add_choice("run.scaling", "none", {"none", "strong", "weak"},
+                 "the scaling study this run is a point of (jobscripts/sweep sets it): strong = "
+                 "run.global_batch samples per iteration split over the ranks; weak = "
+                 "run.batch_per_rank samples per rank at every rank count; none = "
+                 "train.batch_size / train.global_batch_size as given");
+    r.add_int("run.global_batch", 0,
+              "run.scaling=strong: samples per iteration over all ranks, the same at every point "
+              "(must divide by the ranks)",
+              0, 1 << 30);
+    r.add_int("run.batch_per_rank", 0,
+              "run.scaling=weak: samples per rank per iteration, the same at every point", 0,
+              1 << 20);
     r.add_int("train.global_batch_size", 0,
               "samples per iteration over all ranks (0 = train.batch_size x ranks); must divide "
               "evenly across the ranks",

@@ -41,6 +41,63 @@
 namespace trainscope::train {
 namespace {
 
+// run.scaling=strong|weak (a point of a jobscripts/sweep study): sets train.batch_size, the
+// per-shard batch, from run.global_batch or run.batch_per_rank, after checking that the point is
+// what the study says (the sweep checked it too, before submitting).
+void apply_scaling_options(core::Config& c, int world_size) {
+    const std::string scaling = c.get_string("run.scaling");
+    const std::int64_t global = c.get_int("run.global_batch");
+    const std::int64_t per_rank = c.get_int("run.batch_per_rank");
+    if (scaling == "none") {
+        if (global > 0 || per_rank > 0)
+            throw core::ConfigError(
+                std::string(global > 0 ? "run.global_batch" : "run.batch_per_rank") +
+                " is set but run.scaling=none: set run.scaling=strong (with "
+                "run.global_batch) or weak (with run.batch_per_rank)");
+        return;
+    }
+    // The config file's batch is the study's starting point and is replaced; a batch on the
+    // command line as well is a contradiction.
+    for (const char* key : {"train.batch_size", "train.global_batch_size"})
+        if (c.source(key) == core::ValueSource::CommandLine)
+            throw core::ConfigError(
+                std::string("run.scaling=") + scaling + " sets the batch from " +
+                (scaling == "strong" ? "run.global_batch" : "run.batch_per_rank") + ": remove --" +
+                key + " from the command line");
+    c.set("train.global_batch_size", "0");
+    int shards = world_size;
+    std::string unit = " ranks";
+    if (c.get_string("run.strategy") == "pipeline") {
+        shards = pipeline_replicas(world_size, PipelineOptions::from_config(c).stages);
+        unit = " pipeline replicas";
+    }
+    std::int64_t batch = 0;
+    if (scaling == "strong") {
+        if (global <= 0)
+            throw core::ConfigError("run.scaling=strong needs run.global_batch: the samples per "
+                                    "iteration that every point of the study shares");
+        if (global % shards != 0)
+            throw core::ConfigError(
+                "run.scaling=strong: run.global_batch=" + std::to_string(global) +
+                " does not divide over " + std::to_string(shards) + unit +
+                ": this point cannot keep the study's global batch; choose a "
+                "global batch every rank count divides");
+        if (per_rank > 0)
+            throw core::ConfigError("run.scaling=strong keeps run.global_batch: remove "
+                                    "run.batch_per_rank");
+        batch = global / shards;
+    } else {
+        if (per_rank <= 0)
+            throw core::ConfigError("run.scaling=weak needs run.batch_per_rank: the samples per "
+                                    "rank per iteration at every point of the study");
+        if (global > 0)
+            throw core::ConfigError("run.scaling=weak keeps run.batch_per_rank: remove "
+                                    "run.global_batch");
+        batch = per_rank;
+    }
+    c.set("train.batch_size", std::to_string(batch));
+}
+
 // Every rank's string, in rank order, on every rank.
 std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
     int size = 1;
@@ -107,6 +164,7 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
     core::log::set_level(core::log::parse_level(c.get_string("log.level")));
 
     dist::agree_on_errors(world, [&] {
+        apply_scaling_options(s.cfg, topo.world_size);
         p.workload = c.get_string("run.workload");
         p.strategy = c.get_string("run.strategy");
         p.precision = c.get_string("run.precision");
@@ -175,6 +233,10 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
             // cuBLAS needs a fixed workspace for reproducible results; before any CUDA use.
             ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
         }
+        if (const std::string m =
+                dist::launch_problem(topo, d.device == "cuda", dist::launch_environment());
+            !m.empty())
+            throw core::ConfigError(m);
         s.device = dist::bind_device(d.device, topo, d.backend == "nccl");
         p.backend = d.backend;
         p.bucket_mb = d.bucket_mb;
@@ -276,6 +338,35 @@ void Session::open_run_file() {
     row.cpu_affinity = s.device.cpu_affinity;
     s.file->write_ranks(row);
     s.file->flush();
+
+    // Preflight: rank 0 prints where every rank runs (the same as /ranks), so a job's log shows
+    // placement and binding mistakes before any training.
+    std::ostringstream line;
+    line << "  rank " << row.rank << "  local " << row.local_rank << "  node " << row.node
+         << "  host " << row.hostname << "  device " << row.device
+         << (row.pci_bus_id.empty() ? "" : " (" + row.pci_bus_id + ")") << "  cpus "
+         << row.cpu_affinity;
+    const std::string text = line.str();
+    int len = static_cast<int>(text.size());
+    std::vector<int> lens(static_cast<std::size_t>(s.topo.world_size)), offsets(lens.size());
+    MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, s.world);
+    int total = 0;
+    for (std::size_t r = 0; r < lens.size(); ++r) {
+        offsets[r] = total;
+        total += lens[r];
+    }
+    std::string all(static_cast<std::size_t>(s.topo.rank == 0 ? total : 0), '\0');
+    MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0,
+                s.world);
+    if (s.topo.rank == 0) {
+        std::ostringstream o;
+        o << "placement: " << s.topo.world_size << " rank(s) on " << s.topo.num_nodes << " node(s)";
+        for (std::size_t r = 0; r < lens.size(); ++r)
+            o << "\n"
+              << all.substr(static_cast<std::size_t>(offsets[r]),
+                            static_cast<std::size_t>(lens[r]));
+        core::log::info() << o.str();
+    }
 }
 
 void Session::close_run_file(const std::string& status, const std::string& error) {

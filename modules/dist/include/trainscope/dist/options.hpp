@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <string>
 
 #include "trainscope/core/config.hpp"
+
+#include "trainscope/dist/topology.hpp"
 
 namespace trainscope::dist {
 
@@ -24,5 +27,15 @@ struct DistOptions {
 // dist::cuda_device_count(); tests pass any number). Throws ConfigError for dist.backend=nccl with
 // a CPU device, for NCCL in a build without NCCL, and for dist.bucket_mb <= 0.
 DistOptions resolve_options(const core::Config& config, int visible_cuda_devices);
+
+// Launch mistakes a batch job makes before any training, as a message (empty = none):
+// - an srun step of N > 1 tasks (SLURM_STEP_NUM_TASKS) whose MPI world has 1 rank: the MPI
+//   library did not get the step's PMI, so every task started a 1-rank job of its own;
+// - CUDA runs whose node-local rank count differs from the GPUs the job has on the node
+//   (SLURM_GPUS_ON_NODE): one rank per GPU is the rule.
+// `env` holds the environment variables (dist::launch_environment() for the real ones).
+std::string launch_problem(const Topology& topo, bool cuda,
+                           const std::map<std::string, std::string>& env);
+std::map<std::string, std::string> launch_environment();
 
 } // namespace trainscope::dist

@@ -1,0 +1,246 @@
+"""Job scripts and the sweep generator: shellcheck on every script, rendered Slurm/PBS/local
+scripts checked for their directives and arguments, refused points, a PBS script run with bash
+under a stub PBS environment, a local study, and a real single-node Slurm (started and stopped
+here by tests/slurm/local_slurm.sh) running a strong-scaling sweep of the quickstart at 1, 2 and
+4 ranks whose run files trainscope-post reads."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
+BINARY = BUILD / "app" / "trainscope"
+SWEEP = ROOT / "jobscripts" / "sweep"
+QUICK = ROOT / "inputs" / "quickstart.ini"
+SHORT = ["--", "--train.max_iters=12", "--profile.warmup_iters=2", "--log.every=0",
+         "--telemetry.enabled=false", "--train.eval=false"]
+SCRIPTS = [ROOT / "jobscripts/slurm/train.sbatch", ROOT / "jobscripts/pbs/train.pbs",
+           ROOT / "jobscripts/local/run.sh", ROOT / "jobscripts/site/default.env",
+           ROOT / "tests/slurm/local_slurm.sh", ROOT / "scripts/setup", ROOT / "scripts/test",
+           ROOT / "scripts/build", ROOT / "scripts/demo"]
+
+
+def sweep(*args, check=True, env=None):
+    proc = subprocess.run([sys.executable, str(SWEEP), *map(str, args)], capture_output=True,
+                          text=True, timeout=1200, cwd=ROOT, env=env)
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def manifest(out):
+    return json.loads((out / "manifest.json").read_text())
+
+
+def status(path):
+    with h5py.File(path, "r") as f:
+        s = f.attrs["status"]
+        return s.decode() if isinstance(s, bytes) else s
+
+
+def test_shellcheck_clean(tmp_path):
+    exe = shutil.which("shellcheck")
+    assert exe, "shellcheck missing: scripts/setup installs it"
+    # Rendered scripts too: the templates' fields filled in.
+    for sched in ("slurm", "pbs", "local"):
+        sweep("--config", QUICK, "--scheduler", sched, "--nodes", "2", "--ranks-per-node", "2",
+              "--mode", "strong", "--global-batch", "64", "--out", tmp_path / sched, "--dry-run")
+    rendered = sorted(tmp_path.rglob("job.*"))
+    assert len(rendered) == 3
+    proc = subprocess.run([exe, "-x", "-S", "warning", *map(str, SCRIPTS + rendered)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 8])
+@pytest.mark.parametrize("mode", ["strong", "weak"])
+def test_slurm_rendering(tmp_path, nodes, mode):
+    batch = ["--global-batch", "256"] if mode == "strong" else ["--batch-per-rank", "16"]
+    sweep("--config", QUICK, "--scheduler", "slurm", "--nodes", str(nodes), "--gpus",
+          "--gpus-per-node", "4", "--cpus-per-task", "8", "--mode", mode, *batch, "--repeats",
+          "2", "--time", "01:00:00", "--signal-secs", "120", "--sbatch-arg=--partition=gpu",
+          "--out", tmp_path, "--dry-run")
+    rows = manifest(tmp_path)
+    assert [r["repeat"] for r in rows] == [0, 1]
+    ranks = nodes * 4
+    assert all(r["ranks"] == ranks and r["nodes"] == nodes for r in rows)
+    d = tmp_path / "quickstart" / mode / f"n{ranks:02d}" / "rep1"
+    text = (d / "job.sbatch").read_text()
+    for line in [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=4",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=8",
+                 "#SBATCH --time=01:00:00", "#SBATCH --signal=USR1@120",
+                 "#SBATCH --partition=gpu",
+                 'srun --mpi=pmix --cpu-bind="$cpu_bind" --kill-on-bad-exit=1']:
+        assert line in text, line
+    assert "@@" not in text and "#@GPU@" not in text
+    if mode == "strong":
+        assert "--run.scaling=strong --run.global_batch=256" in text
+        assert rows[0]["batch_per_rank"] == 256 // ranks
+    else:
+        assert "--run.scaling=weak --run.batch_per_rank=16" in text
+        assert rows[0]["global_batch"] == 16 * ranks
+    assert f"--output.file={d / 'run.h5'}" in text
+
+
+def test_cpu_rendering_has_no_gpu_request(tmp_path):
+    sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "1,2,4", "--mode", "weak",
+          "--batch-per-rank", "32", "--out", tmp_path)
+    text = (tmp_path / "quickstart/weak/n04/rep0/job.sbatch").read_text()
+    assert "--gpus-per-node" not in text and "--signal" not in text
+    assert "#SBATCH --ntasks-per-node=4" in text and "#SBATCH --nodes=1" in text
+
+
+@pytest.mark.parametrize("nodes", [1, 4])
+def test_pbs_rendering(tmp_path, nodes):
+    sweep("--config", QUICK, "--scheduler", "pbs", "--nodes", str(nodes), "--gpus",
+          "--gpus-per-node", "4", "--cpus-per-task", "16", "--mode", "strong", "--global-batch",
+          "512", "--out", tmp_path)
+    text = (tmp_path / f"quickstart/strong/n{4 * nodes:02d}/rep0/job.pbs").read_text()
+    assert f"#PBS -l select={nodes}:ncpus=64:mpiprocs=4:ompthreads=16:ngpus=4" in text
+    assert "#PBS -l place=scatter:excl" in text
+    assert '--map-by "ppr:${ranks_per_node}:node:PE=${cpus_per_task}"' in text
+    assert '--bind-to "$bind_to"' in text and "PBS_NODEFILE" in text
+
+
+def test_refused_points(tmp_path):
+    p = sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "1,2,3", "--mode", "strong",
+              "--global-batch", "64", "--out", tmp_path, check=False)
+    assert p.returncode == 2
+    assert "--global-batch 64 does not divide over 3 ranks" in p.stderr
+    assert not (tmp_path / "manifest.json").exists()  # nothing written for a refused study
+    p = sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "2", "--mode", "weak",
+              "--out", tmp_path, check=False)
+    assert p.returncode == 2 and "--mode weak needs --batch-per-rank" in p.stderr
+    p = sweep("--config", tmp_path / "nope.ini", "--scheduler", "local", "--ranks", "1",
+              "--mode", "weak", "--batch-per-rank", "8", check=False)
+    assert p.returncode == 2 and "nope.ini: no such file" in p.stderr
+    p = sweep("--config", QUICK, "--scheduler", "pbs", "--nodes", "1,x", "--mode", "weak",
+              "--batch-per-rank", "8", check=False)
+    assert p.returncode == 2 and "comma-separated list of positive integers" in p.stderr
+
+
+def test_pbs_script_runs_under_a_stub_pbs(tmp_path):
+    """The rendered PBS script's own logic (hosts from PBS_NODEFILE, rank count, binding, run
+    directory) runs for real with bash and mpirun, outside any PBS."""
+    sweep("--config", QUICK, "--scheduler", "pbs", "--nodes", "1", "--ranks-per-node", "2",
+          "--mode", "weak", "--batch-per-rank", "16", "--out", tmp_path, *SHORT)
+    d = tmp_path / "quickstart/weak/n02/rep0"
+    nodefile = tmp_path / "nodefile"
+    host = socket.gethostname()
+    nodefile.write_text(f"{host}\n{host}\n")  # one line per mpiproc, as PBS writes it
+    env = dict(os.environ, PBS_NODEFILE=str(nodefile), PBS_O_WORKDIR=str(ROOT),
+               PBS_JOBID="123.stub", OMP_NUM_THREADS="1")
+    proc = subprocess.run(["bash", str(d / "job.pbs")], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (d / "placement.txt").read_text().startswith("nodes 1 ranks 2 ranks_per_node 2")
+    assert "PBS_NODEFILE=" in (d / "environment.txt").read_text()
+    assert status(d / "run.h5") == "completed"
+    with h5py.File(d / "run.h5", "r") as f:
+        assert int(f.attrs["world_size"]) == 2
+        assert f["config"].attrs["train.batch_size"] in (16, b"16", "16")
+        assert f["config"].attrs["run.scaling"] in ("weak", b"weak")
+
+
+def test_local_study_end_to_end(tmp_path):
+    out = tmp_path / "study"
+    sweep("--config", QUICK, "--scheduler", "local", "--ranks", "1,2", "--mode", "strong",
+          "--global-batch", "32", "--out", out, "--submit", *SHORT)
+    rows = manifest(out)
+    assert [r["job_id"] for r in rows] == ["local:0", "local:0"]
+    for r in rows:
+        assert status(r["output"]) == "completed"
+    post = subprocess.run([sys.executable, "-m", "trainscope_post", "scaling", out, "--mode",
+                           "strong", "--out", tmp_path], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "postprocess")))
+    assert post.returncode == 0, post.stderr
+    assert "speedup" in post.stdout
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    state = tmp_path_factory.mktemp("slurm")
+    start = subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "start", str(state)],
+                           capture_output=True, text=True, timeout=120)
+    if start.returncode == 77:
+        pytest.skip("Slurm cannot start here: " + start.stderr.strip())
+    assert start.returncode == 0, start.stdout + start.stderr
+    env = dict(os.environ, SLURM_CONF=str(state / "slurm.conf"))
+    yield env
+    subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "stop", str(state)],
+                   timeout=60)
+
+
+def wait_for_jobs(env, jobs, timeout=900):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        q = subprocess.run(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T"],
+                           capture_output=True, text=True, env=env)
+        if q.returncode == 0 and not q.stdout.strip():
+            return
+        time.sleep(2)
+    raise AssertionError(f"Slurm jobs {jobs} still queued/running after {timeout} s")
+
+
+def test_real_slurm_strong_sweep(slurm, tmp_path):
+    out = tmp_path / "study"
+    p = sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "1,2,4", "--mode", "strong",
+              "--global-batch", "64", "--out", out, "--submit", "--serialize", "--time", "00:10:00",
+              *SHORT,
+              env=slurm)
+    rows = manifest(out)
+    jobs = [r["job_id"] for r in rows]
+    assert len(jobs) == 3 and all(j.isdigit() for j in jobs), p.stdout
+    wait_for_jobs(slurm, jobs)
+    for r in rows:
+        d = Path(r["output"]).parent
+        log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
+        assert status(r["output"]) == "completed", log
+        with h5py.File(r["output"], "r") as f:
+            assert int(f.attrs["world_size"]) == r["ranks"]
+            assert f["config"].attrs["train.batch_size"] in (64 // r["ranks"],
+                                                            str(64 // r["ranks"]).encode(),
+                                                            str(64 // r["ranks"]))
+        assert f"placement: {r['ranks']} rank(s) on 1 node(s)" in log
+        assert len((d / "binding.txt").read_text().splitlines()) == r["ranks"]
+        assert "JobId=" in (d / "scontrol_show_job.txt").read_text()
+        assert "SLURM_JOB_ID=" in (d / "environment.txt").read_text()
+    post = subprocess.run([sys.executable, "-m", "trainscope_post", "summary", out],
+                          capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "postprocess")))
+    assert post.returncode == 0, post.stderr
+    assert post.stdout.count("completed") == 3
+
+
+def test_srun_without_pmi_fails_fast(slurm, tmp_path):
+    """srun --mpi=none: Debian's Open MPI refuses to start without the step's PMIx; the job ends
+    at once with a non-zero exit instead of running N separate 1-rank jobs."""
+    t0 = time.monotonic()
+    proc = subprocess.run(["srun", "-n", "2", "--mpi=none", "--kill-on-bad-exit=1", str(BINARY),
+                           "--config", str(QUICK), f"--output.file={tmp_path / 'x.h5'}"],
+                          capture_output=True, text=True, timeout=300, env=slurm, cwd=ROOT)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_step_tasks_without_mpi_world_is_refused(tmp_path):
+    """An MPI that ignores the step's PMI runs each task as a 1-rank world: trainscope names the
+    cause. Simulated by a 1-rank launch in an environment that says the step has 4 tasks."""
+    env = dict(os.environ, SLURM_STEP_NUM_TASKS="4", OMP_NUM_THREADS="1")
+    proc = subprocess.run([str(BINARY), "--config", str(QUICK),
+                           f"--output.file={tmp_path / 'x.h5'}"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "this Slurm step has 4 tasks (SLURM_STEP_NUM_TASKS) but MPI sees 1 rank" in \
+        proc.stdout + proc.stderr
+    assert not (tmp_path / "x.h5").exists()
