@@ -98,29 +98,30 @@ def cmd_compare(args) -> int:
     return rc
 
 
-def cmd_memory(args) -> int:
+def _table_and_figure(args, table, figure, stem, empty_message, title=None) -> int:
+    """Loads the study, prints `table` of it and saves `figure` of that table as <out>/<stem>."""
     study = load(args.files)
     rc = _warn_study(study, args.include_incomplete)
-    df = memory_table(study, args.include_incomplete)
+    df = table(study, args.include_incomplete)
     if df.empty:
-        raise StudyError("no completed runs")
-    _emit(df, args, "peak memory by category [MiB] (max over ranks and measured iterations)")
-    for p in plots.save(plots.memory_figure(df), _outdir(args) / "memory", args.svg):
+        raise StudyError(empty_message)
+    _emit(df, args, title)
+    for p in plots.save(figure(df), _outdir(args) / stem, args.svg):
         print(f"figure: {p}")
     return rc
+
+
+def cmd_memory(args) -> int:
+    return _table_and_figure(
+        args, memory_table, plots.memory_figure, "memory", "no completed runs",
+        "peak memory by category [MiB] (max over ranks and measured iterations)")
 
 
 def cmd_comm(args) -> int:
-    study = load(args.files)
-    rc = _warn_study(study, args.include_incomplete)
-    df = comm_table(study, args.include_incomplete)
-    if df.empty:
-        raise StudyError("no communication benchmark results (/comm) in these files: run "
-                         "trainscope with run.workload=comm")
-    _emit(df, args)
-    for p in plots.save(plots.comm_figure(df), _outdir(args) / "comm_busbw", args.svg):
-        print(f"figure: {p}")
-    return rc
+    return _table_and_figure(
+        args, comm_table, plots.comm_figure, "comm_busbw",
+        "no communication benchmark results (/comm) in these files: run trainscope with "
+        "run.workload=comm")
 
 
 def cmd_export(args) -> int:

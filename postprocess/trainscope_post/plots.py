@@ -53,42 +53,36 @@ def scaling_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
     return fig
 
 
-def breakdown_figure(phases: pd.DataFrame, title: str) -> plt.Figure:
-    """Stacked bars per rank: mean seconds per phase over the measured iterations."""
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.6 * len(phases) + 3), 4))
-    bottom = np.zeros(len(phases))
-    x = np.arange(len(phases))
-    for i, p in enumerate(PHASES):
-        v = phases[f"{p} [s]"].fillna(0).to_numpy() * 1e3
-        ax.bar(x, v, bottom=bottom, label=p, color=GREYS[i % len(GREYS)], edgecolor="black",
+def _stacked_per_rank(df: pd.DataFrame, series: list[tuple[str, np.ndarray]], ylabel: str,
+                      title: str) -> plt.Figure:
+    """One stacked bar per rank (df["rank"]), one layer per (label, values) in `series`."""
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.6 * len(df) + 3), 4))
+    bottom = np.zeros(len(df))
+    x = np.arange(len(df))
+    for i, (label, v) in enumerate(series):
+        ax.bar(x, v, bottom=bottom, label=label, color=GREYS[i % len(GREYS)], edgecolor="black",
                hatch=HATCHES[i % len(HATCHES)], linewidth=0.5)
         bottom += v
-    ax.set_xticks(x, [str(r) for r in phases["rank"]])
+    ax.set_xticks(x, [str(r) for r in df["rank"]])
     ax.set_xlabel("rank")
-    ax.set_ylabel("mean time per iteration [ms]")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
     return fig
 
 
+def breakdown_figure(phases: pd.DataFrame, title: str) -> plt.Figure:
+    """Stacked bars per rank: mean milliseconds per phase over the measured iterations."""
+    series = [(p, phases[f"{p} [s]"].fillna(0).to_numpy() * 1e3) for p in PHASES]
+    return _stacked_per_rank(phases, series, "mean time per iteration [ms]", title)
+
+
 def profile_figure(prof: pd.DataFrame, title: str) -> plt.Figure:
     """Stacked percent bars per rank: kernels, communication, memcpy, memset, runtime calls."""
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.6 * len(prof) + 3), 4))
-    bottom = np.zeros(len(prof))
-    x = np.arange(len(prof))
-    for i, c in enumerate(PROFILE_CLASSES):
-        v = prof[f"{c} [%]"].to_numpy()
-        ax.bar(x, v, bottom=bottom, label=c, color=GREYS[i], edgecolor="black",
-               hatch=HATCHES[i], linewidth=0.5)
-        bottom += v
-    ax.set_xticks(x, [str(r) for r in prof["rank"]])
-    ax.set_xlabel("rank")
-    ax.set_ylabel("share of device activity time [%]")
-    ax.set_ylim(0, 100)
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
-    fig.tight_layout()
+    series = [(c, prof[f"{c} [%]"].to_numpy()) for c in PROFILE_CLASSES]
+    fig = _stacked_per_rank(prof, series, "share of device activity time [%]", title)
+    fig.axes[0].set_ylim(0, 100)
     return fig
 
 

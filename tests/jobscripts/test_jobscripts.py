@@ -221,6 +221,24 @@ def test_real_slurm_strong_sweep(slurm, tmp_path):
     assert post.stdout.count("completed") == 3
 
 
+def test_real_slurm_mpirun_variant(slurm, tmp_path):
+    """TRAINSCOPE_LAUNCHER=mpirun: Open MPI's own launcher inside the allocation (sites without
+    PMIx in Slurm)."""
+    out = tmp_path / "study"
+    env = dict(slurm, TRAINSCOPE_LAUNCHER="mpirun")
+    sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "2", "--mode", "weak",
+          "--batch-per-rank", "16", "--out", out, "--submit", "--time", "00:10:00", *SHORT,
+          env=env)
+    row = manifest(out)[0]
+    wait_for_jobs(slurm, [row["job_id"]])
+    d = Path(row["output"]).parent
+    log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
+    assert status(row["output"]) == "completed", log
+    assert "placement: 2 rank(s) on 1 node(s)" in log
+    binding = (d / "binding.txt").read_text()  # mpirun --report-bindings, one line per rank
+    assert "MCW rank 0" in binding and "MCW rank 1" in binding, binding
+
+
 def test_srun_without_pmi_fails_fast(slurm, tmp_path):
     """srun --mpi=none: Debian's Open MPI refuses to start without the step's PMIx; the job ends
     at once with a non-zero exit instead of running N separate 1-rank jobs."""

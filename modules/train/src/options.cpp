@@ -39,8 +39,9 @@ void declare_options(core::OptionRegistry& r) {
     r.add_bool("cv.channels_last", false, "NHWC (channels-last) weights and inputs");
     r.add_int("run.seed", 42, "seed for initialisation, shuffling and dropout", 0);
     r.add_int("run.threads", 0,
-              "intra-op CPU threads per rank; 0 = the node's cores divided by its ranks (min 1)", 0,
-              1024);
+              "intra-op CPU threads per rank; 0 = the CPUs the rank is bound to, or for an unbound "
+              "rank the node's cores divided by its ranks (min 1)",
+              0, 1024);
     r.add_int("train.epochs", 1, "passes over the training data", 1, 100000);
     r.add_int("train.max_iters", 0, "stop after this many iterations in total (0 = no cap)", 0);
     r.add_int("train.batch_size", 64, "samples per rank per iteration", 1, 1 << 20);

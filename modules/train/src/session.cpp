@@ -10,6 +10,7 @@
 #include <cmath>
 #include <ctime>
 #include <iomanip>
+#include <sched.h>
 #include <sstream>
 #include <thread>
 
@@ -219,8 +220,18 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
 
         std::int64_t threads = c.get_int("run.threads");
         if (threads == 0) {
+            // A rank bound to a CPU set (srun --cpu-bind, mpirun --bind-to) gets that set's size;
+            // an unbound rank an equal share of the node's cores. Counting the node's cores for a
+            // bound rank would put several busy threads on its one core.
             const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-            threads = std::max<std::int64_t>(1, cores / std::max(1, topo.local_size));
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            const int allowed = sched_getaffinity(0, sizeof(set), &set) == 0
+                                    ? CPU_COUNT(&set)
+                                    : static_cast<int>(cores);
+            threads = allowed < static_cast<int>(cores)
+                          ? std::max(1, allowed)
+                          : std::max<std::int64_t>(1, cores / std::max(1, topo.local_size));
         }
         p.threads_per_rank = static_cast<int>(threads);
 
