@@ -357,25 +357,12 @@ void Session::open_run_file() {
          << "  host " << row.hostname << "  device " << row.device
          << (row.pci_bus_id.empty() ? "" : " (" + row.pci_bus_id + ")") << "  cpus "
          << row.cpu_affinity;
-    const std::string text = line.str();
-    int len = static_cast<int>(text.size());
-    std::vector<int> lens(static_cast<std::size_t>(s.topo.world_size)), offsets(lens.size());
-    MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, s.world);
-    int total = 0;
-    for (std::size_t r = 0; r < lens.size(); ++r) {
-        offsets[r] = total;
-        total += lens[r];
-    }
-    std::string all(static_cast<std::size_t>(s.topo.rank == 0 ? total : 0), '\0');
-    MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0,
-                s.world);
+    const std::vector<std::string> lines = allgather_strings(s.world, line.str());
     if (s.topo.rank == 0) {
         std::ostringstream o;
         o << "placement: " << s.topo.world_size << " rank(s) on " << s.topo.num_nodes << " node(s)";
-        for (std::size_t r = 0; r < lens.size(); ++r)
-            o << "\n"
-              << all.substr(static_cast<std::size_t>(offsets[r]),
-                            static_cast<std::size_t>(lens[r]));
+        for (const auto& l : lines)
+            o << "\n" << l;
         core::log::info() << o.str();
     }
 }
