@@ -56,9 +56,10 @@ int main(int argc, char** argv) {
             return 0;
         }
 
-        // Run, then write the final status; the file says "completed" only here.
+        // Run, then write the final status; the file says "completed" only here. A stop signal
+        // (SIGTERM, SIGUSR1) ends training early, checkpointed: "interrupted", exit 0.
         session->run();
-        session->close_run_file("completed");
+        session->close_run_file(session->interrupted() ? "interrupted" : "completed");
         return 0;
     } catch (const core::Error& e) {
         core::log::error() << core::to_string(e.kind()) << ": " << e.what();

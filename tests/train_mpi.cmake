@@ -1,9 +1,10 @@
 # train: MPI suites of the training path. train_mpi_tests checks sync batch-norm (cv.sync_bn)
 # against one-process BatchNorm2d over the joint batch at 1 and 2 ranks (even, uneven and empty
 # local batches, channels_last, eval mode, MobileNetV2 gradients under DDP's averaging convention),
-# and ZeRO-1/2 against plain data parallelism on a tiny Llama (fp64).
+# ZeRO-1/2 against plain data parallelism on a tiny Llama (fp64), and checkpoint directories
+# (atomic saves, discovery, pruning, the --resume configuration check).
 trainscope_add_test(NAME train_mpi_tests MPI TORCH
-  SOURCES mpi/test_sync_bn.cpp mpi/test_zero.cpp
+  SOURCES mpi/test_sync_bn.cpp mpi/test_zero.cpp mpi/test_checkpoint.cpp
   LIBS trainscope::train trainscope::models trainscope::dist trainscope_torch
   LABELS train
   MPI NP 1 2)

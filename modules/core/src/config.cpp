@@ -292,12 +292,14 @@ std::string Config::to_ini() const {
 
 std::string CommandLine::usage(const OptionRegistry& registry) {
     return "usage: trainscope [--config FILE.ini]... [--section.key=value]... [--dry-run]\n"
-           "                  [--print-config] [--help] [--version]\n\n"
+           "                  [--resume] [--print-config] [--help] [--version]\n\n"
            "  --config FILE     INI file with [section] key = value lines; repeatable, later "
            "wins;\n"
            "                    --section.key=value on the command line wins over every file\n"
            "  --dry-run         validate, print the plan (ranks, devices, batch split, model,\n"
            "                    memory estimate) and exit without training\n"
+           "  --resume          continue from the newest complete checkpoint in checkpoint.dir\n"
+           "                    (same configuration and rank count; see checkpoint.*)\n"
            "  --print-config    print the resolved configuration as INI and exit\n"
            "  --version         print versions of trainscope and its dependencies\n"
            "\nOptions by section:\n" +
@@ -311,7 +313,8 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
 
     po::options_description desc;
     desc.add_options()("config", po::value<std::vector<std::string>>()->composing(),
-                       "")("help,h", "")("version", "")("print-config", "")("dry-run", "");
+                       "")("help,h", "")("version", "")("print-config", "")("dry-run", "")(
+                           "resume", "");
     for (const auto& s : registry.specs()) {
         auto* value = po::value<std::string>();
         if (s.type == OptionType::Bool) value->implicit_value("true");
@@ -352,6 +355,8 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
             cl.print_config = true;
         } else if (k == "dry-run") {
             cl.dry_run = true;
+        } else if (k == "resume") {
+            cl.resume = true;
         } else {
             const OptionSpec* spec = registry.find(k);
             if (opt.value.empty() && spec && spec->type == OptionType::Bool) {

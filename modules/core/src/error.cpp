@@ -13,6 +13,8 @@ const char* to_string(ErrorKind kind) {
         return "output error";
     case ErrorKind::Distributed:
         return "distributed error";
+    case ErrorKind::Numerical:
+        return "numerical error";
     case ErrorKind::Internal:
         return "internal error";
     }

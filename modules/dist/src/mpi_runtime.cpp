@@ -51,6 +51,8 @@ template <class E> [[noreturn]] void raise_collective(const std::string& message
         raise_collective<core::OutputError>(message);
     case core::ErrorKind::Distributed:
         raise_collective<core::DistributedError>(message);
+    case core::ErrorKind::Numerical:
+        raise_collective<core::NumericalError>(message);
     case core::ErrorKind::Internal:
         break;
     }

@@ -107,9 +107,10 @@ void check_async_error(ncclComm_t comm) {
 class NcclWork final : public Work {
   public:
     // start/done: timing events around the collective on the communicator's stream (null for a
-    // no-op).
-    NcclWork(cudaEvent_t start, cudaEvent_t done, c10::DeviceIndex device, ncclComm_t comm)
-        : start_(start), done_(done), device_(device), comm_(comm) {}
+    // no-op). timeout_s: how long host_wait() may block before it aborts the communicator.
+    NcclWork(cudaEvent_t start, cudaEvent_t done, c10::DeviceIndex device, ncclComm_t comm,
+             double timeout_s = 600)
+        : start_(start), done_(done), device_(device), comm_(comm), timeout_s_(timeout_s) {}
     ~NcclWork() override {
         // Safe while pending: the driver releases an event once its work completed.
         if (start_) cudaEventDestroy(start_);
@@ -133,9 +134,23 @@ class NcclWork final : public Work {
     }
     // Host-side wait that keeps checking NCCL's asynchronous error state instead of blocking in
     // the driver forever when a peer is gone (used by barrier()).
+    // A collective still pending after timeout_s (a peer stopped without an NCCL error, e.g. it
+    // is stuck or its network is down) aborts the communicator, so the wait ends with an error.
     void host_wait() {
-        while (!completed())
+        const auto deadline =
+            Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(timeout_s_));
+        while (!completed()) {
+            if (timeout_s_ > 0 && Clock::now() > deadline) {
+                ncclCommAbort(comm_);
+                throw core::DistributedError(
+                    "an NCCL collective did not complete within dist.timeout=" +
+                    std::to_string(timeout_s_) +
+                    " s: a peer rank stalled or died; the communicator was aborted (raise "
+                    "dist.timeout for very slow steps)");
+            }
             std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
     }
     double seconds() override {
         if (!done_ || !start_) return 0;
@@ -151,6 +166,7 @@ class NcclWork final : public Work {
     cudaEvent_t done_ = nullptr;
     c10::DeviceIndex device_;
     ncclComm_t comm_;
+    double timeout_s_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -179,7 +195,7 @@ class NcclCommunicator final : public Communicator {
     }
 
     ~NcclCommunicator() override {
-        if (!comm_) return;
+        if (!comm_ || aborted_) return;
         if (std::uncaught_exceptions() > 0) {
             ncclCommAbort(comm_); // a peer may be gone: do not wait for outstanding work
         } else {
@@ -191,6 +207,19 @@ class NcclCommunicator final : public Communicator {
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string backend() const override { return "nccl"; }
+    void set_timeout(double seconds) override { timeout_s_ = seconds; }
+    std::string poll_async_error() override {
+        std::lock_guard<std::mutex> lock(health_mutex_);
+        if (!comm_ || aborted_) return aborted_ ? "the NCCL communicator was aborted" : "";
+        ncclResult_t async = ncclSuccess;
+        const ncclResult_t q = ncclCommGetAsyncError(comm_, &async);
+        if (q == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return "";
+        aborted_ = true;
+        ncclCommAbort(comm_); // unblocks kernels waiting for a peer that will never come
+        return std::string("NCCL communicator failed asynchronously: ") +
+               ncclGetErrorString(q != ncclSuccess ? q : async) +
+               " (a peer rank may have died; set NCCL_DEBUG=WARN)";
+    }
     torch::Device device() const override { return device_; }
 
     std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
@@ -333,13 +362,16 @@ class NcclCommunicator final : public Communicator {
             s.bytes += bytes;
             s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
         }
-        return std::make_shared<NcclWork>(start, done, device_.index(), comm_);
+        return std::make_shared<NcclWork>(start, done, device_.index(), comm_, timeout_s_);
     }
 
     torch::Device device_;
     c10::cuda::CUDAStream stream_; // where our collectives run
     int rank_ = 0, size_ = 1;
     ncclComm_t comm_ = nullptr;
+    double timeout_s_ = 600;        // dist.timeout
+    std::mutex health_mutex_;       // poll_async_error runs on the watchdog thread
+    bool aborted_ = false;          // by poll_async_error: nothing may be finalized
     mutable std::mutex mutex_;
     std::map<std::string, CommStats> stats_;
 };

@@ -21,6 +21,10 @@ void declare_options(core::OptionRegistry& registry) {
     registry.add_float("dist.bucket_mb", 25.0,
                        "gradient bucket cap in MiB (as DDP's bucket_cap_mb); must be > 0", 0.0);
     // run.workload=comm: the communication benchmark (dist/comm_benchmark.hpp).
+    registry.add_float("dist.timeout", 600,
+                       "seconds an NCCL collective may stay pending before the communicator is "
+                       "aborted and the run fails (NCCL's asynchronous errors are polled too)",
+                       1.0, 1e7);
     registry.add_int("comm.min_bytes", 8, "comm benchmark: smallest message in bytes", 1);
     registry.add_int("comm.max_bytes", 268435456,
                      "comm benchmark: largest message in bytes (inclusive; >= comm.min_bytes)", 1);

@@ -907,3 +907,44 @@ RunFile::Impl& RunFile::checked(const char* what) const {
 }
 
 } // namespace trainscope::io
+
+namespace trainscope::io {
+
+void annotate_closed_run_file(const std::string& path, const std::vector<Attribute>& attrs) {
+    detail::silence_hdf5_error_printing();
+    // Serial access (default file driver) by one process: the job that wrote the file is gone.
+    Handle file(H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), path, "/"), H5Fclose);
+    Handle root(H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT), path, "/"), H5Gclose);
+    Handle scalar(H5_CHECK(H5Screate(H5S_SCALAR), path, "/"), H5Sclose);
+    for (const Attribute& a : attrs) {
+        const std::string where = "/@" + a.name;
+        if (H5_CHECK(H5Aexists(root, a.name.c_str()), path, where) > 0)
+            H5_CHECK(H5Adelete(root, a.name.c_str()), path, where);
+        if (auto* i = std::get_if<std::int64_t>(&a.value)) {
+            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), H5T_STD_I64LE, scalar,
+                                            H5P_DEFAULT, H5P_DEFAULT),
+                                 path, where),
+                        H5Aclose);
+            H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, i), path, where);
+        } else if (auto* d = std::get_if<double>(&a.value)) {
+            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), H5T_IEEE_F64LE, scalar,
+                                            H5P_DEFAULT, H5P_DEFAULT),
+                                 path, where),
+                        H5Aclose);
+            H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, d), path, where);
+        } else {
+            const char* text = std::get<std::string>(a.value).c_str();
+            Handle type = variable_string_type(path);
+            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), type, scalar, H5P_DEFAULT,
+                                            H5P_DEFAULT),
+                                 path, where),
+                        H5Aclose);
+            H5_CHECK(H5Awrite(attr, type, &text), path, where);
+        }
+    }
+    root.reset();
+    H5_CHECK(H5Fclose(file.get()), path, "/");
+    file.release();
+}
+
+} // namespace trainscope::io

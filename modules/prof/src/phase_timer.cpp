@@ -149,6 +149,7 @@ void PhaseTimer::start(Phase p) {
     if (!current_ || (!current_->spans[i].empty() && !current_->spans[i].back().second))
         throw core::InternalError(std::string("PhaseTimer: bad start of phase ") + phase_name(p));
     current_->spans[i].emplace_back(clock_->mark(), nullptr);
+    current_phase_.store(static_cast<int>(p), std::memory_order_relaxed);
 }
 
 void PhaseTimer::stop(Phase p) {
@@ -156,6 +157,7 @@ void PhaseTimer::stop(Phase p) {
     if (!current_ || current_->spans[i].empty() || current_->spans[i].back().second)
         throw core::InternalError(std::string("PhaseTimer: bad stop of phase ") + phase_name(p));
     current_->spans[i].back().second = clock_->mark();
+    current_phase_.store(-1, std::memory_order_relaxed);
 }
 
 void PhaseTimer::set_host_seconds(Phase p, double seconds) {

@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "trainscope/core/build_config.hpp"
@@ -17,6 +18,7 @@
 #include "trainscope/data/distributed_sampler.hpp"
 #include "trainscope/data/loader.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/data_parallel.hpp"
@@ -90,6 +92,15 @@ struct ClassificationTrainer::State {
     std::function<void(const dist::IterationComm&)> on_comm;
     std::shared_ptr<const data::BatchSource> train_source, test_source;
     std::int64_t per_epoch = 0;
+    RunControl* control = nullptr;
+    Checkpointer* checkpointer = nullptr;
+    std::int64_t start_iteration = 0; // > 0 after restore()
+    bool interrupted = false;
+
+    // Replicated state (model, optimizer, scaler) lives in one rank's checkpoint file: rank 0, or
+    // under the pipeline the rank of this stage in replica 0 (ranks are stage-major).
+    int state_source_rank() const { return engine ? o.pipeline->stage : 0; }
+    int cuda_index() const { return o.device.is_cuda() ? o.device.index() : -1; }
 
     State(const TrainerOptions& opt, models::MobileNetV2 m, const data::DatasetSplits& d,
           data::AdaptedTransform t, dist::Communicator& c, MPI_Comm w)
@@ -246,6 +257,54 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
 
 ClassificationTrainer::~ClassificationTrainer() = default;
 
+void ClassificationTrainer::set_run_control(RunControl* control, Checkpointer* checkpointer) {
+    s_->control = control;
+    s_->checkpointer = checkpointer;
+}
+
+bool ClassificationTrainer::interrupted() const {
+    return s_->interrupted;
+}
+
+std::string ClassificationTrainer::save_checkpoint(std::int64_t next_iteration) {
+    State& s = *s_;
+    return s.checkpointer->save(next_iteration, [&](torch::serialize::OutputArchive& out) {
+        if (s.rank == s.state_source_rank()) {
+            torch::serialize::OutputArchive model, optimizer, scaler;
+            save_named_tensors(model, *s.model);
+            s.optimizer->save(optimizer);
+            s.scaler->save(scaler);
+            out.write("model", model);
+            out.write("optimizer", optimizer);
+            out.write("scaler", scaler);
+        }
+        save_rng_state(out, s.cuda_index());
+    });
+}
+
+void ClassificationTrainer::restore(const CheckpointManifest& m) {
+    State& s = *s_;
+    dist::agree_on_errors(s.world, [&] {
+        torch::serialize::InputArchive mine, source;
+        Checkpointer::load(m, s.rank, mine);
+        torch::serialize::InputArchive* from = &mine;
+        if (s.state_source_rank() != s.rank) {
+            Checkpointer::load(m, s.state_source_rank(), source);
+            from = &source;
+        }
+        torch::serialize::InputArchive model, optimizer, scaler;
+        from->read("model", model);
+        from->read("optimizer", optimizer);
+        from->read("scaler", scaler);
+        load_named_tensors(model, *s.model, m.path);
+        s.optimizer->load(optimizer);
+        s.scaler->load(scaler);
+        load_rng_state(mine, s.cuda_index());
+        s.start_iteration = read_int(mine, "next_iteration");
+    });
+    if (s.dp) s.dp->refresh();
+}
+
 std::int64_t ClassificationTrainer::iterations_per_epoch() const {
     return s_->per_epoch;
 }
@@ -285,15 +344,25 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
         recorder->flush();
     };
 
-    std::int64_t iteration = 0;
+    // A resumed run starts inside its epoch, after the batches the checkpoint had trained.
+    std::int64_t iteration = s.start_iteration;
+    const std::int64_t first_epoch = s.per_epoch > 0 ? iteration / s.per_epoch : 0;
     auto t_log = std::chrono::steady_clock::now();
     const auto t_begin = t_log;
-    std::int64_t logged_at = 0;
-    for (std::int64_t epoch = 0; epoch < s.o.epochs && iteration < total; ++epoch) {
+    std::int64_t logged_at = iteration;
+    for (std::int64_t epoch = first_epoch; epoch < s.o.epochs && iteration < total && !s.interrupted;
+         ++epoch) {
         const auto t_epoch = std::chrono::steady_clock::now();
         data::DistributedSampler sampler = s.make_sampler();
         sampler.set_epoch(epoch);
-        data::Loader loader(s.train_source, sampler.indices(), epoch, s.o.batch_size, s.o.workers,
+        std::vector<std::int64_t> order = sampler.indices();
+        if (epoch == first_epoch) {
+            const auto done = static_cast<std::size_t>(
+                std::min<std::int64_t>((iteration - epoch * s.per_epoch) * s.o.batch_size,
+                                       static_cast<std::int64_t>(order.size())));
+            order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(done));
+        }
+        data::Loader loader(s.train_source, std::move(order), epoch, s.o.batch_size, s.o.workers,
                             s.o.prefetch, s.o.pin_memory, s.o.drop_last);
         s.set_train(true);
         torch::Tensor loss_sum =
@@ -304,6 +373,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
         while (iteration < total) {
             timer.begin_iteration(iteration);
             if (window) window->begin_iteration(iteration);
+            if (s.control) s.control->begin_iteration(iteration);
             std::optional<data::Batch> batch;
             {
                 prof::PhaseScope p(timer, prof::Phase::Data);
@@ -353,6 +423,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                     AutocastScope autocast(s.o.precision, s.o.device);
                     torch::Tensor logits = s.dp ? s.dp->forward(x) : s.model->forward(x); // [B, K]
                     loss = torch::nn::functional::cross_entropy(logits, y);
+                    if (s.control) inject_fault(*s.control, iteration, loss);
                     peak.end(forward_peak);
                 }
                 {
@@ -366,15 +437,27 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
             }
             // The scale this iteration's backward used (update() below may change it).
             const double loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
+            Verdict verdict;
             {
                 prof::PhaseScope p(timer, prof::Phase::CommWait);
                 s.sync->finish();
+                // Every rank decides together: non-finite values (the loss scaler handles its own
+                // inf/NaN steps), a stop signal, a checkpoint due.
+                if (s.control)
+                    verdict = s.control->agree(
+                        iteration, !s.scaler->enabled() && !all_finite(loss, s.params));
+            }
+            if (verdict.nonfinite && !s.control->options().skip_nonfinite) {
+                flush();
+                throw_nonfinite(iteration);
             }
             bool stepped = true;
             {
                 prof::PhaseScope p(timer, prof::Phase::Optimizer);
                 peak.begin();
-                if (s.scaler->enabled()) {
+                if (verdict.nonfinite) { // run.nonfinite=skip: no rank steps
+                    stepped = false;
+                } else if (s.scaler->enabled()) {
                     // Gradients are averaged across ranks first, so an inf/NaN on any rank
                     // reaches all of them and every rank skips the same steps.
                     stepped = s.scaler->step(*s.optimizer);
@@ -406,6 +489,7 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                 v.lr = lr;
                 v.loss_scale = loss_scale;
                 v.step_skipped = stepped ? 0.0 : 1.0;
+                v.nonfinite_skipped = verdict.nonfinite ? 1.0 : 0.0;
                 if (s.o.accounting) {
                     // Read late in the iteration: on NCCL it waits for the collectives' end
                     // events.
@@ -455,7 +539,33 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
                 t_log = now;
                 logged_at = iteration;
             }
+            if (s.control) s.control->idle();
+            if (verdict.checkpoint && s.checkpointer && s.checkpointer->enabled()) {
+                if (recorder) flush(); // the file holds every iteration the checkpoint covers
+                s.control->begin_activity("checkpoint write");
+                const auto t0 = std::chrono::steady_clock::now();
+                const std::string dir = save_checkpoint(iteration);
+                s.control->checkpoint_written();
+                s.control->idle();
+                core::log::info() << "checkpoint " << dir << " (resumes at iteration " << iteration
+                                  << ", written in " << std::fixed << std::setprecision(2)
+                                  << std::chrono::duration<double>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count()
+                                  << " s)";
+            }
+            if (verdict.stop) {
+                core::log::info() << "signal " << verdict.signal << " received: stopped after "
+                                  << "iteration " << iteration - 1
+                                  << (verdict.checkpoint && s.checkpointer &&
+                                              s.checkpointer->enabled()
+                                          ? " with a checkpoint"
+                                          : " (no checkpoint.dir: nothing to resume from)");
+                s.interrupted = true;
+                break;
+            }
         }
+        if (s.interrupted) break; // the epoch is incomplete: neither evaluated nor recorded
 
         EpochValues ev;
         ev.epoch = epoch;
@@ -470,7 +580,9 @@ void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
             ev.train_loss = t.item<double>();
         }
         if (s.o.eval) {
+            if (s.control) s.control->begin_activity("evaluation");
             auto [vl, va] = evaluate();
+            if (s.control) s.control->idle();
             ev.val_loss = vl;
             ev.val_accuracy = va;
             core::log::info() << "epoch " << epoch + 1 << "/" << s.o.epochs << "  train_loss "

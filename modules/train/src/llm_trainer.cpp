@@ -22,6 +22,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/models/fake_quant.hpp"
 #include "trainscope/models/lora.hpp"
 #include "trainscope/models/nf4.hpp"
@@ -136,6 +137,10 @@ struct LlmTrainer::State {
     std::int64_t per_epoch = 0;
     std::function<void(const dist::IterationComm&)> on_comm;
     double frozen_bytes = 0, nf4_bytes = 0; // fixed for the run
+    RunControl* control = nullptr;
+    Checkpointer* checkpointer = nullptr;
+    std::int64_t start_iteration = 0; // > 0 after restore()
+    bool interrupted = false;
 
     std::size_t num_items() const {
         if (o.llm.packed) return packs.size();
@@ -277,20 +282,24 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
     auto& model = *s.m.model;
     model.train();
 
-    std::int64_t iteration = 0;
+    std::int64_t iteration = s.start_iteration; // > 0 when resumed
+    const std::int64_t first_epoch = s.per_epoch > 0 ? iteration / s.per_epoch : 0;
     auto t_log = std::chrono::steady_clock::now();
-    std::int64_t logged_at = 0;
+    std::int64_t logged_at = iteration;
     double tokens_since_log = 0;
-    for (std::int64_t epoch = 0; epoch < s.o.epochs && iteration < total; ++epoch) {
+    for (std::int64_t epoch = first_epoch; epoch < s.o.epochs && iteration < total && !s.interrupted;
+         ++epoch) {
         const auto t_epoch = std::chrono::steady_clock::now();
         data::DistributedSampler sampler = s.make_sampler();
         sampler.set_epoch(epoch);
         const std::vector<std::int64_t> order = sampler.indices();
         double loss_sum = 0, epoch_samples = 0;
         std::int64_t epoch_iters = 0;
-        for (std::int64_t k = 0; k < s.per_epoch && iteration < total; ++k) {
+        for (std::int64_t k = epoch == first_epoch ? iteration - epoch * s.per_epoch : 0;
+             k < s.per_epoch && iteration < total; ++k) {
             timer.begin_iteration(iteration);
             if (window) window->begin_iteration(iteration);
+            if (s.control) s.control->begin_iteration(iteration);
             const double lr = s.o.schedule.at(iteration);
             if (s.optimizer)
                 for (auto& group : s.optimizer->param_groups())
@@ -368,6 +377,7 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                     } else {
                         AutocastScope autocast(s.o.precision, s.o.device);
                         loss = causal_lm_loss_sum(model.forward(ids, pos, seg), labels);
+                        if (s.control) inject_fault(*s.control, iteration, loss);
                         loss_acc += loss.detach().to(torch::kFloat64).cpu();
                     }
                     peak.end(forward_peak);
@@ -385,6 +395,7 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
             // and, for SFT, agree on the label-token count of the global batch.
             double global_label_tokens = label_tokens;
             double comm_bytes = 0, comm_s = 0;
+            Verdict verdict;
             {
                 prof::PhaseScope p(timer, prof::Phase::CommWait);
                 if (!dpo) {
@@ -408,13 +419,31 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                     comm_s = s.zero->reduce_gradients(scale);
                     comm_bytes = s.zero->bytes_per_iteration();
                 }
+                // All ranks decide together (run_control.hpp); the loss scaler handles its own
+                // inf/NaN steps.
+                if (s.control) {
+                    bool bad = false;
+                    if (!s.scaler->enabled()) {
+                        bad = !std::isfinite(loss_acc.item<double>()) ||
+                              (s.zero ? !s.zero->shard_gradients_finite()
+                                      : !all_finite(torch::Tensor(), s.m.trainable));
+                    }
+                    verdict = s.control->agree(iteration, bad);
+                }
+            }
+            if (verdict.nonfinite && !s.control->options().skip_nonfinite) {
+                if (recorder) recorder->flush();
+                throw_nonfinite(iteration);
             }
             const double loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
             bool stepped = true;
             {
                 prof::PhaseScope p(timer, prof::Phase::Optimizer);
                 peak.begin();
-                if (s.zero) {
+                if (verdict.nonfinite) { // run.nonfinite=skip: no rank steps
+                    stepped = false;
+                    if (s.optimizer) s.optimizer->zero_grad(/*set_to_none=*/false);
+                } else if (s.zero) {
                     s.zero->step(lr);
                 } else {
                     if (s.scaler->enabled()) {
@@ -454,6 +483,7 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                 v.lr = lr;
                 v.loss_scale = loss_scale;
                 v.step_skipped = stepped ? 0.0 : 1.0;
+                v.nonfinite_skipped = verdict.nonfinite ? 1.0 : 0.0;
                 v.extra.assign(kExtraCount, kNaN);
                 v.extra[kPaddingFraction] = cells > 0 ? padded / cells : 0.0;
                 v.extra[kSeqLenMax] = len_max;
@@ -529,7 +559,24 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
                 logged_at = iteration;
                 tokens_since_log = 0;
             }
+            if (s.control) s.control->idle();
+            if (verdict.checkpoint && s.checkpointer && s.checkpointer->enabled()) {
+                if (recorder) recorder->flush();
+                s.control->begin_activity("checkpoint write");
+                const std::string dir = save_checkpoint(iteration);
+                s.control->checkpoint_written();
+                s.control->idle();
+                core::log::info() << "checkpoint " << dir << " (resumes at iteration " << iteration
+                                  << ")";
+            }
+            if (verdict.stop) {
+                core::log::info() << "signal " << verdict.signal << " received: stopped after "
+                                  << "iteration " << iteration - 1;
+                s.interrupted = true;
+                break;
+            }
         }
+        if (s.interrupted) break; // the epoch is incomplete: not recorded
         EpochValues ev;
         ev.epoch = epoch;
         ev.samples = epoch_samples;
@@ -541,6 +588,76 @@ void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::Profiler
     }
     (void)logged_at;
     if (recorder) recorder->flush();
+}
+
+void LlmTrainer::set_run_control(RunControl* control, Checkpointer* checkpointer) {
+    s_->control = control;
+    s_->checkpointer = checkpointer;
+}
+
+bool LlmTrainer::interrupted() const {
+    return s_->interrupted;
+}
+
+std::string LlmTrainer::save_checkpoint(std::int64_t next_iteration) {
+    State& s = *s_;
+    const int cuda_index = s.o.device.is_cuda() ? s.o.device.index() : -1;
+    return s.checkpointer->save(next_iteration, [&](torch::serialize::OutputArchive& out) {
+        // Trainable weights, optimizer and scaler are the same on every rank: rank 0 writes them.
+        // ZeRO's optimizer state is sharded: every rank writes its shard.
+        if (s.rank == 0) {
+            torch::serialize::OutputArchive weights, scaler;
+            save_named_tensors(weights, *s.m.model, /*trainable_only=*/true);
+            s.scaler->save(scaler);
+            out.write("weights", weights);
+            out.write("scaler", scaler);
+            if (s.optimizer) {
+                torch::serialize::OutputArchive optimizer;
+                s.optimizer->save(optimizer);
+                out.write("optimizer", optimizer);
+            }
+        }
+        if (s.zero) {
+            torch::serialize::OutputArchive shard;
+            s.zero->save(shard);
+            out.write("zero_shard", shard);
+        }
+        save_rng_state(out, cuda_index);
+    });
+}
+
+void LlmTrainer::restore(const CheckpointManifest& m) {
+    State& s = *s_;
+    const int cuda_index = s.o.device.is_cuda() ? s.o.device.index() : -1;
+    dist::agree_on_errors(s.world, [&] {
+        torch::serialize::InputArchive mine, first;
+        Checkpointer::load(m, s.rank, mine);
+        torch::serialize::InputArchive* from = &mine;
+        if (s.rank != 0) {
+            Checkpointer::load(m, 0, first);
+            from = &first;
+        }
+        torch::serialize::InputArchive weights, scaler;
+        from->read("weights", weights);
+        from->read("scaler", scaler);
+        load_named_tensors(weights, *s.m.model, m.path, /*trainable_only=*/true);
+        s.scaler->load(scaler);
+        if (s.optimizer) {
+            torch::serialize::InputArchive optimizer;
+            from->read("optimizer", optimizer);
+            s.optimizer->load(optimizer);
+        }
+        if (s.zero) {
+            torch::serialize::InputArchive shard;
+            mine.read("zero_shard", shard);
+            s.zero->load(shard);
+        }
+        load_rng_state(mine, cuda_index);
+        s.start_iteration = read_int(mine, "next_iteration");
+    });
+    const LlmOptions& l = s.o.llm;
+    if (l.method == LlmMethod::Qat && l.qat_start_step > 0 && s.start_iteration >= l.qat_start_step)
+        models::set_qat_enabled(*s.m.model, true); // the run had switched it on before the stop
 }
 
 std::string LlmTrainer::save_adapters(const std::string& path) {

@@ -79,6 +79,23 @@ void declare_options(core::OptionRegistry& r) {
                "per-bucket gradient traffic (off only to measure its own cost)");
     r.add_int("profile.warmup_iters", 5,
               "first iterations left out of /summary statistics (still recorded)", 0);
+    // Faults and pre-emption (run_control.hpp, checkpoint.hpp).
+    r.add_float("run.iteration_timeout", 1800,
+                "seconds one iteration (or an evaluation pass, or a checkpoint write) may take "
+                "before the watchdog aborts the job, naming the rank and phase (0 = no watchdog)",
+                0.0, 1e7);
+    r.add_choice("run.nonfinite", "abort", {"abort", "skip"},
+                 "a NaN/Inf loss or gradient on any rank: abort = stop the run (exit 6, file "
+                 "status failed); skip = drop that optimizer step on every rank and count it "
+                 "(/iterations/nonfinite_skipped). fp16-mixed: the loss scaler handles inf/NaN "
+                 "gradients itself");
+    r.add_string("checkpoint.dir", "",
+                 "directory for checkpoints (shared by all ranks; empty = no checkpoints); "
+                 "--resume continues from its newest complete one");
+    r.add_string("checkpoint.every", "0",
+                 "checkpoint period: N (iterations) or Nmin (minutes of wall time, decided on "
+                 "rank 0); 0 = only when stopped by SIGTERM/SIGUSR1");
+    r.add_int("checkpoint.keep", 2, "complete checkpoints kept (older ones are deleted)", 1, 1000);
     r.add_int("log.every", 20, "rank 0 prints progress every this many iterations (0 = never)", 0);
     r.add_choice("log.level", "info", {"debug", "info", "warn", "error"},
                  "least severe level shown");

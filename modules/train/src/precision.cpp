@@ -267,6 +267,25 @@ std::int64_t GradScaler::growth_tracker() const {
     return options_.enabled ? static_cast<std::int64_t>(growth_tracker_.item<int>()) : 0;
 }
 
+void GradScaler::save(torch::serialize::OutputArchive& out) const {
+    if (!options_.enabled) return;
+    out.write("scale", scale_, /*is_buffer=*/true);
+    out.write("growth_tracker", growth_tracker_, /*is_buffer=*/true);
+    out.write("skipped_steps", c10::IValue(skipped_steps_));
+}
+
+void GradScaler::load(torch::serialize::InputArchive& in) {
+    if (!options_.enabled) return;
+    torch::Tensor scale, tracker;
+    in.read("scale", scale, /*is_buffer=*/true);
+    in.read("growth_tracker", tracker, /*is_buffer=*/true);
+    scale_.copy_(scale);
+    growth_tracker_.copy_(tracker);
+    c10::IValue skipped;
+    in.read("skipped_steps", skipped);
+    skipped_steps_ = skipped.toInt();
+}
+
 std::vector<torch::Tensor> optimizer_parameters(const torch::optim::Optimizer& optimizer) {
     std::vector<torch::Tensor> params;
     for (const auto& group : optimizer.param_groups())

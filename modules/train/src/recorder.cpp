@@ -48,6 +48,7 @@ std::vector<io::Column> iteration_columns() {
                        {"optimizer_peak_bytes", "B"},
                        {"loss_scale", "1"},
                        {"step_skipped", "1"},
+                       {"nonfinite_skipped", "1"},
                        {"tokens", "tokens"},
                        {"label_tokens", "tokens"}});
     return c;
@@ -154,10 +155,12 @@ void Recorder::flush() {
                                v.optimizer_peak_bytes,
                                v.loss_scale,
                                v.step_skipped,
+                               v.nonfinite_skipped,
                                v.tokens,
                                v.label_tokens});
         row.insert(row.end(), v.extra.begin(), v.extra.end());
         file_.append("iterations", row);
+        nonfinite_skipped_ += v.nonfinite_skipped;
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
         if (!std::isnan(m.host_tensor_peak_bytes))
             peak_tensor_ = std::isnan(peak_tensor_)
@@ -333,6 +336,7 @@ void Recorder::finish(const RunInfo& info) {
         s.push_back({"final_val_loss", last_epoch_.val_loss});
         s.push_back({"final_train_loss", last_epoch_.train_loss});
     }
+    s.push_back({"nonfinite_skipped_steps", static_cast<std::int64_t>(nonfinite_skipped_)});
     file_.set_attributes("/summary", s);
     if (rank == 0) core::log::info() << "summary\n" << stats::format_summary_table(report);
 }

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <filesystem>
 #include <iomanip>
+#include <optional>
 #include <sched.h>
 #include <sstream>
 #include <thread>
@@ -33,11 +35,13 @@
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/prof/telemetry.hpp"
 #include "trainscope/prof/telemetry_options.hpp"
+#include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/classification_trainer.hpp"
 #include "trainscope/train/llm_memory.hpp"
 #include "trainscope/train/llm_options.hpp"
 #include "trainscope/train/llm_trainer.hpp"
 #include "trainscope/train/recorder.hpp"
+#include "trainscope/train/run_control.hpp"
 
 namespace trainscope::train {
 namespace {
@@ -142,6 +146,14 @@ struct Session::State {
     PrecisionPolicy policy;
     std::vector<torch::Device> dp_devices; // run.strategy=dp
     bool dry_run = false;
+    // Faults and restarts: options, the checkpointer, and with --resume the checkpoint resumed.
+    bool resume = false;
+    RunControlOptions control;
+    std::unique_ptr<Checkpointer> checkpointer;
+    std::optional<CheckpointManifest> resumed;
+    bool interrupted = false;
+    void make_checkpointer(int restart_index);
+    void restore_checkpoint();
     // run.workload=llm
     std::unique_ptr<LlmOptions> llm;
     std::unique_ptr<data::Tokenizer> tokenizer;
@@ -158,6 +170,7 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
     s.cfg = cli.config;
     s.command_line = cli.command_line;
     s.dry_run = cli.dry_run;
+    s.resume = cli.resume;
     s.topo = topo;
     s.world = world;
     const core::Config& c = s.cfg;
@@ -166,6 +179,11 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
 
     dist::agree_on_errors(world, [&] {
         apply_scaling_options(s.cfg, topo.world_size);
+        s.control = RunControlOptions::from_config(s.cfg);
+        FaultInjection::from_environment(); // a malformed test hook fails here, on every rank
+        if (s.resume && s.dry_run)
+            throw core::ConfigError("--resume and --dry-run together: a dry run trains nothing; "
+                                    "drop one of them");
         p.workload = c.get_string("run.workload");
         p.strategy = c.get_string("run.strategy");
         p.precision = c.get_string("run.precision");
@@ -321,9 +339,56 @@ void Session::open_run_file() {
         {"num_nodes", static_cast<std::int64_t>(s.topo.num_nodes)},
         {"workload", c.get_string("run.workload")},
     };
+    std::string path = c.get_string("output.file");
+    int restart_index = 0;
+    if (s.resume) {
+        // The newest complete checkpoint, checked against this configuration on every rank.
+        s.resumed = Checkpointer::find_latest(c.get_string("checkpoint.dir"), s.world);
+        dist::agree_on_errors(s.world, [&] {
+            Checkpointer::check_compatible(*s.resumed, c, s.topo.world_size);
+        });
+        restart_index = s.resumed->restart_index + 1;
+        // The continuation gets its own file beside the interrupted one (which stays as it was
+        // left, plus a continued_in attribute): <stem>.resume<k><ext>.
+        if (s.topo.rank == 0 && std::filesystem::exists(path)) {
+            const std::filesystem::path p(path);
+            for (int k = restart_index;; ++k) {
+                const std::filesystem::path candidate =
+                    p.parent_path() /
+                    (p.stem().string() + ".resume" + std::to_string(k) + p.extension().string());
+                if (!std::filesystem::exists(candidate)) {
+                    path = candidate.string();
+                    break;
+                }
+            }
+        }
+        int n = static_cast<int>(path.size());
+        MPI_Bcast(&n, 1, MPI_INT, 0, s.world);
+        path.resize(static_cast<std::size_t>(n));
+        MPI_Bcast(path.data(), n, MPI_CHAR, 0, s.world);
+        root.push_back({"restart_index", static_cast<std::int64_t>(restart_index)});
+        root.push_back({"resumed_from_checkpoint", s.resumed->path});
+        root.push_back({"resumed_from_iteration", s.resumed->next_iteration});
+        root.push_back({"resumed_from_file", s.resumed->run_file});
+    }
     // RunFile::create decides collectively (rank 0 checks, all ranks get the same verdict).
-    s.file = std::make_unique<io::RunFile>(io::RunFile::create(
-        s.world, c.get_string("output.file"), c.get_bool("output.overwrite"), root));
+    s.file = std::make_unique<io::RunFile>(
+        io::RunFile::create(s.world, path, c.get_bool("output.overwrite"), root));
+    s.make_checkpointer(restart_index);
+    if (s.resumed && s.topo.rank == 0) {
+        core::log::info() << "resuming from " << s.resumed->path << " at iteration "
+                          << s.resumed->next_iteration << " (restart " << restart_index
+                          << "); this segment writes " << path;
+        // Link the interrupted run's file to its continuation; a missing or unreadable old file
+        // only costs the link.
+        try {
+            if (std::filesystem::exists(s.resumed->run_file) && s.resumed->run_file != path)
+                io::annotate_closed_run_file(s.resumed->run_file, {{"continued_in", path}});
+        } catch (const std::exception& e) {
+            core::log::warn() << "could not mark " << s.resumed->run_file << " as continued in "
+                              << path << ": " << e.what();
+        }
+    }
 
     std::vector<io::Attribute> config;
     for (const auto& [k, v] : c.items())
@@ -365,6 +430,16 @@ void Session::open_run_file() {
             o << "\n" << l;
         core::log::info() << o.str();
     }
+}
+
+void Session::State::make_checkpointer(int restart_index) {
+    checkpointer = std::make_unique<Checkpointer>(
+        cfg.get_string("checkpoint.dir"), static_cast<int>(cfg.get_int("checkpoint.keep")), world,
+        cfg, file ? file->path() : std::string(), restart_index);
+}
+
+bool Session::interrupted() const {
+    return s_->interrupted;
 }
 
 void Session::close_run_file(const std::string& status, const std::string& error) {
@@ -538,6 +613,7 @@ void Session::prepare() {
     t.schedule.step_iters =
         c.get_int("train.step_epochs") * std::max<std::int64_t>(1, p.iterations_per_epoch);
     s.trainer->set_schedule(t.schedule);
+    if (s.resumed) s.trainer->restore(*s.resumed);
 
     if (s.file) {
         s.file->set_attributes("/plan",
@@ -609,12 +685,16 @@ void Session::run() {
     dist::declare_bucket_series(*s.file, s.trainer->synchronizer());
     s.trainer->on_iteration_comm(
         [&](const dist::IterationComm& c) { dist::append_bucket_row(*s.file, c); });
+    s.comm->set_timeout(s.cfg.get_float("dist.timeout"));
+    RunControl control(s.control, s.world, &timer, s.comm.get());
+    s.trainer->set_run_control(&control, s.checkpointer.get());
 
     core::log::info() << "training " << s.plan.total_iterations << " iterations on "
                       << s.plan.world_size << " rank(s), global batch " << s.plan.global_batch
                       << ", writing " << s.file->path();
     telemetry.start();
     s.trainer->run(&recorder, timer, &window);
+    s.interrupted = s.trainer->interrupted();
     telemetry.stop();
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -761,6 +841,7 @@ void Session::State::prepare_llm() {
     sched.total_iters = p.total_iterations;
     sched.step_iters = std::max<std::int64_t>(1, p.iterations_per_epoch);
     llm_trainer->set_schedule(sched);
+    if (resumed) llm_trainer->restore(*resumed);
     p.global_batch = p.batch_per_rank * l.gradient_accumulation * p.world_size;
 
     if (file) {
@@ -816,11 +897,15 @@ void Session::State::run_llm() {
         llm_trainer->on_iteration_comm(
             [&](const dist::IterationComm& c) { dist::append_bucket_row(*file, c); });
     }
+    comm->set_timeout(cfg.get_float("dist.timeout"));
+    RunControl run_control(control, world, &timer, comm.get());
+    llm_trainer->set_run_control(&run_control, checkpointer.get());
     core::log::info() << "fine-tuning (" << to_string(llm->method) << ") " << plan.total_iterations
                       << " iterations on " << plan.world_size << " rank(s), " << plan.global_batch
                       << " sequences per step, writing " << file->path();
     telemetry.start();
     llm_trainer->run(&recorder, timer, &window);
+    interrupted = llm_trainer->interrupted();
     telemetry.stop();
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -96,6 +96,34 @@ void ZeroOptimizer::step(double lr) {
     allgather_s_ = since(t0);
 }
 
+bool ZeroOptimizer::shard_gradients_finite() const {
+    return shard_grad_.numel() == 0 ||
+           std::isfinite(shard_grad_.sum(torch::kFloat64).item<double>());
+}
+
+void ZeroOptimizer::save(torch::serialize::OutputArchive& out) const {
+    out.write("exp_avg", exp_avg_, /*is_buffer=*/true);
+    out.write("exp_avg_sq", exp_avg_sq_, /*is_buffer=*/true);
+    out.write("step_count", c10::IValue(step_count_));
+}
+
+void ZeroOptimizer::load(torch::serialize::InputArchive& in) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor a, b;
+    in.read("exp_avg", a, /*is_buffer=*/true);
+    in.read("exp_avg_sq", b, /*is_buffer=*/true);
+    if (!a.sizes().equals(exp_avg_.sizes()) || !b.sizes().equals(exp_avg_sq_.sizes()))
+        throw core::InputError("checkpoint: the ZeRO optimizer shard has " +
+                               std::to_string(a.numel()) + " elements, this rank's has " +
+                               std::to_string(exp_avg_.numel()) +
+                               ": resume with the same model and rank count");
+    exp_avg_.copy_(a);
+    exp_avg_sq_.copy_(b);
+    c10::IValue steps;
+    in.read("step_count", steps);
+    step_count_ = steps.toInt();
+}
+
 double ZeroOptimizer::parameter_bytes() const {
     return static_cast<double>(flat_param_.nbytes());
 }

@@ -11,7 +11,8 @@ enum class ErrorKind {
     Config = 2,      // bad option, value or combination of options
     Input = 3,       // missing, unreadable or corrupt input (dataset, checkpoint, ...)
     Output = 4,      // output file cannot be created or written
-    Distributed = 5, // MPI/NCCL/device-binding failures, a peer rank failed
+    Distributed = 5, // MPI/NCCL/device-binding failures, a peer rank failed, a stalled iteration
+    Numerical = 6,   // non-finite loss or gradients with run.nonfinite=abort
     Internal = 70,   // a bug in trainscope (EX_SOFTWARE)
 };
 
@@ -43,6 +44,9 @@ struct OutputError : Error {
 };
 struct DistributedError : Error {
     explicit DistributedError(const std::string& m) : Error(ErrorKind::Distributed, m) {}
+};
+struct NumericalError : Error {
+    explicit NumericalError(const std::string& m) : Error(ErrorKind::Numerical, m) {}
 };
 struct InternalError : Error {
     explicit InternalError(const std::string& m) : Error(ErrorKind::Internal, m) {}

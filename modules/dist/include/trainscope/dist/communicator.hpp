@@ -82,6 +82,16 @@ class Communicator {
     // Keys: "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv" (only kinds
     // that were called).
     virtual std::map<std::string, CommStats> stats() const = 0;
+
+    // Fault handling (issue: a dying rank never hangs the job). Thread-safe; called by the run's
+    // watchdog thread while the training thread may be blocked. Returns "" while healthy, else
+    // the reason the communicator can no longer complete collectives (NCCL: its asynchronous
+    // error, after which the communicator is aborted). MPI reports its errors synchronously
+    // (MPI_ERRORS_ARE_FATAL), so its default is always healthy.
+    virtual std::string poll_async_error() { return ""; }
+    // Seconds a host-side wait for one collective may take before the communicator is aborted
+    // and the wait throws DistributedError (dist.timeout; NCCL only, MPI blocks in the library).
+    virtual void set_timeout(double /*seconds*/) {}
 };
 
 // backend "mpi" or "nccl". Collective over `comm` (duplicates it, so user traffic on `comm` never

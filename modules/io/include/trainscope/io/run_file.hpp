@@ -118,6 +118,10 @@ class RunFile {
     std::unique_ptr<Impl> impl_;
 };
 
+// Local, one process: opens a closed run file (no job writes it any more) serially and sets root
+// attributes, e.g. continued_in on the file of a run that --resume continued in a new file.
+void annotate_closed_run_file(const std::string& path, const std::vector<Attribute>& attrs);
+
 // "2025-01-31T12:34:56Z": the format of created_utc, flushed_utc and finished_utc.
 std::string utc_now_iso8601();
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -60,7 +61,15 @@ class PhaseTimer {
     // event has completed, or all of them when `wait` is true (used at flush and at the end).
     std::vector<PhaseTimes> collect(bool wait);
 
+    // The phase running now, or nullptr between phases. Safe to call from another thread (the
+    // run's watchdog reports where a stalled iteration is stuck).
+    const char* current_phase() const {
+        const int p = current_phase_.load(std::memory_order_relaxed);
+        return p < 0 ? nullptr : phase_name(static_cast<Phase>(p));
+    }
+
   private:
+    std::atomic<int> current_phase_{-1};
     struct Pending;
     void release(Pending& p);
     std::unique_ptr<Clock> clock_;

@@ -20,6 +20,8 @@
 #include "trainscope/train/pipeline.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
+#include "trainscope/train/checkpoint.hpp"
+#include "trainscope/train/run_control.hpp"
 
 namespace trainscope::prof {
 class ProfilerWindow;
@@ -75,6 +77,17 @@ class ClassificationTrainer {
     const dist::GradientSynchronizer& synchronizer() const;
     // Loss and accuracy on the test split, sharded across ranks and reduced.
     std::pair<double, double> evaluate();
+
+    // Faults and restarts: the run's control (watchdog, signals, non-finite policy) and
+    // checkpointer; either may be null (tests, benchmarks).
+    void set_run_control(RunControl* control, Checkpointer* checkpointer);
+    // Collective: loads checkpoint m (model, optimizer, loss scaler, RNG); run() then starts at
+    // its next_iteration, at the same place in the same epoch's sample order.
+    void restore(const CheckpointManifest& m);
+    // Collective: writes the checkpoint that resumes at `next_iteration`.
+    std::string save_checkpoint(std::int64_t next_iteration);
+    // After run(): true when a stop signal ended training early.
+    bool interrupted() const;
 
   private:
     struct State;

@@ -25,6 +25,8 @@
 #include "trainscope/train/lr_schedule.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
+#include "trainscope/train/checkpoint.hpp"
+#include "trainscope/train/run_control.hpp"
 
 namespace trainscope::prof {
 class ProfilerWindow;
@@ -81,6 +83,14 @@ class LlmTrainer {
     // q_proj.lora_A.weight ...) and returns the path; "" when the method has no adapters.
     std::string save_adapters(const std::string& path);
     const LlmModel& model() const;
+
+    // Faults and restarts, as ClassificationTrainer: the checkpoint holds the trainable weights
+    // (LoRA adapters, or all weights for full/QAT), the optimizer (or this rank's ZeRO shard),
+    // the loss scaler and the RNG; frozen and NF4 weights are rebuilt from llm.init.
+    void set_run_control(RunControl* control, Checkpointer* checkpointer);
+    void restore(const CheckpointManifest& m);
+    std::string save_checkpoint(std::int64_t next_iteration);
+    bool interrupted() const;
 
   private:
     struct State;

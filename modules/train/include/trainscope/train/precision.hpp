@@ -129,6 +129,10 @@ class GradScaler {
     std::int64_t growth_tracker() const; // consecutive finite steps since the last change
     std::int64_t skipped_steps() const { return skipped_steps_; } // steps skipped so far
     const Options& options() const { return options_; }
+    // Checkpoints: the scale, growth tracker and skip count (a resumed run continues the same
+    // dynamic loss-scale sequence).
+    void save(torch::serialize::OutputArchive& out) const;
+    void load(torch::serialize::InputArchive& in);
 
   private:
     enum class Stage { Ready, Unscaled, Stepped };

@@ -40,6 +40,8 @@ struct IterationValues {
     // step was skipped because a gradient was inf/NaN. Other precisions: scale NaN, skipped 0.
     double loss_scale = std::numeric_limits<double>::quiet_NaN();
     double step_skipped = 0;
+    // 1 when run.nonfinite=skip dropped this iteration's step (NaN/Inf loss or gradient).
+    double nonfinite_skipped = 0;
     // Token workloads: tokens this rank processed (non-padding) and those with a label (what the
     // loss averages over). NaN for image workloads.
     double tokens = std::numeric_limits<double>::quiet_NaN();
@@ -108,6 +110,7 @@ class Recorder {
     EpochValues last_epoch_;
     bool have_epoch_ = false;
     double peak_rss_ = 0;
+    double nonfinite_skipped_ = 0; // steps dropped by run.nonfinite=skip (same on every rank)
     double peak_device_ = std::numeric_limits<double>::quiet_NaN();
     double peak_tensor_ = std::numeric_limits<double>::quiet_NaN();
 };

@@ -38,9 +38,13 @@ class Session {
 
     const Plan& plan() const;
     std::string plan_text() const; // --dry-run output (rank 0 prints it)
-    void open_run_file();          // collective: refuses to overwrite unless output.overwrite
+    // Collective: refuses to overwrite unless output.overwrite. With --resume: finds and checks
+    // the newest checkpoint and writes the continuation into <stem>.resume<k>.h5 when the
+    // interrupted run's file is at output.file.
+    void open_run_file();
     void prepare();                // collective: loads data, builds model and communicator
     void run();                    // collective: trains, records, writes /summary
+    bool interrupted() const;      // after run(): a stop signal ended it early (checkpointed)
     void close_run_file(const std::string& status, const std::string& error = ""); // collective
     bool run_file_open() const;
 

@@ -37,6 +37,11 @@ class ZeroOptimizer {
     double reduce_gradients(double grad_scale = 1.0);
     void step(double lr);
     double allgather_seconds() const { return allgather_s_; }
+    // After reduce_gradients: whether this rank's gradient shard is free of NaN/Inf.
+    bool shard_gradients_finite() const;
+    // Checkpoints: this rank's shard of the optimizer state (moments, step count).
+    void save(torch::serialize::OutputArchive& out) const;
+    void load(torch::serialize::InputArchive& in);
 
     int stage() const { return stage_; }
     std::int64_t numel() const { return numel_; }       // trainable elements (unpadded)

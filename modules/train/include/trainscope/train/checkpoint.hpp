@@ -1,0 +1,93 @@
+// Checkpoints for restart (checkpoint.dir, checkpoint.every, --resume). One directory per
+// checkpoint, written so that a crash at any moment leaves either the previous complete checkpoint
+// or the new one, never a half-written one that --resume would pick:
+//   <dir>/.partial-ckpt-<iteration>/rank<R>.pt   every rank writes and fsyncs its archive
+//   <dir>/.partial-ckpt-<iteration>/MANIFEST.json rank 0, after a barrier, then fsync
+//   rename .partial-ckpt-<iteration> -> ckpt-<iteration> (atomic), fsync <dir>, then the oldest
+//   complete checkpoints beyond checkpoint.keep are deleted.
+// A checkpoint is complete iff its directory is named ckpt-* and holds MANIFEST.json.
+// State that every rank holds identically (data-parallel model and optimizer) is written once, by
+// the rank the trainer names as its source; per-rank state (RNG, ZeRO shards) by every rank.
+#pragma once
+
+#include <mpi.h>
+#include <torch/nn/module.h>
+#include <torch/serialize.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trainscope/core/config.hpp"
+
+namespace trainscope::train {
+
+// What MANIFEST.json records (and --resume checks).
+struct CheckpointManifest {
+    std::string path;                // the checkpoint directory
+    std::int64_t next_iteration = 0; // the first iteration the resumed run trains
+    int world_size = 0;
+    int restart_index = 0;  // 0 for the original run, k for its k-th resumed segment
+    std::string run_file;   // the run file of the segment that wrote the checkpoint
+    std::string created_utc;
+    std::string workload;
+    std::vector<std::pair<std::string, std::string>> config; // resolved options
+};
+
+// Options that may change between the interrupted run and its resumption: they do not change
+// what is trained (output, logging, profiling, checkpointing, timeouts, loader threads).
+bool may_differ_on_resume(const std::string& key);
+
+class Checkpointer {
+  public:
+    // dir: checkpoint.dir (empty: disabled). Collective over world.
+    Checkpointer(std::string dir, int keep, MPI_Comm world, const core::Config& config,
+                 std::string run_file, int restart_index);
+    bool enabled() const { return !dir_.empty(); }
+    const std::string& dir() const { return dir_; }
+
+    // Collective. Writes the checkpoint that resumes at `next_iteration`; `fill` writes this
+    // rank's archive. Errors (full disk, read-only directory) are OutputErrors raised on every
+    // rank. Returns the complete checkpoint's directory.
+    std::string save(std::int64_t next_iteration,
+                     const std::function<void(torch::serialize::OutputArchive&)>& fill);
+
+    // Collective: the newest complete checkpoint in dir (rank 0 looks, everyone gets its
+    // manifest). Throws InputError when there is none, naming the directory.
+    static CheckpointManifest find_latest(const std::string& dir, MPI_Comm world);
+    // Collective: a ConfigError naming every option that differs (and the world size) unless
+    // the configuration resumes what the checkpoint saved.
+    static void check_compatible(const CheckpointManifest& m, const core::Config& config,
+                                 int world_size);
+    // Local: rank `rank`'s archive of checkpoint m.
+    static void load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in);
+
+  private:
+    std::string dir_;
+    int keep_;
+    MPI_Comm world_;
+    int rank_ = 0, size_ = 1;
+    const core::Config& config_;
+    std::string run_file_;
+    int restart_index_;
+};
+
+// RNG states of this process (CPU generator, and the CUDA generator of `cuda_index` >= 0).
+void save_rng_state(torch::serialize::OutputArchive& out, int cuda_index);
+void load_rng_state(torch::serialize::InputArchive& in, int cuda_index);
+
+// A module's parameters and buffers by name. Loading copies in place (views such as ZeRO's flat
+// buffers and channels-last strides stay) and names a missing tensor or a shape mismatch.
+// trainable_only: only parameters that require grad (LoRA adapters; frozen and NF4 base weights
+// are rebuilt from llm.init on resume), no buffers.
+void save_named_tensors(torch::serialize::OutputArchive& out, const torch::nn::Module& module,
+                        bool trainable_only = false);
+void load_named_tensors(torch::serialize::InputArchive& in, torch::nn::Module& module,
+                        const std::string& where, bool trainable_only = false);
+
+// Integer scalars in archives.
+void write_int(torch::serialize::OutputArchive& out, const std::string& key, std::int64_t v);
+std::int64_t read_int(torch::serialize::InputArchive& in, const std::string& key);
+
+} // namespace trainscope::train

@@ -1,0 +1,126 @@
+// Run control: what keeps a job safe on a shared cluster. SIGTERM/SIGUSR1/SIGINT become a request
+// to stop at the next iteration boundary (a second signal ends the process at once); a watchdog
+// thread aborts the world when an iteration stalls or the communicator fails asynchronously; and
+// once per iteration all ranks agree, in one small allreduce, on non-finite values, stop requests
+// and whether a checkpoint is due, so that every rank takes the same decision at the same step.
+#pragma once
+
+#include <mpi.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trainscope/core/config.hpp"
+
+namespace trainscope::dist {
+class Communicator;
+}
+namespace trainscope::prof {
+class PhaseTimer;
+}
+
+namespace trainscope::train {
+
+// Process-wide signal handlers (installed once; async-signal-safe: they only store the signal).
+// The first SIGTERM, SIGUSR1 (Slurm's --signal) or SIGINT is remembered; a second one of any of
+// them calls _exit(128 + signal) at once, leaving the run file as last flushed (status running).
+namespace stop_signals {
+void install();
+int received(); // the first signal's number, 0 when none arrived
+} // namespace stop_signals
+
+// Test hook (never set by users): TRAINSCOPE_FAULT="stall|nonfinite:rank=R:iteration=I" makes rank
+// R hang in the forward phase of iteration I, or turn its loss into NaN there, so that the
+// watchdog and run.nonfinite can be tested on real runs.
+struct FaultInjection {
+    enum class Kind { None, Stall, NonFinite } kind = Kind::None;
+    int rank = -1;
+    std::int64_t iteration = -1;
+    static FaultInjection from_environment(); // throws ConfigError on a malformed value
+    bool fires(Kind k, int my_rank, std::int64_t it) const {
+        return kind == k && rank == my_rank && iteration == it;
+    }
+};
+
+struct RunControlOptions {
+    double iteration_timeout_s = 1800; // 0: no watchdog
+    bool skip_nonfinite = false;       // run.nonfinite=skip
+    bool checkpointing = false;        // checkpoint.dir set
+    std::int64_t checkpoint_every_iters = 0;
+    double checkpoint_every_s = 0;
+    // Parses checkpoint.every ("N" iterations, "Nmin" minutes) and the run.* options.
+    static RunControlOptions from_config(const core::Config& c);
+};
+
+// What all ranks decided together for one iteration.
+struct Verdict {
+    bool nonfinite = false;  // some rank saw a NaN/Inf loss or gradient
+    bool stop = false;       // some rank received a stop signal
+    bool checkpoint = false; // write a checkpoint after this iteration's step
+    int signal = 0;          // the signal behind `stop` (the largest number any rank saw)
+};
+
+class RunControl;
+
+// Whether the loss (if defined) and every defined gradient are finite: one host read.
+bool all_finite(const torch::Tensor& loss, const std::vector<torch::Tensor>& params);
+// The collective NumericalError of run.nonfinite=abort (every rank decided it together).
+[[noreturn]] void throw_nonfinite(std::int64_t iteration);
+// TRAINSCOPE_FAULT at this point of the forward phase: hangs, or makes `loss` NaN.
+void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tensor& loss);
+
+class RunControl {
+  public:
+    // timer: where the watchdog reads the current phase (may be null); comm: polled for
+    // asynchronous failures (may be null). Starts the watchdog thread when a timeout is set.
+    RunControl(const RunControlOptions& options, MPI_Comm world, const prof::PhaseTimer* timer,
+               dist::Communicator* comm);
+    ~RunControl();
+    RunControl(const RunControl&) = delete;
+    RunControl& operator=(const RunControl&) = delete;
+
+    const RunControlOptions& options() const { return o_; }
+    const FaultInjection& fault() const { return fault_; }
+    int rank() const { return rank_; }
+
+    // Watchdog: an iteration starts / some other bounded activity starts ("evaluation",
+    // "checkpoint") / nothing is being timed.
+    void begin_iteration(std::int64_t iteration);
+    void begin_activity(const char* what);
+    void idle();
+
+    // Collective over the world, once per iteration after the gradients are final and before the
+    // optimizer step: one MPI_Allreduce (max) of this rank's flags.
+    Verdict agree(std::int64_t iteration, bool local_nonfinite);
+    // A checkpoint was written now (restarts the checkpoint.every clock).
+    void checkpoint_written();
+
+  private:
+    void watch();
+    [[noreturn]] void abort_world(const std::string& why);
+
+    RunControlOptions o_;
+    MPI_Comm world_;
+    int rank_ = 0, size_ = 1;
+    const prof::PhaseTimer* timer_;
+    dist::Communicator* comm_;
+    FaultInjection fault_;
+    std::chrono::steady_clock::time_point last_checkpoint_;
+
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    bool quit_ = false;
+    bool armed_ = false;
+    std::int64_t iteration_ = -1;
+    std::string activity_; // "" inside an iteration
+    std::chrono::steady_clock::time_point since_;
+    std::thread watchdog_;
+};
+
+} // namespace trainscope::train

@@ -1,0 +1,360 @@
+// Checkpoint directories: atomic write protocol, discovery of the newest complete checkpoint,
+// configuration check on resume, and the RNG/integer helpers the trainers' archives use.
+#include "trainscope/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "trainscope/core/build_config.hpp"
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/io/run_file.hpp"
+
+#if TRAINSCOPE_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+namespace fs = std::filesystem;
+
+namespace trainscope::train {
+namespace {
+
+constexpr const char* kManifest = "MANIFEST.json";
+constexpr const char* kPrefix = "ckpt-";
+constexpr const char* kPartialPrefix = ".partial-ckpt-";
+
+std::string dir_name(std::int64_t iteration) {
+    std::ostringstream o;
+    o << std::setw(9) << std::setfill('0') << iteration;
+    return o.str();
+}
+
+std::string rank_file(const std::string& dir, int rank) {
+    std::ostringstream o;
+    o << dir << "/rank" << std::setw(5) << std::setfill('0') << rank << ".pt";
+    return o.str();
+}
+
+// fsync a file or directory so the data (or the directory entry) survive a node crash.
+void sync_path(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        throw core::OutputError("cannot open " + path + " to sync it: " + std::strerror(errno));
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    // Some file systems refuse fsync on directories (EINVAL): the rename is then as durable as
+    // the file system makes it.
+    if (rc != 0 && err != EINVAL)
+        throw core::OutputError("fsync of " + path + " failed: " + std::strerror(err) +
+                                " (is the checkpoint file system full?)");
+}
+
+// Complete checkpoints in dir, oldest first: (iteration, path).
+std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std::string& dir) {
+    std::vector<std::pair<std::int64_t, std::string>> found;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+        const std::string name = e.path().filename().string();
+        if (name.rfind(kPrefix, 0) != 0) continue;
+        const std::string digits = name.substr(std::strlen(kPrefix));
+        if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+        if (!fs::exists(e.path() / kManifest, ec)) continue;
+        found.emplace_back(std::stoll(digits), e.path().string());
+    }
+    std::sort(found.begin(), found.end());
+    return found;
+}
+
+CheckpointManifest parse_manifest(const std::string& dir, const std::string& text) {
+    CheckpointManifest m;
+    m.path = dir;
+    try {
+        const nlohmann::json j = nlohmann::json::parse(text);
+        m.next_iteration = j.at("next_iteration").get<std::int64_t>();
+        m.world_size = j.at("world_size").get<int>();
+        m.restart_index = j.at("restart_index").get<int>();
+        m.run_file = j.at("run_file").get<std::string>();
+        m.created_utc = j.at("created_utc").get<std::string>();
+        m.workload = j.at("workload").get<std::string>();
+        for (const auto& [k, v] : j.at("config").items())
+            m.config.emplace_back(k, v.get<std::string>());
+    } catch (const nlohmann::json::exception& e) {
+        throw core::InputError("checkpoint manifest " + dir + "/" + kManifest +
+                               " is not valid: " + e.what() +
+                               " (delete that checkpoint directory to resume from an older one)");
+    }
+    return m;
+}
+
+} // namespace
+
+bool may_differ_on_resume(const std::string& key) {
+    for (const char* prefix : {"output.", "log.", "checkpoint.", "profile.", "telemetry."})
+        if (key.rfind(prefix, 0) == 0) return true;
+    return key == "run.iteration_timeout" || key == "run.nonfinite" || key == "dist.timeout" ||
+           key == "data.workers" || key == "data.prefetch";
+}
+
+Checkpointer::Checkpointer(std::string dir, int keep, MPI_Comm world, const core::Config& config,
+                           std::string run_file, int restart_index)
+    : dir_(std::move(dir)), keep_(keep), world_(world), config_(config),
+      run_file_(std::move(run_file)), restart_index_(restart_index) {
+    MPI_Comm_rank(world, &rank_);
+    MPI_Comm_size(world, &size_);
+    if (!enabled()) return;
+    // Checked at start, so a wrong directory fails now and not at the first checkpoint hours in.
+    dist::agree_on_errors(world_, [&] {
+        if (rank_ != 0) return;
+        std::error_code ec;
+        fs::create_directories(dir_, ec);
+        if (ec || !fs::is_directory(dir_))
+            throw core::OutputError("checkpoint.dir = '" + dir_ + "' cannot be created: " +
+                                    (ec ? ec.message() : std::string("not a directory")) +
+                                    " (choose a writable directory on a shared file system)");
+        if (::access(dir_.c_str(), W_OK | X_OK) != 0)
+            throw core::OutputError("checkpoint.dir = '" + dir_ + "' is not writable: " +
+                                    std::strerror(errno) + " (choose a writable directory)");
+    });
+}
+
+std::string Checkpointer::save(std::int64_t next_iteration,
+                               const std::function<void(torch::serialize::OutputArchive&)>& fill) {
+    if (!enabled()) throw core::InternalError("Checkpointer::save without checkpoint.dir");
+    const std::string partial = dir_ + "/" + kPartialPrefix + dir_name(next_iteration);
+    const std::string final_dir = dir_ + "/" + kPrefix + dir_name(next_iteration);
+    auto fail = [&](const std::string& what, const std::error_code& ec) {
+        return core::OutputError("checkpoint " + final_dir + ": " + what + ": " + ec.message() +
+                                 " (free space in checkpoint.dir or choose another one; the "
+                                 "previous checkpoint is kept)");
+    };
+    // 1. rank 0 prepares an empty partial directory (left-overs of a crashed save are removed).
+    dist::agree_on_errors(world_, [&] {
+        if (rank_ != 0) return;
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(dir_, ec))
+            if (e.path().filename().string().rfind(kPartialPrefix, 0) == 0)
+                fs::remove_all(e.path(), ec);
+        fs::create_directories(partial, ec);
+        if (ec) throw fail("cannot create " + partial, ec);
+    });
+    // 2. every rank writes and syncs its archive.
+    dist::agree_on_errors(world_, [&] {
+        torch::serialize::OutputArchive out;
+        write_int(out, "next_iteration", next_iteration);
+        write_int(out, "rank", rank_);
+        fill(out);
+        const std::string file = rank_file(partial, rank_);
+        try {
+            out.save_to(file);
+        } catch (const c10::Error& e) {
+            throw core::OutputError("checkpoint: writing " + file + " failed: " +
+                                    std::string(e.what_without_backtrace()) +
+                                    " (is checkpoint.dir full or read-only?)");
+        }
+        sync_path(file);
+    });
+    // 3. rank 0 seals it: manifest, sync, atomic rename, sync the parent, prune old ones.
+    dist::agree_on_errors(world_, [&] {
+        if (rank_ != 0) return;
+        nlohmann::json j;
+        j["format"] = "trainscope-checkpoint/1";
+        j["next_iteration"] = next_iteration;
+        j["world_size"] = size_;
+        j["restart_index"] = restart_index_;
+        j["run_file"] = run_file_;
+        j["created_utc"] = io::utc_now_iso8601();
+        j["workload"] = config_.get_string("run.workload");
+        j["trainscope_version"] = TRAINSCOPE_VERSION;
+        nlohmann::json cfg = nlohmann::json::object();
+        for (const auto& [k, v] : config_.items())
+            cfg[k] = v;
+        j["config"] = cfg;
+        std::vector<std::string> files;
+        for (int r = 0; r < size_; ++r)
+            files.push_back(fs::path(rank_file(partial, r)).filename().string());
+        j["files"] = files;
+        const std::string manifest = partial + "/" + kManifest;
+        {
+            std::ofstream f(manifest);
+            f << j.dump(2) << "\n";
+            f.flush();
+            if (!f)
+                throw core::OutputError("checkpoint: writing " + manifest + " failed: " +
+                                        std::strerror(errno) + " (is checkpoint.dir full?)");
+        }
+        sync_path(manifest);
+        sync_path(partial);
+        std::error_code ec;
+        if (fs::exists(final_dir, ec)) fs::remove_all(final_dir, ec); // an older run's, same step
+        fs::rename(partial, final_dir, ec);
+        if (ec) throw fail("cannot rename " + partial, ec);
+        sync_path(dir_);
+        auto all = complete_checkpoints(dir_);
+        while (static_cast<int>(all.size()) > keep_) {
+            fs::remove_all(all.front().second, ec);
+            all.erase(all.begin());
+        }
+    });
+    return final_dir;
+}
+
+CheckpointManifest Checkpointer::find_latest(const std::string& dir, MPI_Comm world) {
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    std::string text, path;
+    dist::agree_on_errors(world, [&] {
+        if (dir.empty())
+            throw core::ConfigError("--resume needs checkpoint.dir: the directory the "
+                                    "interrupted run wrote its checkpoints to");
+        if (rank != 0) return;
+        if (!fs::is_directory(dir))
+            throw core::InputError("--resume: checkpoint.dir = '" + dir +
+                                   "' does not exist (run without --resume to start afresh)");
+        const auto all = complete_checkpoints(dir);
+        if (all.empty())
+            throw core::InputError("--resume: no complete checkpoint (ckpt-*/" +
+                                   std::string(kManifest) + ") in checkpoint.dir = '" + dir +
+                                   "' (run without --resume to start afresh)");
+        path = all.back().second;
+        std::ifstream f(path + "/" + kManifest);
+        std::ostringstream s;
+        s << f.rdbuf();
+        text = s.str();
+        parse_manifest(path, text); // a broken manifest fails here, on every rank
+    });
+    for (std::string* s : {&text, &path}) {
+        int n = static_cast<int>(s->size());
+        MPI_Bcast(&n, 1, MPI_INT, 0, world);
+        s->resize(static_cast<std::size_t>(n));
+        MPI_Bcast(s->data(), n, MPI_CHAR, 0, world);
+    }
+    return parse_manifest(path, text);
+}
+
+void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Config& config,
+                                    int world_size) {
+    std::map<std::string, std::string> saved(m.config.begin(), m.config.end());
+    std::string diffs;
+    int count = 0;
+    for (const auto& [k, v] : config.items()) {
+        if (may_differ_on_resume(k)) continue;
+        const auto it = saved.find(k);
+        if (it != saved.end() && it->second == v) continue;
+        if (count++ < 8)
+            diffs += "\n  " + k + ": checkpoint '" +
+                     (it == saved.end() ? std::string("<not set>") : it->second) + "', now '" + v +
+                     "'";
+    }
+    if (m.world_size != world_size)
+        throw core::ConfigError("--resume: checkpoint " + m.path + " was written by " +
+                                std::to_string(m.world_size) + " ranks, this job has " +
+                                std::to_string(world_size) +
+                                ": resume with the same number of ranks");
+    if (count > 0)
+        throw core::ConfigError("--resume: the configuration differs from checkpoint " + m.path +
+                                " in " + std::to_string(count) + " option(s) that change what is "
+                                "trained:" + diffs +
+                                "\nresume with the original configuration, or start a new run");
+}
+
+void Checkpointer::load(const CheckpointManifest& m, int rank,
+                        torch::serialize::InputArchive& in) {
+    const std::string file = rank_file(m.path, rank);
+    try {
+        in.load_from(file);
+    } catch (const c10::Error& e) {
+        throw core::InputError("checkpoint file " + file + " cannot be read: " +
+                               std::string(e.what_without_backtrace()) +
+                               " (delete " + m.path + " to resume from an older checkpoint)");
+    }
+}
+
+void save_named_tensors(torch::serialize::OutputArchive& out, const torch::nn::Module& module,
+                        bool trainable_only) {
+    for (const auto& p : module.named_parameters(/*recurse=*/true))
+        if (!trainable_only || p.value().requires_grad())
+            out.write(p.key(), p.value(), /*is_buffer=*/false);
+    if (trainable_only) return;
+    for (const auto& b : module.named_buffers(/*recurse=*/true))
+        out.write(b.key(), b.value(), /*is_buffer=*/true);
+}
+
+void load_named_tensors(torch::serialize::InputArchive& in, torch::nn::Module& module,
+                        const std::string& where, bool trainable_only) {
+    torch::NoGradGuard no_grad;
+    auto load = [&](const std::string& name, torch::Tensor& t, bool buffer) {
+        torch::Tensor saved;
+        if (!in.try_read(name, saved, buffer))
+            throw core::InputError("checkpoint " + where + " has no tensor '" + name +
+                                   "': it was written for another model");
+        if (!saved.sizes().equals(t.sizes()))
+            throw core::InputError("checkpoint " + where + ": tensor '" + name + "' has shape " +
+                                   c10::str(saved.sizes()) + ", the model's is " +
+                                   c10::str(t.sizes()));
+        t.copy_(saved); // in place: views (ZeRO's flat buffers) and strides stay as they are
+    };
+    for (auto& p : module.named_parameters(/*recurse=*/true))
+        if (!trainable_only || p.value().requires_grad()) load(p.key(), p.value(), false);
+    if (trainable_only) return;
+    for (auto& b : module.named_buffers(/*recurse=*/true))
+        load(b.key(), b.value(), true);
+}
+
+void write_int(torch::serialize::OutputArchive& out, const std::string& key, std::int64_t v) {
+    out.write(key, c10::IValue(v));
+}
+
+std::int64_t read_int(torch::serialize::InputArchive& in, const std::string& key) {
+    c10::IValue v;
+    in.read(key, v);
+    return v.toInt();
+}
+
+void save_rng_state(torch::serialize::OutputArchive& out, int cuda_index) {
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    out.write("rng_cpu", cpu.get_state(), /*is_buffer=*/true);
+#if TRAINSCOPE_HAVE_CUDA
+    if (cuda_index >= 0)
+    {
+        at::Generator cuda =
+            at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(cuda_index));
+        out.write("rng_cuda", cuda.get_state(), /*is_buffer=*/true);
+    }
+#else
+    (void)cuda_index;
+#endif
+}
+
+void load_rng_state(torch::serialize::InputArchive& in, int cuda_index) {
+    torch::Tensor cpu;
+    in.read("rng_cpu", cpu, /*is_buffer=*/true);
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(cpu);
+#if TRAINSCOPE_HAVE_CUDA
+    if (cuda_index >= 0) {
+        torch::Tensor cuda;
+        in.read("rng_cuda", cuda, /*is_buffer=*/true);
+        at::Generator generator =
+            at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(cuda_index));
+        generator.set_state(cuda);
+    }
+#else
+    (void)cuda_index;
+#endif
+}
+
+} // namespace trainscope::train

@@ -1,0 +1,264 @@
+// Run control: stop signals, the watchdog thread and the per-iteration agreement of all ranks.
+#include "trainscope/train/run_control.hpp"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/prof/phase_timer.hpp"
+
+namespace trainscope::train {
+namespace stop_signals {
+namespace {
+
+volatile std::sig_atomic_t g_first = 0;
+std::atomic<bool> g_installed{false};
+
+extern "C" void on_stop_signal(int sig) {
+    if (g_first != 0) _exit(128 + sig); // the second signal: no more grace
+    g_first = sig;
+}
+
+} // namespace
+
+void install() {
+    if (g_installed.exchange(true)) return;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART; // blocking calls (MPI, file I/O) continue after the handler
+    for (int sig : {SIGTERM, SIGUSR1, SIGINT})
+        sigaction(sig, &sa, nullptr);
+}
+
+int received() {
+    return static_cast<int>(g_first);
+}
+
+} // namespace stop_signals
+
+FaultInjection FaultInjection::from_environment() {
+    FaultInjection f;
+    const char* env = std::getenv("TRAINSCOPE_FAULT");
+    if (!env || !*env) return f;
+    const std::string text = env;
+    auto bad = [&] {
+        return core::ConfigError("TRAINSCOPE_FAULT='" + text +
+                                 "' (a test hook): expected stall|nonfinite:rank=R:iteration=I");
+    };
+    std::istringstream in(text);
+    std::string part;
+    std::getline(in, part, ':');
+    if (part == "stall")
+        f.kind = Kind::Stall;
+    else if (part == "nonfinite")
+        f.kind = Kind::NonFinite;
+    else
+        throw bad();
+    while (std::getline(in, part, ':')) {
+        const auto eq = part.find('=');
+        if (eq == std::string::npos) throw bad();
+        const std::string key = part.substr(0, eq);
+        char* end = nullptr;
+        const long long v = std::strtoll(part.c_str() + eq + 1, &end, 10);
+        if (end == part.c_str() + eq + 1 || *end) throw bad();
+        if (key == "rank")
+            f.rank = static_cast<int>(v);
+        else if (key == "iteration")
+            f.iteration = v;
+        else
+            throw bad();
+    }
+    if (f.rank < 0 || f.iteration < 0) throw bad();
+    return f;
+}
+
+bool all_finite(const torch::Tensor& loss, const std::vector<torch::Tensor>& params) {
+    // One host read: per-tensor float64 sums, whose total is NaN/Inf iff some element is (fp32
+    // and bf16 values cannot overflow a float64 sum of any realistic size).
+    std::vector<torch::Tensor> sums;
+    if (loss.defined()) sums.push_back(loss.detach().to(torch::kFloat64).reshape({1}));
+    for (const auto& p : params)
+        if (p.grad().defined()) sums.push_back(p.grad().sum(torch::kFloat64).reshape({1}));
+    if (sums.empty()) return true;
+    return std::isfinite(torch::cat(sums).sum().item<double>());
+}
+
+[[noreturn]] void throw_nonfinite(std::int64_t iteration) {
+    core::NumericalError e("iteration " + std::to_string(iteration) +
+                           ": the loss or a gradient is NaN/Inf on at least one rank "
+                           "(run.nonfinite=abort). Lower train.lr, add warm-up "
+                           "(train.warmup_iters), use fp32 or bf16, or set run.nonfinite=skip to "
+                           "drop such steps");
+    e.set_collective(true); // every rank took this decision together
+    throw e;
+}
+
+void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tensor& loss) {
+    const FaultInjection& f = control.fault();
+    if (f.fires(FaultInjection::Kind::Stall, control.rank(), iteration))
+        for (;;)
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (f.fires(FaultInjection::Kind::NonFinite, control.rank(), iteration))
+        loss = loss * std::numeric_limits<double>::quiet_NaN();
+}
+
+RunControlOptions RunControlOptions::from_config(const core::Config& c) {
+    RunControlOptions o;
+    o.iteration_timeout_s = c.get_float("run.iteration_timeout");
+    o.skip_nonfinite = c.get_string("run.nonfinite") == "skip";
+    o.checkpointing = !c.get_string("checkpoint.dir").empty();
+    const std::string every = c.get_string("checkpoint.every");
+    const auto bad = [&] {
+        return core::ConfigError(
+            "checkpoint.every = '" + every +
+            "': expected N (iterations, e.g. 500), Nmin (minutes, e.g. 30min) or 0 (only when "
+            "stopped by a signal)");
+    };
+    std::size_t used = 0;
+    double value = 0;
+    try {
+        value = std::stod(every, &used);
+    } catch (const std::exception&) {
+        throw bad();
+    }
+    std::string unit = every.substr(used);
+    while (!unit.empty() && unit.front() == ' ')
+        unit.erase(0, 1);
+    if (!std::isfinite(value) || value < 0) throw bad();
+    if (unit.empty()) {
+        if (value != std::floor(value)) throw bad();
+        o.checkpoint_every_iters = static_cast<std::int64_t>(value);
+    } else if (unit == "min") {
+        if (value <= 0) throw bad();
+        o.checkpoint_every_s = value * 60.0;
+    } else {
+        throw bad();
+    }
+    if (!o.checkpointing && (o.checkpoint_every_iters > 0 || o.checkpoint_every_s > 0))
+        throw core::ConfigError("checkpoint.every = '" + every +
+                                "' needs checkpoint.dir: set the directory the checkpoints go to");
+    return o;
+}
+
+RunControl::RunControl(const RunControlOptions& options, MPI_Comm world,
+                       const prof::PhaseTimer* timer, dist::Communicator* comm)
+    : o_(options), world_(world), timer_(timer), comm_(comm),
+      last_checkpoint_(std::chrono::steady_clock::now()) {
+    MPI_Comm_rank(world, &rank_);
+    MPI_Comm_size(world, &size_);
+    fault_ = FaultInjection::from_environment();
+    stop_signals::install();
+    if (o_.iteration_timeout_s > 0 || comm_) watchdog_ = std::thread([this] { watch(); });
+}
+
+RunControl::~RunControl() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        quit_ = true;
+    }
+    wake_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+}
+
+void RunControl::begin_iteration(std::int64_t iteration) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    armed_ = true;
+    iteration_ = iteration;
+    activity_.clear();
+    since_ = std::chrono::steady_clock::now();
+}
+
+void RunControl::begin_activity(const char* what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    armed_ = true;
+    activity_ = what;
+    since_ = std::chrono::steady_clock::now();
+}
+
+void RunControl::idle() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    armed_ = false;
+}
+
+Verdict RunControl::agree(std::int64_t iteration, bool local_nonfinite) {
+    int flags[3] = {local_nonfinite ? 1 : 0, stop_signals::received(), 0};
+    if (o_.checkpointing) {
+        if (o_.checkpoint_every_iters > 0 && (iteration + 1) % o_.checkpoint_every_iters == 0)
+            flags[2] = 1;
+        // Wall-clock periods are rank 0's: clocks and progress differ slightly between ranks.
+        if (o_.checkpoint_every_s > 0 && rank_ == 0 &&
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - last_checkpoint_)
+                    .count() >= o_.checkpoint_every_s)
+            flags[2] = 1;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, flags, 3, MPI_INT, MPI_MAX, world_);
+    Verdict v;
+    v.nonfinite = flags[0] != 0;
+    v.signal = flags[1];
+    v.stop = flags[1] != 0;
+    v.checkpoint = flags[2] != 0 || (v.stop && o_.checkpointing);
+    return v;
+}
+
+void RunControl::checkpoint_written() {
+    last_checkpoint_ = std::chrono::steady_clock::now();
+}
+
+void RunControl::abort_world(const std::string& why) {
+    core::log::error() << why;
+    dist::MpiRuntime::abort(static_cast<int>(core::ErrorKind::Distributed));
+}
+
+void RunControl::watch() {
+    using namespace std::chrono;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!quit_) {
+        wake_.wait_for(lock, milliseconds(500));
+        if (quit_) break;
+        if (comm_) {
+            lock.unlock();
+            const std::string failure = comm_->poll_async_error();
+            lock.lock();
+            if (!failure.empty())
+                abort_world("watchdog: " + failure + "; aborting the job so that no rank waits "
+                                                     "forever");
+        }
+        if (!armed_ || o_.iteration_timeout_s <= 0) continue;
+        const double waited = duration<double>(steady_clock::now() - since_).count();
+        if (waited <= o_.iteration_timeout_s) continue;
+        std::ostringstream why;
+        why << std::fixed << std::setprecision(1) << "watchdog: ";
+        if (activity_.empty()) {
+            const char* phase = timer_ ? timer_->current_phase() : nullptr;
+            why << "iteration " << iteration_ << " has run for " << waited
+                << " s (run.iteration_timeout=" << o_.iteration_timeout_s << ") and this rank is "
+                << (phase ? std::string("in phase '") + phase + "'" : std::string("between phases"))
+                << ". Ranks stuck in 'comm_wait' wait for a peer: the rank reporting another phase "
+                   "(or none, if it died) is the one that stalled. Aborting the job.";
+        } else {
+            why << activity_ << " has run for " << waited
+                << " s (run.iteration_timeout=" << o_.iteration_timeout_s
+                << ") on this rank. Aborting the job.";
+        }
+        core::log::error() << why.str();
+        // Give the other ranks' watchdogs (armed at about the same time) a moment to report
+        // where they are, so the log names the stalled rank, then end every rank.
+        lock.unlock();
+        std::this_thread::sleep_for(seconds(2));
+        abort_world("watchdog: ending all " + std::to_string(size_) + " ranks (exit code 5)");
+    }
+}
+
+} // namespace trainscope::train

@@ -1,0 +1,290 @@
+"""Faults on real ranks (issue 8): a rank killed mid-run, graceful stop on SIGTERM/SIGUSR1 with a
+checkpoint and --resume (whose loss sequence must equal the uninterrupted run's), crash + resume
+from a periodic checkpoint across an epoch boundary, the watchdog naming a stalled rank, a second
+signal, non-finite losses (skip/abort), and --resume refusing what it cannot continue."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ROOT, mpirun_cmd
+from test_bad_input import both_ranks_said
+
+QUICK = ["--config", str(ROOT / "inputs/quickstart.ini")]
+# Fashion-MNIST, no evaluation, deterministic kernels, progress every iteration, frequent flushes.
+SHORT = [*QUICK, "--train.eval=false", "--run.deterministic=true", "--log.every=1",
+         "--output.flush_every=2", "--profile.warmup_iters=0"]
+# A synthetic set of 10 iterations per epoch and rank (640 samples / (32 x 2 ranks)), so that a
+# resumed run crosses epoch boundaries within seconds.
+EPOCHS = [*QUICK, "--data.dataset=synthetic", "--data.synthetic_samples=640",
+          "--train.batch_size=32", "--train.epochs=3", "--train.eval=false",
+          "--run.deterministic=true", "--log.every=1", "--output.flush_every=1",
+          "--profile.warmup_iters=0"]
+
+
+def text(v):
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Job:
+    """mpirun in the background with its output collected line by line."""
+
+    def __init__(self, np_, *args, env=None):
+        full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+        self.proc = subprocess.Popen(mpirun_cmd(np_, *args), cwd=ROOT, env=full_env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self):
+        return "".join(self.lines)
+
+    def wait_for(self, needle, timeout=240):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if any(needle in line for line in self.lines):
+                return
+            if self.proc.poll() is not None:
+                self._reader.join(5)
+                if any(needle in line for line in self.lines):
+                    return
+                raise AssertionError(f"job ended before {needle!r}:\n{self.output}")
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"no {needle!r} within {timeout} s:\n{self.output}")
+
+    def rank_pids(self, expected):
+        """{rank: pid} of trainscope processes started by this mpirun."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            pids = {}
+            out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                                 text=True).stdout.split()
+            for pid in map(int, out):
+                try:
+                    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                for kv in env:
+                    if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                        pids[int(kv.split(b"=")[1])] = pid
+            if len(pids) == expected:
+                return pids
+            time.sleep(0.1)
+        raise AssertionError(f"could not find {expected} rank processes")
+
+    def wait(self, timeout):
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"job still running after {timeout} s:\n{self.output}")
+        self._reader.join(10)
+        return rc
+
+    def kill(self):
+        subprocess.run(["pkill", "-9", "-P", str(self.proc.pid)])
+        self.proc.kill()
+
+
+def losses(path):
+    with h5py.File(path, "r") as f:
+        it = f["iterations"]
+        return it["iteration"][...], it["loss"][...]
+
+
+def run_to_end(*args, np_=2, timeout=300):
+    job = Job(np_, *args)
+    rc = job.wait(timeout)
+    assert rc == 0, job.output
+    return job
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted runs the interrupted ones are compared with."""
+    d = tmp_path_factory.mktemp("reference")
+    run_to_end(*SHORT, "--train.max_iters=24", f"--output.file={d}/short.h5")
+    run_to_end(*EPOCHS, f"--output.file={d}/epochs.h5")
+    return {"short": d / "short.h5", "epochs": d / "epochs.h5"}
+
+
+def test_killed_rank_ends_the_whole_job_and_the_file_stays_readable(tmp_path):
+    out = tmp_path / "killed.h5"
+    job = Job(4, *QUICK, "--train.eval=false", "--log.every=1", "--output.flush_every=2",
+              "--train.batch_size=16", f"--output.file={out}")
+    job.wait_for("iter 6/")
+    pids = job.rank_pids(4)
+    t0 = time.monotonic()
+    os.kill(pids[2], signal.SIGKILL)
+    rc = job.wait(60)
+    elapsed = time.monotonic() - t0
+    print(f"survivors exited {elapsed:.2f} s after rank 2 was killed")
+    assert rc != 0
+    assert elapsed < 30, f"the other ranks took {elapsed:.1f} s to exit"
+    for r, pid in pids.items():
+        assert not os.path.exists(f"/proc/{pid}") or \
+            open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"rank {r} still alive"
+    with h5py.File(out, "r") as f:  # readable up to the last flush, and not "completed"
+        assert text(f.attrs["status"]) == "running"
+        assert "finished_utc" not in f.attrs
+        rows = int(f["iterations"].attrs["rows"])
+        assert rows >= 6
+        loss = f["iterations/loss"][...]
+        assert loss.shape[0] == 4 and np.all(np.isfinite(loss[:, :rows]))
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to every rank", "SIGUSR1 to mpirun"])
+def test_signal_stops_checkpoints_and_resume_equals_uninterrupted(tmp_path, reference, how):
+    out, ckpt = tmp_path / "run.h5", tmp_path / "ckpt"
+    args = [*SHORT, "--train.max_iters=24", f"--checkpoint.dir={ckpt}", f"--output.file={out}"]
+    job = Job(2, *args)
+    job.wait_for("iter 10/")
+    t0 = time.monotonic()
+    if how.startswith("SIGTERM"):  # as Slurm does on pre-emption or scancel
+        for pid in job.rank_pids(2).values():
+            os.kill(pid, signal.SIGTERM)
+    else:  # Slurm's --signal=USR1@T reaches mpirun, which forwards it
+        job.proc.send_signal(signal.SIGUSR1)
+    rc = job.wait(60)
+    print(f"{how}: stopped and exited {time.monotonic() - t0:.2f} s after the signal")
+    assert rc == 0, job.output
+    assert time.monotonic() - t0 < 30
+    with h5py.File(out, "r") as f:
+        assert text(f.attrs["status"]) == "interrupted"
+        stopped_at = int(f["iterations"].attrs["rows"])
+    assert 10 <= stopped_at < 24
+    assert (ckpt / f"ckpt-{stopped_at:09d}" / "MANIFEST.json").exists()
+    assert "received: stopped after iteration" in job.output
+
+    # --resume: same command; the continuation goes to run.resume1.h5, linked both ways.
+    run_to_end(*args, "--resume")
+    resumed = tmp_path / "run.resume1.h5"
+    with h5py.File(resumed, "r") as f:
+        assert text(f.attrs["status"]) == "completed"
+        assert int(f.attrs["restart_index"]) == 1
+        assert int(f.attrs["resumed_from_iteration"]) == stopped_at
+        assert text(f.attrs["resumed_from_file"]) == str(out)
+    with h5py.File(out, "r") as f:
+        assert text(f.attrs["continued_in"]) == str(resumed)
+
+    # The loss sequence equals the uninterrupted run's, on every rank, exactly.
+    it_ref, loss_ref = losses(reference["short"])
+    it_a, loss_a = losses(out)
+    it_b, loss_b = losses(resumed)
+    joined_it = np.concatenate([it_a, it_b], axis=1)
+    joined = np.concatenate([loss_a, loss_b], axis=1)
+    assert np.array_equal(joined_it, it_ref)
+    diff = np.max(np.abs(joined - loss_ref))
+    print(f"{how}: {joined.shape[1]} iterations x 2 ranks, max |loss - uninterrupted| = {diff}")
+    assert np.array_equal(joined, loss_ref), diff
+
+
+def test_crash_then_resume_from_periodic_checkpoint_across_epochs(tmp_path, reference):
+    out, ckpt = tmp_path / "run.h5", tmp_path / "ckpt"
+    args = [*EPOCHS, f"--checkpoint.dir={ckpt}", "--checkpoint.every=7",
+            f"--output.file={out}"]
+    job = Job(2, *args)
+    job.wait_for("iter 17/")
+    os.kill(job.rank_pids(2)[1], signal.SIGKILL)
+    assert job.wait(60) != 0
+    complete = sorted(p.name for p in ckpt.glob("ckpt-*") if (p / "MANIFEST.json").exists())
+    assert complete[-1] == "ckpt-000000014", complete  # 7 and 14 (keep=2)
+    assert len(complete) == 2
+
+    run_to_end(*args, "--resume")
+    it_ref, loss_ref = losses(reference["epochs"])
+    it_b, loss_b = losses(tmp_path / "run.resume1.h5")
+    assert it_b[0, 0] == 14 and it_b[0, -1] == 29  # epoch 1 from its 5th batch, then epoch 2
+    assert np.array_equal(loss_b, loss_ref[:, 14:])
+    with h5py.File(tmp_path / "run.resume1.h5", "r") as f:
+        assert list(f["epochs/epoch"][0]) == [1, 2]
+
+
+def test_watchdog_names_the_stalled_rank_and_ends_the_job(tmp_path):
+    out = tmp_path / "stall.h5"
+    job = Job(2, *SHORT, "--train.max_iters=50", "--run.iteration_timeout=4",
+              f"--output.file={out}", env={"TRAINSCOPE_FAULT": "stall:rank=1:iteration=3"})
+    t0 = time.monotonic()
+    rc = job.wait(90)
+    elapsed = time.monotonic() - t0
+    assert rc != 0
+    text_ = job.output
+    assert "[rank 1/2" in text_ and "in phase 'forward'" in text_, text_
+    assert "in phase 'comm_wait'" in text_, text_
+    assert "run.iteration_timeout=4" in text_
+    assert elapsed < 60, elapsed
+    with h5py.File(out, "r") as f:
+        assert text(f.attrs["status"]) == "running"
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    job = Job(2, *SHORT, "--train.max_iters=50", "--run.iteration_timeout=0",
+              f"--output.file={tmp_path}/x.h5",
+              env={"TRAINSCOPE_FAULT": "stall:rank=1:iteration=3"})
+    job.wait_for("iter 3/")
+    time.sleep(1)  # rank 1 now hangs in iteration 3's forward
+    pid = job.rank_pids(2)[1]
+    os.kill(pid, signal.SIGTERM)  # cannot stop gracefully: it never reaches the boundary
+    time.sleep(1)
+    assert job.proc.poll() is None
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    rc = job.wait(30)
+    assert rc != 0 and time.monotonic() - t0 < 15
+
+
+def test_nonfinite_loss_abort_and_skip(tmp_path):
+    fault = {"TRAINSCOPE_FAULT": "nonfinite:rank=1:iteration=3"}
+    job = Job(2, *SHORT, "--train.max_iters=8", f"--output.file={tmp_path}/abort.h5", env=fault)
+    assert job.wait(120) == 6, job.output
+    for rank in (0, 1):
+        assert any(l.startswith(f"[rank {rank}/2 ") and "iteration 3: the loss or a gradient "
+                   "is NaN/Inf" in l and "run.nonfinite=skip" in l for l in job.lines), job.output
+    with h5py.File(tmp_path / "abort.h5", "r") as f:
+        assert text(f.attrs["status"]) == "failed"
+        assert int(f["iterations"].attrs["rows"]) == 3  # iterations 0-2 kept
+
+    job = Job(2, *SHORT, "--train.max_iters=8", "--run.nonfinite=skip",
+              f"--output.file={tmp_path}/skip.h5", env=fault)
+    assert job.wait(120) == 0, job.output
+    with h5py.File(tmp_path / "skip.h5", "r") as f:
+        skipped = f["iterations/nonfinite_skipped"][...]
+        assert skipped.shape == (2, 8)
+        assert np.array_equal(skipped[:, 3], [1, 1]) and skipped.sum() == 2
+        assert int(f["summary"].attrs["nonfinite_skipped_steps"]) == 1
+        loss = f["iterations/loss"][...]
+        assert np.isnan(loss[1, 3]) and np.all(np.isfinite(np.delete(loss, 3, axis=1)))
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path, run_ts):
+    ckpt = tmp_path / "ckpt"
+    proc = run_ts(2, *SHORT, "--resume", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/a.h5", timeout=60)
+    assert proc.returncode == 3
+    both_ranks_said(proc, str(ckpt), "no complete checkpoint", "without --resume")
+    run_to_end(*SHORT, "--train.max_iters=4", f"--checkpoint.dir={ckpt}",
+               "--checkpoint.every=2", f"--output.file={tmp_path}/b.h5")
+    proc = run_ts(2, *SHORT, "--train.max_iters=4", "--train.lr=0.1", "--resume",
+                  f"--checkpoint.dir={ckpt}", f"--output.file={tmp_path}/b.h5", timeout=60)
+    assert proc.returncode == 2
+    both_ranks_said(proc, "train.lr: checkpoint '0.003", "now '0.1'")
+    proc = run_ts(1, *SHORT, "--train.max_iters=4", "--resume", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/b.h5", timeout=60)
+    assert proc.returncode == 2 and "written by 2 ranks, this job has 1" in proc.stdout + proc.stderr
+    proc = run_ts(2, *SHORT, "--checkpoint.every=5h", f"--output.file={tmp_path}/c.h5",
+                  timeout=60)
+    assert proc.returncode == 2
+    both_ranks_said(proc, "checkpoint.every = '5h'", "Nmin")

@@ -1,0 +1,189 @@
+// Checkpoint directories (checkpoint.hpp) at 1 and 2 ranks: every rank's archive round-trips,
+// only complete checkpoints (ckpt-*/MANIFEST.json) are found, left-overs of a crashed save are
+// ignored and cleaned, checkpoint.keep prunes the oldest, and --resume names every option that
+// would change the training. Also checkpoint.every parsing and the loss scaler's saved state.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <unistd.h>
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/train/checkpoint.hpp"
+#include "trainscope/train/options.hpp"
+#include "trainscope/train/precision.hpp"
+#include "trainscope/train/run_control.hpp"
+
+namespace fs = std::filesystem;
+namespace tt = trainscope::train;
+namespace core = trainscope::core;
+
+namespace {
+
+int rank() {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+int world() {
+    int n = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
+
+// One directory shared by the ranks of this test, empty at the start.
+std::string shared_dir(const std::string& name) {
+    std::string dir;
+    if (rank() == 0) {
+        dir = (fs::temp_directory_path() / ("trainscope_ckpt_" + name + "_" +
+                                            std::to_string(::getpid())))
+                  .string();
+        fs::remove_all(dir);
+    }
+    int n = static_cast<int>(dir.size());
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    dir.resize(static_cast<std::size_t>(n));
+    MPI_Bcast(dir.data(), n, MPI_CHAR, 0, MPI_COMM_WORLD);
+    return dir;
+}
+
+core::Config config(std::map<std::string, std::string> values) {
+    static const core::OptionRegistry registry = tt::all_options();
+    return core::Config::from_values(registry, values);
+}
+
+} // namespace
+
+TEST(Checkpoint, SavesEveryRankFindsTheNewestCompleteAndPrunes) {
+    const std::string dir = shared_dir("save");
+    const core::Config cfg = config({{"checkpoint.dir", dir}, {"checkpoint.keep", "2"}});
+    tt::Checkpointer ck(dir, 2, MPI_COMM_WORLD, cfg, "runs/x.h5", 0);
+    for (std::int64_t it : {5, 10, 15})
+        ck.save(it, [&](torch::serialize::OutputArchive& out) {
+            out.write("mine", torch::full({3}, 100.0 * rank() + static_cast<double>(it)));
+        });
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_FALSE(fs::exists(dir + "/ckpt-000000005")); // pruned: keep = 2
+    EXPECT_TRUE(fs::exists(dir + "/ckpt-000000010/MANIFEST.json"));
+
+    // A crashed save (no manifest, or still partial) is never picked up.
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) {
+        fs::create_directories(dir + "/ckpt-000000020");
+        fs::create_directories(dir + "/.partial-ckpt-000000025");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
+    EXPECT_EQ(m.next_iteration, 15);
+    EXPECT_EQ(m.world_size, world());
+    EXPECT_EQ(m.run_file, "runs/x.h5");
+    torch::serialize::InputArchive in;
+    tt::Checkpointer::load(m, rank(), in);
+    torch::Tensor mine;
+    in.read("mine", mine);
+    EXPECT_TRUE(torch::equal(mine, torch::full({3}, 100.0 * rank() + 15.0)));
+    EXPECT_EQ(tt::read_int(in, "next_iteration"), 15);
+
+    // The next save removes the partial left-over and keeps two complete checkpoints.
+    ck.save(30, [](torch::serialize::OutputArchive&) {});
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_FALSE(fs::exists(dir + "/.partial-ckpt-000000025"));
+    EXPECT_TRUE(fs::exists(dir + "/ckpt-000000030/MANIFEST.json"));
+    EXPECT_TRUE(fs::exists(dir + "/ckpt-000000015/MANIFEST.json"));
+    EXPECT_FALSE(fs::exists(dir + "/ckpt-000000010"));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
+    const std::string dir = shared_dir("compat");
+    const core::Config saved = config({{"checkpoint.dir", dir}, {"train.lr", "0.01"}});
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, saved, "a.h5", 0);
+    ck.save(3, [](torch::serialize::OutputArchive&) {});
+    const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
+    // Output, logging and timeouts may change.
+    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(
+        m,
+        config({{"checkpoint.dir", dir},
+                {"train.lr", "0.01"},
+                {"output.file", "b.h5"},
+                {"run.iteration_timeout", "60"}}),
+        world()));
+    try {
+        tt::Checkpointer::check_compatible(
+            m, config({{"checkpoint.dir", dir}, {"train.lr", "0.02"}, {"run.seed", "7"}}),
+            world());
+        FAIL() << "a changed learning rate and seed were accepted";
+    } catch (const core::ConfigError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("train.lr: checkpoint '0.01', now '0.02'"), std::string::npos) << what;
+        EXPECT_NE(what.find("run.seed"), std::string::npos) << what;
+    }
+    EXPECT_THROW(tt::Checkpointer::check_compatible(m, saved, world() + 1), core::ConfigError);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(dir);
+}
+
+TEST(Checkpoint, NoCheckpointOrBrokenManifestIsAnInputErrorOnEveryRank) {
+    const std::string dir = shared_dir("missing");
+    EXPECT_THROW(tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD), core::InputError);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) {
+        fs::create_directories(dir + "/ckpt-000000004");
+        std::ofstream(dir + "/ckpt-000000004/MANIFEST.json") << "{\"next_iteration\": ";
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    try {
+        tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
+        FAIL() << "a truncated manifest was accepted";
+    } catch (const core::InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("MANIFEST.json"), std::string::npos) << e.what();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(dir);
+}
+
+TEST(RunControlOptions, CheckpointEveryIsIterationsOrMinutes) {
+    auto parse = [](const std::string& every, const std::string& dir = "/tmp/c") {
+        return tt::RunControlOptions::from_config(
+            config({{"checkpoint.dir", dir}, {"checkpoint.every", every}}));
+    };
+    EXPECT_EQ(parse("500").checkpoint_every_iters, 500);
+    EXPECT_DOUBLE_EQ(parse("30min").checkpoint_every_s, 1800.0);
+    EXPECT_DOUBLE_EQ(parse("1.5 min").checkpoint_every_s, 90.0);
+    EXPECT_EQ(parse("0").checkpoint_every_iters, 0);
+    for (const char* bad : {"5h", "-1", "1.5", "min", "", "nan", "0min"})
+        EXPECT_THROW(parse(bad), core::ConfigError) << bad;
+    EXPECT_THROW(parse("10", ""), core::ConfigError); // a period without a directory
+}
+
+TEST(GradScaler, SavedStateContinuesTheSameScaleSequence) {
+    tt::GradScaler::Options o;
+    o.init_scale = 1024;
+    o.growth_interval = 2;
+    tt::GradScaler a(o, torch::kCPU);
+    torch::Tensor w = torch::ones({2}, torch::requires_grad());
+    torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.1));
+    for (int i = 0; i < 3; ++i) { // two finite steps (growth), one inf step (backoff)
+        opt.zero_grad();
+        a.scale((w * (i == 2 ? INFINITY : 1.0)).sum()).backward();
+        a.step(opt);
+        a.update();
+    }
+    torch::serialize::OutputArchive out;
+    a.save(out);
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    tt::GradScaler b(o, torch::kCPU);
+    torch::serialize::InputArchive in;
+    std::istringstream src(bytes.str());
+    in.load_from(src);
+    b.load(in);
+    EXPECT_DOUBLE_EQ(b.scale_value(), a.scale_value());
+    EXPECT_EQ(b.growth_tracker(), a.growth_tracker());
+    EXPECT_EQ(b.skipped_steps(), 1);
+}
