@@ -274,7 +274,15 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, run_ts):
     proc = run_ts(2, *SHORT, "--resume", f"--checkpoint.dir={ckpt}",
                   f"--output.file={tmp_path}/a.h5", timeout=60)
     assert proc.returncode == 3
+    both_ranks_said(proc, str(ckpt), "does not exist", "without --resume")
+    (ckpt / ".partial-ckpt-000000002").mkdir(parents=True)  # a save that never completed
+    proc = run_ts(2, *SHORT, "--resume", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/a.h5", timeout=60)
+    assert proc.returncode == 3
     both_ranks_said(proc, str(ckpt), "no complete checkpoint", "without --resume")
+    proc = run_ts(2, *SHORT, "--resume", f"--output.file={tmp_path}/a.h5", timeout=60)
+    assert proc.returncode == 2
+    both_ranks_said(proc, "--resume needs checkpoint.dir")
     run_to_end(*SHORT, "--train.max_iters=4", f"--checkpoint.dir={ckpt}",
                "--checkpoint.every=2", f"--output.file={tmp_path}/b.h5")
     proc = run_ts(2, *SHORT, "--train.max_iters=4", "--train.lr=0.1", "--resume",
@@ -288,3 +296,21 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, run_ts):
                   timeout=60)
     assert proc.returncode == 2
     both_ranks_said(proc, "checkpoint.every = '5h'", "Nmin")
+
+
+@pytest.mark.parametrize("method,extra", [("lora", []), ("full", ["--dist.zero=2"])])
+def test_llm_resume_continues_adapters_and_zero_shards(tmp_path, method, extra):
+    """LoRA adapters, and full fine-tuning with ZeRO-2's sharded optimizer state: resuming from
+    the iteration-3 checkpoint repeats iterations 3-5 of the run that wrote it exactly."""
+    out, ckpt = tmp_path / "llm.h5", tmp_path / "ckpt"
+    args = ["--config", ROOT / f"inputs/llm/{method}-tiny.ini", *extra, "--train.max_iters=6",
+            "--log.every=1", f"--checkpoint.dir={ckpt}", "--checkpoint.every=3",
+            f"--output.file={out}"]
+    run_to_end(*args)
+    import shutil
+    shutil.rmtree(ckpt / "ckpt-000000006")  # as if the job had died before its last checkpoint
+    run_to_end(*args, "--resume")
+    it_ref, loss_ref = losses(out)
+    it_b, loss_b = losses(tmp_path / "llm.resume1.h5")
+    assert list(it_b[0]) == [3, 4, 5]
+    assert np.array_equal(loss_b, loss_ref[:, 3:]), (loss_b, loss_ref)

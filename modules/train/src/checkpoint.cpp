@@ -255,7 +255,7 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
         const auto it = saved.find(k);
         if (it != saved.end() && it->second == v) continue;
         if (count++ < 8)
-            diffs += "\n  " + k + ": checkpoint '" +
+            diffs += std::string(count > 1 ? "; " : " ") + k + ": checkpoint '" +
                      (it == saved.end() ? std::string("<not set>") : it->second) + "', now '" + v +
                      "'";
     }
@@ -268,7 +268,7 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
         throw core::ConfigError("--resume: the configuration differs from checkpoint " + m.path +
                                 " in " + std::to_string(count) + " option(s) that change what is "
                                 "trained:" + diffs +
-                                "\nresume with the original configuration, or start a new run");
+                                ". Resume with the original configuration, or start a new run");
 }
 
 void Checkpointer::load(const CheckpointManifest& m, int rank,
