@@ -262,3 +262,43 @@ def test_step_tasks_without_mpi_world_is_refused(tmp_path):
     assert "this Slurm step has 4 tasks (SLURM_STEP_NUM_TASKS) but MPI sees 1 rank" in \
         proc.stdout + proc.stderr
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_real_slurm_signal_stops_and_requeue_resumes(slurm, tmp_path):
+    """Slurm's --signal=USR1 (sent here at once with scancel --signal=USR1): trainscope stops at an
+    iteration boundary with a checkpoint and status interrupted; `scontrol requeue` restarts the
+    job, whose script adds --resume (SLURM_RESTART_COUNT > 0), and the continuation completes the
+    run in <stem>.resume1.h5."""
+    out, ckpt = tmp_path / "study", tmp_path / "ckpt"
+    sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "2", "--mode", "weak",
+          "--batch-per-rank", "16", "--out", out, "--submit", "--time", "00:10:00",
+          "--", "--train.max_iters=200", "--log.every=1", "--telemetry.enabled=false",
+          "--train.eval=false", f"--checkpoint.dir={ckpt}", env=slurm)
+    row = manifest(out)[0]
+    job, d = row["job_id"], Path(row["output"]).parent
+    deadline = time.time() + 300
+    log = ""
+    while "iter 5/" not in log:
+        assert time.time() < deadline, f"the job did not reach iteration 5:\n{log}"
+        time.sleep(0.5)
+        log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
+    subprocess.run(["scancel", "--signal=USR1", job], env=slurm, check=True)
+    wait_for_jobs(slurm, [job], timeout=120)
+    log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
+    assert status(row["output"]) == "interrupted", log
+    with h5py.File(row["output"], "r") as f:
+        stopped = int(f["iterations"].attrs["rows"])
+    assert 5 <= stopped < 200
+    assert (ckpt / f"ckpt-{stopped:09d}" / "MANIFEST.json").exists()
+
+    subprocess.run(["scontrol", "requeue", job], env=slurm, check=True)
+    time.sleep(2)
+    wait_for_jobs(slurm, [job], timeout=600)
+    resumed = Path(row["output"]).with_name(Path(row["output"]).stem + ".resume1.h5")
+    log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
+    assert resumed.exists(), log
+    assert status(resumed) == "completed", log
+    with h5py.File(resumed, "r") as f:
+        assert int(f.attrs["resumed_from_iteration"]) == stopped
+        it = f["iterations/iteration"][0]
+        assert it[0] == stopped and it[-1] == 199
