@@ -314,3 +314,15 @@ def test_llm_resume_continues_adapters_and_zero_shards(tmp_path, method, extra):
     it_b, loss_b = losses(tmp_path / "llm.resume1.h5")
     assert list(it_b[0]) == [3, 4, 5]
     assert np.array_equal(loss_b, loss_ref[:, 3:]), (loss_b, loss_ref)
+
+
+def test_checkpoint_period_in_minutes_is_rank_zero_wall_time(tmp_path):
+    """checkpoint.every=<x>min: checkpoints come from rank 0's clock (every rank agrees through
+    the per-iteration allreduce), not from iteration counts; keep=1 leaves only the newest."""
+    ckpt = tmp_path / "ckpt"
+    job = run_to_end(*SHORT, "--train.max_iters=16", f"--checkpoint.dir={ckpt}",
+                     "--checkpoint.every=0.005min", "--checkpoint.keep=1",
+                     f"--output.file={tmp_path}/t.h5")
+    written = [l for l in job.lines if "resumes at iteration" in l]
+    assert len(written) >= 1, job.output
+    assert [p.name for p in ckpt.iterdir()] == [written[-1].split("/")[-1].split(" ")[0]]
