@@ -41,6 +41,13 @@ std::string find_idx_file(const DataOptions& o, const std::string& base) {
         std::error_code ec;
         if (fs::is_regular_file(p, ec)) return p.string();
     }
+    // A directory (or device, FIFO) where the file belongs: name it rather than "not found".
+    for (const fs::path& p : {dir / base, dir / (base + ".gz")})
+        if (std::error_code ec; fs::exists(p, ec))
+            throw InputError("data.dataset=" + o.dataset + ": '" + p.string() +
+                             "' is not a regular file" +
+                             (fs::is_directory(p, ec) ? " but a directory" : "") +
+                             " (data.path=" + o.path + "): replace it by the IDX file");
     const std::string tried = (dir / base).string() + "(.gz)";
     std::string fix =
         o.dataset == "fashion-mnist"

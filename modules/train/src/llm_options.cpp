@@ -156,8 +156,11 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
                                     "inputs/llm/data/tiny_tokenizer.model)");
         o.tokenizer = model_dir.string();
     }
+    // Missing input files are input errors (exit 3), as a missing data.path is.
     if (!fs::exists(o.tokenizer))
-        throw core::ConfigError("llm.tokenizer = '" + o.tokenizer + "': no such file or directory");
+        throw core::InputError("llm.tokenizer = '" + o.tokenizer +
+                               "': no such file or directory; set llm.tokenizer to a Llama-3 "
+                               "tokenizer.model or tokenizer.json");
 
     o.method = parse_llm_method(c.get_string("llm.method"));
     o.dataset.path = c.get_string("llm.dataset.path");
@@ -165,7 +168,9 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         throw core::ConfigError("llm.dataset.path is empty: name a .json or .jsonl dataset (e.g. "
                                 "inputs/llm/data/instruct.jsonl)");
     if (!fs::is_regular_file(o.dataset.path))
-        throw core::ConfigError("llm.dataset.path = '" + o.dataset.path + "': no such file");
+        throw core::InputError("llm.dataset.path = '" + o.dataset.path + "': " +
+                               (fs::is_directory(o.dataset.path) ? "is a directory" : "no such file") +
+                               "; set it to a .json or .jsonl dataset file");
     o.dataset.format = data::parse_text_format(c.get_string("llm.dataset.format"));
     o.dataset.max_seq_len = c.get_int("llm.max_seq_len");
     o.dataset.train_on_input = c.get_bool("llm.train_on_input");
