@@ -257,8 +257,6 @@ CASES = [
          ("--train.epochs=0",)),
     Case("int-overflow", C, ("train.max_iters = '99999999999999999999'", "an integer"),
          ("--train.max_iters=99999999999999999999",)),
-    Case("int-fraction", C, ("data.workers = '1.5'", "an integer between 0 and 64"),
-         ("--data.workers=1.5",)),
     Case("float-not-a-number", C, ("train.lr = 'fast'", "a number between 0 and 100"),
          ("--train.lr=fast",)),
     Case("float-nan", C, ("train.lr = 'nan'", "a number"), ("--train.lr=nan",)),
@@ -272,7 +270,6 @@ CASES = [
          ("--train.nesterov=maybe",)),
     Case("choice-unknown", C, ("run.strategy = 'zero3'", "one of ddp-ds, ddp"),
          ("--run.strategy=zero3",)),
-    Case("choice-case", C, ("train.optimizer = 'AdamW'", "one of"), ("--train.optimizer=AdamW",)),
     Case("option-without-value", C, ("train.lr",), ("--output.file={tmp}/out.h5", "--train.lr"),
          output=False),
     Case("positional-argument", C, ("unexpected argument 'inputs/quickstart.ini'", "--config FILE"),
@@ -290,6 +287,10 @@ CASES = [
          ("--run.deterministic=true", "--run.cudnn_benchmark=true")),
     Case("dp-with-two-ranks", C, ("run.strategy=dp", "2 ranks were launched", "mpirun -np 1"),
          ("--run.strategy=dp",)),
+    Case("cuda-without-gpu", C, ("run.device=cuda but no CUDA device is visible",
+                                 "or use run.device=cpu"), ("--run.device=cuda",)),
+    Case("nccl-on-cpu", C, ("dist.backend=nccl needs GPU tensors but run.device=cpu",
+                            "use dist.backend=mpi"), ("--dist.backend=nccl",)),
     Case("sync-bn-with-pipeline", C, ("cv.sync_bn=true needs run.strategy=ddp or ddp-ds",
                                       "set cv.sync_bn=false"),
          ("--run.strategy=pipeline", "--cv.sync_bn=true", "--pipeline.stages=2")),
@@ -350,11 +351,14 @@ CASES = [
     Case("idx-label-count-differs", I, ("has 64 images but", "has 63 labels",
                                         "do not belong together"),
          setup=lambda tmp, m: [f"--data.path={mnist_dir(tmp, **{'train-labels-idx1-ubyte.gz': idx([63])})}"]),
-    Case("idx-labels-are-images", I, ("holds a 16x28x28 array, not labels",),
-         setup=lambda tmp, m: [f"--data.path={mnist_dir(tmp, **{'t10k-labels-idx1-ubyte.gz': idx([16, 28, 28])})}"]),
     Case("idx-corrupt-gzip", I, ("train-images-idx3-ubyte.gz': gzip stream corrupt",
                                  "download or install the file again"),
          setup=lambda tmp, m: [f"--data.path={mnist_dir(tmp, **{'train-images-idx3-ubyte.gz': b'raw:' + gzip.compress(idx([64, 28, 28], random.Random(0).randbytes(64 * 28 * 28)))[:600]})}"]),
+    Case("idx-images-without-pixels", I, ("train-images-idx3-ubyte.gz' holds 64x0x0 images",
+                                          "images without pixels"),
+         setup=lambda tmp, m: [f"--data.path={mnist_dir(tmp, **{'train-images-idx3-ubyte.gz': idx([64, 0, 0]), 't10k-images-idx3-ubyte.gz': idx([16, 0, 0])})}"]),
+    Case("idx-no-images", I, ("t10k-images-idx3-ubyte.gz' holds 0x28x28 images", "no images"),
+         setup=lambda tmp, m: [f"--data.path={mnist_dir(tmp, **{'t10k-images-idx3-ubyte.gz': idx([0, 28, 28]), 't10k-labels-idx1-ubyte.gz': idx([0])})}"]),
     Case("idx-train-test-shapes-differ", I, ("training images are", "test images are",
                                              "different datasets"),
          setup=lambda tmp, m: [f"--data.path={mnist_dir(tmp, **{'t10k-images-idx3-ubyte.gz': idx([16, 20, 20])})}"]),
@@ -415,9 +419,6 @@ CASES = [
     Case("jsonl-missing-field", I, ("dataset '{tmp}/data.jsonl' line 5", "\"output\""),
          setup=lambda tmp, m: [f"--llm.dataset.path={jsonl_with_bad_line(tmp, 5, json.dumps({'instruction': 'x', 'input': ''}))}"],
          base=tuple(LLM)),
-    Case("jsonl-wrong-field-type", I, ("dataset '{tmp}/data.jsonl' line 3", "\"instruction\""),
-         setup=lambda tmp, m: [f"--llm.dataset.path={jsonl_with_bad_line(tmp, 3, json.dumps({'instruction': 7, 'input': '', 'output': 'y'}))}"],
-         base=tuple(LLM)),
     Case("json-not-an-array", I, ("dataset '{tmp}/data.json' is not a JSON array of objects",),
          setup=lambda tmp, m: ["--llm.dataset.path=" + str(write(tmp, "data.json", '{"a": 1}'))],
          base=tuple(LLM)),
@@ -429,9 +430,6 @@ CASES = [
          setup=lambda tmp, m: tiny_model_dir(tmp, safetensors(
              {"lm_head.weight": {"dtype": "F32", "shape": [1024, 64],
                                  "data_offsets": [0, 262144]}})[:40]), base=tuple(LLM)),
-    Case("safetensors-too-short", I, ("safetensors file '{tmp}/model/model.safetensors'",
-                                      "too short for the 8-byte header length"),
-         setup=lambda tmp, m: tiny_model_dir(tmp, b"\x10\x00"), base=tuple(LLM)),
     Case("safetensors-not-json", I, ("safetensors file '{tmp}/model/model.safetensors'",
                                      "header is not valid JSON"),
          setup=lambda tmp, m: tiny_model_dir(tmp, safetensors(b"this is not json at all")),
@@ -452,6 +450,12 @@ CASES = [
          setup=lambda tmp, m: [write(tmp, "keep.h5", b"precious") and "--log.every=0"],
          check=lambda tmp: (tmp / "keep.h5").read_bytes() == b"precious" or pytest.fail(
              "the existing output file was changed")),
+    Case("adapters-file-exists", O, ("LoRA adapters file '{tmp}/out.h5.adapters.safetensors' "
+                                     "exists", "output.overwrite=true"), base=tuple(LLM),
+         setup=lambda tmp, m: [write(tmp, "out.h5.adapters.safetensors", b"older adapters")
+                               and "--log.every=0"],
+         check=lambda tmp: (tmp / "out.h5.adapters.safetensors").read_bytes() == b"older adapters"
+         or pytest.fail("the existing adapters file was changed")),
     Case("output-directory-missing", O, ("directory '{tmp}/missing/dir' does not exist",
                                          "mkdir -p {tmp}/missing/dir"),
          ("--output.file={tmp}/missing/dir/x.h5",), output=False),
@@ -529,7 +533,8 @@ def test_full_filesystem_fails_cleanly_on_every_rank(run_ts, tmp_path, mounts):
     assert "placement: 2 rank(s)" in proc.stdout, "the run should have started writing:\n" + text
     if out.exists():
         assert status_of(out) != "completed"
-    print(f"full file system: {free} bytes free at start, all ranks ended after {elapsed:.1f} s")
+    print(f"full file system: {free} bytes free at start, all ranks ended after {elapsed:.1f} s"
+          f"\n{text}")
 
 
 def test_second_job_racing_for_the_same_run_file_does_not_overwrite_it(trainscope, tmp_path):

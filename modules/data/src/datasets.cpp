@@ -75,6 +75,10 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
                          " images but '" + labels_path + "' has " + std::to_string(lb.dims[0]) +
                          " labels: the files do not belong together");
     const std::int64_t n = im.dims[0], h = im.dims[1], w = im.dims[2];
+    if (n == 0 || h == 0 || w == 0) // the header fits the file, but there is nothing to train on
+        throw InputError("IDX file '" + images_path + "' holds " + format_dims(im.dims) +
+                         " images: " + (n == 0 ? "no images" : "images without pixels") +
+                         "; download or install the file again");
 
     ImageSet set;
     set.images = torch::empty({n, 1, h, w}, torch::kUInt8); // [N, 1, H, W]

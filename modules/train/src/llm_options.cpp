@@ -215,6 +215,13 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         o.save_adapters = c.get_string("output.file") + ".adapters.safetensors";
     else if (save != "none")
         o.save_adapters = save;
+    // Written at the very end of the run: refuse an existing file now, as the run file is.
+    if (std::error_code ec; uses_lora(o) && !o.save_adapters.empty() &&
+                            !c.get_bool("output.overwrite") && fs::exists(o.save_adapters, ec))
+        throw core::OutputError("LoRA adapters file '" + o.save_adapters +
+                                "' exists (llm.save_adapters=" + save +
+                                "); set output.overwrite=true, choose another output.file or "
+                                "llm.save_adapters=PATH, or llm.save_adapters=none");
 
     // torchtune's defaults where the image-classification defaults were left in place.
     auto take = [&](const char* key, auto& field, auto value, const std::string& shown) {
