@@ -67,7 +67,11 @@ int main(int argc, char** argv) {
             try {
                 if (session && session->run_file_open())
                     session->close_run_file("failed", e.what());
-            } catch (const std::exception&) {
+            } catch (const std::exception& close_error) {
+                // A failed HDF5 write (full disk) may leave the peers inside a collective call:
+                // finalizing would wait for them forever.
+                core::log::error() << "output error: " << close_error.what();
+                dist::MpiRuntime::abort(e.exit_code());
             }
             return e.exit_code();
         }

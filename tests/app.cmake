@@ -1,12 +1,21 @@
 # End-to-end and Python suites, run by ctest so that one command reports every test.
 #   e2e_app       the real binary under mpirun, checked from Python (h5py, h5dump)   label e2e
+#   e2e_bad_input tests/e2e/test_bad_input.py: the bad-input table, full/read-only disks  label e2e
 #   python_tests  tests/python: run files from helper programs, the postprocess package  label python
 #   jobscripts_tests  tests/jobscripts: job scripts, sweep generator, real Slurm  label jobscripts
 if(TRAINSCOPE_PYTHON)
   set(_py_env "TRAINSCOPE_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONPATH=${PROJECT_SOURCE_DIR}/postprocess;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
   add_test(NAME e2e_app
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider
+            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
   set_tests_properties(e2e_app PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
+    ENVIRONMENT "${_py_env}")
+  # The bad-input table (and the full / read-only file system tests, which mount tmpfs as root):
+  # its own entry, so that ctest -j runs it beside the other suites.
+  add_test(NAME e2e_bad_input
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py)
+  set_tests_properties(e2e_bad_input PROPERTIES LABELS "e2e" TIMEOUT 900 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   add_test(NAME python_tests
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)

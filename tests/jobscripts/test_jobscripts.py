@@ -128,6 +128,48 @@ def test_refused_points(tmp_path):
     assert p.returncode == 2 and "comma-separated list of positive integers" in p.stderr
 
 
+def test_hostile_paths_reach_the_job_intact_and_are_never_run(tmp_path):
+    """Paths are data, never shell: a study directory, binary and extra argument holding spaces,
+    quotes, $(...) and ; arrive unchanged at mpirun, and nothing in them runs. A line break in a
+    field (which would start a new script line) is refused when rendering."""
+    weird = tmp_path / "a b'c\"$(touch PWNED1);`touch PWNED2`$HOME"
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    record = tmp_path / "mpirun-args.json"
+    # Stub mpirun: records its arguments exactly.
+    (stubs / "mpirun").write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    (stubs / "mpirun").chmod(0o755)
+    binary = tmp_path / "bin $(touch PWNED3)" / "trainscope"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    extra = "--log.level=info;touch PWNED4"
+    sweep("--config", QUICK, "--scheduler", "local", "--ranks", "2", "--mode", "weak",
+          "--batch-per-rank", "8", "--out", weird, "--binary", binary, "--", extra)
+    script = weird / "quickstart/weak/n02/rep0/job.sh"
+    env = dict(os.environ, PATH=f"{stubs}:{os.environ['PATH']}")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    args = json.loads(record.read_text())
+    at = args.index(str(binary))
+    assert args[at + 1:] == ["--config", str(QUICK.resolve()), "--run.scaling=weak",
+                             "--run.batch_per_rank=8",
+                             f"--output.file={script.parent / 'run.h5'}", extra], args
+    assert not list(tmp_path.rglob("PWNED*")) and not list(ROOT.glob("PWNED*"))
+    newline_config = tmp_path / "q\ntouch PWNED5.ini"
+    newline_config.write_text(QUICK.read_text())
+    for bad in (["--config", QUICK, "--sbatch-arg=--qos=x\ntouch PWNED6"],
+                ["--config", newline_config]):
+        p = sweep(*bad, "--scheduler", "slurm", "--ranks", "2", "--mode", "weak",
+                  "--batch-per-rank", "8", "--out", tmp_path / "refused", check=False)
+        assert p.returncode != 0 and "line break" in p.stderr, p.stdout + p.stderr
+        assert not list((tmp_path / "refused").rglob("job.*"))
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
 def test_pbs_script_runs_under_a_stub_pbs(tmp_path):
     """The rendered PBS script's own logic (hosts from PBS_NODEFILE, rank count, binding, run
     directory) runs for real with bash and mpirun, outside any PBS."""

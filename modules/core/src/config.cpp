@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -375,8 +377,13 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
     for (const auto& file : cl.config_files) {
         std::ifstream in(file);
         if (!in)
-            throw ConfigError("cannot read config file '" + file +
-                              "': check the path given to --config");
+            throw ConfigError("cannot read config file '" + file + "' (" + std::strerror(errno) +
+                              "): check the path given to --config");
+        // A directory opens like a file on Linux and reads as empty: its options would be
+        // silently missing.
+        if (std::filesystem::is_directory(file))
+            throw ConfigError("config file '" + file +
+                              "' is a directory: give --config the path of an INI file");
         po::parsed_options fp(&desc);
         try {
             fp = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
@@ -384,6 +391,9 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
             throw ConfigError("config file '" + file + "': " + e.what() +
                               " (expected [section] headers and key = value lines)");
         }
+        if (in.bad()) // a read error ends the parse like the end of the file does
+            throw ConfigError("cannot read config file '" + file + "' (" + std::strerror(errno) +
+                              "): check the path given to --config");
         for (const auto& opt : fp.options) {
             try {
                 if (opt.unregistered) registry.validate(opt.string_key, "");

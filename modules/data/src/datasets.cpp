@@ -41,6 +41,13 @@ std::string find_idx_file(const DataOptions& o, const std::string& base) {
         std::error_code ec;
         if (fs::is_regular_file(p, ec)) return p.string();
     }
+    // A directory (or device, FIFO) where the file belongs: name it rather than "not found".
+    for (const fs::path& p : {dir / base, dir / (base + ".gz")})
+        if (std::error_code ec; fs::exists(p, ec))
+            throw InputError("data.dataset=" + o.dataset + ": '" + p.string() +
+                             "' is not a regular file" +
+                             (fs::is_directory(p, ec) ? " but a directory" : "") +
+                             " (data.path=" + o.path + "): replace it by the IDX file");
     const std::string tried = (dir / base).string() + "(.gz)";
     std::string fix =
         o.dataset == "fashion-mnist"
@@ -68,6 +75,10 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
                          " images but '" + labels_path + "' has " + std::to_string(lb.dims[0]) +
                          " labels: the files do not belong together");
     const std::int64_t n = im.dims[0], h = im.dims[1], w = im.dims[2];
+    if (n == 0 || h == 0 || w == 0) // the header fits the file, but there is nothing to train on
+        throw InputError("IDX file '" + images_path + "' holds " + format_dims(im.dims) +
+                         " images: " + (n == 0 ? "no images" : "images without pixels") +
+                         "; download or install the file again");
 
     ImageSet set;
     set.images = torch::empty({n, 1, h, w}, torch::kUInt8); // [N, 1, H, W]

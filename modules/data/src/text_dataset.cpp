@@ -3,6 +3,8 @@
 #include "trainscope/data/text_dataset.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -174,7 +176,9 @@ const char* to_string(TextFormat f) {
 TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok)
     : options_(options) {
     std::ifstream in(options.path);
-    if (!in) throw core::InputError("cannot read dataset '" + options.path + "'");
+    if (!in)
+        throw core::InputError("cannot read dataset '" + options.path + "': " +
+                               std::strerror(errno));
     // Records: a JSON array, or one object per line (JSONL).
     std::vector<json> values;
     std::vector<std::string> where;
@@ -197,6 +201,9 @@ TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok
                 static_cast<std::int64_t>(values.size()) >= options.max_samples)
                 break;
         }
+        if (in.bad()) // a read error ends getline like the end of the file does
+            throw core::InputError("cannot read dataset '" + options.path + "' after line " +
+                                   std::to_string(n) + ": " + std::strerror(errno));
     } else {
         json all;
         try {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -260,6 +262,9 @@ class TiktokenTokenizer final : public Tokenizer {
                                        std::to_string(lineno) + ": rank " + std::to_string(rank) +
                                        " listed twice");
         }
+        if (in.bad()) // a read error ends getline like the end of the file does
+            throw core::InputError("cannot read tokenizer file '" + path + "' after line " +
+                                   std::to_string(lineno) + ": " + std::strerror(errno));
         if (encoder_.empty()) throw core::InputError("tokenizer file '" + path + "' is empty");
         // The specials take ids N..N+255 after the N base tokens: a gap in the ranks would give a
         // special the id of a base token.

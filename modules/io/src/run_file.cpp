@@ -187,6 +187,9 @@ std::string check_output_path(const std::string& path, bool overwrite) {
     // Creating (and removing) the file itself gives the OS's real answer, also for root on
     // read-only file systems, where access(2) would say yes.
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0 && errno == EEXIST) // created since the check above (another job starting?)
+        return "output file '" + path +
+               "' exists; set output.overwrite=true or choose another output.file";
     if (fd < 0) {
         return "cannot create output file '" + path + "' in directory '" + dir.string() +
                "': " + std::strerror(errno) +
@@ -484,6 +487,11 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
             path, "");
     } catch (const core::OutputError& e) {
         local_error = e.what();
+        if (std::error_code ec; !overwrite && fs::exists(path, ec))
+            local_error = "output file '" + path +
+                          "' appeared while this job was starting (another job with the same "
+                          "output.file?) and is left untouched: choose another output.file, or "
+                          "set output.overwrite=true to replace it";
     }
     const std::string shared_error = agree_on_error(impl->comm, local_error);
     if (!shared_error.empty()) {

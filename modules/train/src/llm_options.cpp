@@ -156,8 +156,11 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
                                     "inputs/llm/data/tiny_tokenizer.model)");
         o.tokenizer = model_dir.string();
     }
+    // Missing input files are input errors (exit 3), as a missing data.path is.
     if (!fs::exists(o.tokenizer))
-        throw core::ConfigError("llm.tokenizer = '" + o.tokenizer + "': no such file or directory");
+        throw core::InputError("llm.tokenizer = '" + o.tokenizer +
+                               "': no such file or directory; set llm.tokenizer to a Llama-3 "
+                               "tokenizer.model or tokenizer.json");
 
     o.method = parse_llm_method(c.get_string("llm.method"));
     o.dataset.path = c.get_string("llm.dataset.path");
@@ -165,7 +168,9 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         throw core::ConfigError("llm.dataset.path is empty: name a .json or .jsonl dataset (e.g. "
                                 "inputs/llm/data/instruct.jsonl)");
     if (!fs::is_regular_file(o.dataset.path))
-        throw core::ConfigError("llm.dataset.path = '" + o.dataset.path + "': no such file");
+        throw core::InputError("llm.dataset.path = '" + o.dataset.path + "': " +
+                               (fs::is_directory(o.dataset.path) ? "is a directory" : "no such file") +
+                               "; set it to a .json or .jsonl dataset file");
     o.dataset.format = data::parse_text_format(c.get_string("llm.dataset.format"));
     o.dataset.max_seq_len = c.get_int("llm.max_seq_len");
     o.dataset.train_on_input = c.get_bool("llm.train_on_input");
@@ -210,6 +215,13 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         o.save_adapters = c.get_string("output.file") + ".adapters.safetensors";
     else if (save != "none")
         o.save_adapters = save;
+    // Written at the very end of the run: refuse an existing file now, as the run file is.
+    if (std::error_code ec; uses_lora(o) && !o.save_adapters.empty() &&
+                            !c.get_bool("output.overwrite") && fs::exists(o.save_adapters, ec))
+        throw core::OutputError("LoRA adapters file '" + o.save_adapters +
+                                "' exists (llm.save_adapters=" + save +
+                                "); set output.overwrite=true, choose another output.file or "
+                                "llm.save_adapters=PATH, or llm.save_adapters=none");
 
     // torchtune's defaults where the image-classification defaults were left in place.
     auto take = [&](const char* key, auto& field, auto value, const std::string& shown) {
