@@ -1,14 +1,23 @@
 # End-to-end and Python suites, run by ctest so that one command reports every test.
 #   e2e_app       the real binary under mpirun, checked from Python (h5py, h5dump)   label e2e
 #   e2e_bad_input tests/e2e/test_bad_input.py: the bad-input table, full/read-only disks  label e2e
+#   e2e_faults    tests/e2e/test_faults.py: killed ranks, signals, checkpoint/resume, watchdog  label e2e
 #   python_tests  tests/python: run files from helper programs, the postprocess package  label python
 #   jobscripts_tests  tests/jobscripts: job scripts, sweep generator, real Slurm  label jobscripts
 if(TRAINSCOPE_PYTHON)
   set(_py_env "TRAINSCOPE_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONPATH=${PROJECT_SOURCE_DIR}/postprocess;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
   add_test(NAME e2e_app
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider
-            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
+            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py
+            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_faults.py ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
   set_tests_properties(e2e_app PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
+    ENVIRONMENT "${_py_env}")
+  # Faults (issue 8): a killed rank, signals + checkpoint + --resume equality, the watchdog,
+  # non-finite losses. -s keeps the measured exit times and loss differences in the ctest log.
+  add_test(NAME e2e_faults
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -s -p no:cacheprovider
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_faults.py)
+  set_tests_properties(e2e_faults PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # The bad-input table (and the full / read-only file system tests, which mount tmpfs as root):
   # its own entry, so that ctest -j runs it beside the other suites.
