@@ -121,3 +121,18 @@ TEST(TextDatasetRecords, BadRecordsNameFileAndLine) {
     EXPECT_NE(msg.find(jsonl.path()), std::string::npos) << msg;
     EXPECT_NE(msg.find("line 3"), std::string::npos) << msg;
 }
+
+TEST(TokenizerFiles, IdsOutOfRangeAreRejectedNotOverflowed) {
+    fuzz::FuzzFile model("tokenizer.model"), hf("tokenizer.json");
+    // rank + 1 overflowed int64 in the dense-ranks check (fuzz_tiktoken).
+    std::string msg =
+        error_of([&] { data::load_tiktoken(model.write("YQ== 9223372036854775807\n")); });
+    EXPECT_NE(msg.find("ranks up to 9223372036854775807"), std::string::npos) << msg;
+    // A float id was converted to int64 out of range (fuzz_hf_tokenizer; the added_tokens case is
+    // corpus/hf_tokenizer/regress-added-token-float-id.json).
+    msg = error_of([&] {
+        data::load_hf_tokenizer(hf.write(R"({"pre_tokenizer": {"type": "ByteLevel"},
+            "model": {"type": "BPE", "vocab": {"a": 1e300}, "merges": []}})"));
+    });
+    EXPECT_NE(msg.find("model.vocab['a'] has the id 1e+300"), std::string::npos) << msg;
+}
