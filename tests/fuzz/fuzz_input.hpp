@@ -78,12 +78,6 @@ inline SplitInput split_at_nul(const std::uint8_t* data, std::size_t size) {
     return in;
 }
 
-// The text a tokenizer target encodes: the first part after the file, or a fixed sentence.
-inline std::string text_part(const SplitInput& in) {
-    return in.parts.empty() ? std::string("Hello world, 1234 tokens!\n\n  ok")
-                            : std::string(in.parts[0]);
-}
-
 // Stops the run on a broken invariant: libFuzzer saves the input as a crash.
 inline void check(bool ok, const char* what) {
     if (!ok) {
