@@ -106,6 +106,21 @@ TEST(ConfigFile, ValuesAreValidatedAndErrorsNameTheFile) {
     EXPECT_NE(msg.find("data.workers"), std::string::npos) << msg;
 }
 
+TEST(ConfigFile, BoostPlaceholdersInNamesOrLinesDoNotHang) {
+    // Boost.Program_options' error messages looped forever on these (fuzz_config timeouts).
+    core::OptionRegistry r;
+    data::declare_options(r);
+    fuzz::FuzzFile file("run.ini");
+    const char* argv[] = {"trainscope", "--x%canonical_option%="};
+    std::string msg = error_of([&] { core::CommandLine::parse(r, 2, argv); });
+    EXPECT_NE(msg.find("unknown option 'x%canonical_option%'"), std::string::npos) << msg;
+    const std::string path = file.write("[data]\n%invalid_line%\n");
+    const char* with_file[] = {"trainscope", "--config", path.c_str()};
+    msg = error_of([&] { core::CommandLine::parse(r, 3, with_file); });
+    EXPECT_NE(msg.find("contains an invalid line '%invalid_line%'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(file.path()), std::string::npos) << msg;
+}
+
 TEST(TextDatasetRecords, BadRecordsNameFileAndLine) {
     fuzz::FuzzFile model("bytes.model"), jsonl("d.jsonl");
     std::string ranks;
