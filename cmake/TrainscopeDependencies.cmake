@@ -1,23 +1,9 @@
 # Finds and checks every dependency. Parallel HDF5 is verified, not assumed: the configure step
 # fails when HDF5 is a serial build or was built against a different MPI than the one found here.
 
-# --- MPI -----------------------------------------------------------------------------------------
-find_package(MPI 3.0 REQUIRED COMPONENTS C CXX)
-
-# --- parallel HDF5 ---------------------------------------------------------------------------------
-set(HDF5_PREFER_PARALLEL TRUE)
-find_package(HDF5 REQUIRED COMPONENTS C)
-include(TrainscopeCheckParallelHDF5)
-trainscope_check_parallel_hdf5()
-
-# --- Boost.Program_options, GoogleTest, zlib -------------------------------------------------------
-find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
-find_package(ZLIB REQUIRED)
-# JSON (safetensors headers, config.json, tokenizer.json, JSON/JSONL datasets): Debian nlohmann-json3-dev.
-find_package(nlohmann_json 3.10 REQUIRED)
-if(TRAINSCOPE_BUILD_TESTS)
-  find_package(GTest REQUIRED)
-endif()
+# MPI, parallel HDF5 (checked), Boost.Program_options, zlib, nlohmann_json, GoogleTest: shared
+# with the sanitizer build in tests/fuzz, which has no LibTorch.
+include(TrainscopeSystemDependencies)
 
 # --- LibTorch (from a pip torch: CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path) ------------------
 foreach(opt TRAINSCOPE_USE_CUDA TRAINSCOPE_USE_NCCL)

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "trainscope/core/error.hpp"
-#include "trainscope/data/text_dataset.hpp"
+#include "trainscope/data/text_batch.hpp"
 #include "trainscope/data/tokenizer.hpp"
 
 namespace td = trainscope::data;

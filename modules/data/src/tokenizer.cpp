@@ -271,7 +271,7 @@ class TiktokenTokenizer final : public Tokenizer {
         std::int64_t max_rank = 0;
         for (const auto& [rank, bytes] : decoder_)
             max_rank = std::max(max_rank, rank);
-        if (max_rank + 1 != static_cast<std::int64_t>(decoder_.size()))
+        if (max_rank != static_cast<std::int64_t>(decoder_.size()) - 1) // no overflow at 2^63-1
             throw core::InputError("tokenizer file '" + path + "' has " +
                                    std::to_string(decoder_.size()) + " tokens but ranks up to " +
                                    std::to_string(max_rank) +
@@ -365,6 +365,13 @@ std::array<std::uint32_t, 256> bytes_to_unicode() {
     return map;
 }
 
+// Token ids of tokenizer.json: integers below 2^31 (the merge table keys a pair of ids in 64 bits).
+// A float id such as 1e300 must not reach get<std::int64_t>(): that conversion is undefined.
+bool valid_id(const json& v) {
+    return v.is_number_integer() && v.get<std::int64_t>() >= 0 &&
+           v.get<std::int64_t>() < (std::int64_t{1} << 31);
+}
+
 class HfBpeTokenizer final : public Tokenizer {
   public:
     explicit HfBpeTokenizer(const std::string& path) : path_(path) {
@@ -409,6 +416,9 @@ class HfBpeTokenizer final : public Tokenizer {
             read_merges(model["merges"], fail);
             if (j.contains("added_tokens") && j["added_tokens"].is_array())
                 for (const auto& t : j["added_tokens"]) {
+                    if (!valid_id(t.at("id")))
+                        fail("added_tokens has the id " + t.at("id").dump() +
+                             " (ids are integers 0 .. 2^31-1)");
                     const auto id = t.at("id").get<std::int64_t>();
                     specials_table_.add(t.at("content").get<std::string>(), id);
                     max_id_ = std::max(max_id_, id);
@@ -527,9 +537,8 @@ class HfBpeTokenizer final : public Tokenizer {
         for (int b = 0; b < 256; ++b)
             byte_of_cp[table[b]] = static_cast<char>(b);
         for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+            if (!valid_id(*it)) fail("model.vocab['" + it.key() + "'] has the id " + it->dump());
             const auto id = it->get<std::int64_t>();
-            if (id < 0 || id >= (std::int64_t{1} << 31))
-                fail("model.vocab['" + it.key() + "'] has the id " + std::to_string(id));
             std::string bytes;
             bool mapped = true;
             const std::string& s = it.key();

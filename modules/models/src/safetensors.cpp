@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/models/safetensors_header.hpp"
 
 namespace trainscope::models {
 
@@ -25,9 +26,6 @@ namespace {
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
     throw core::InputError("safetensors file '" + path + "': " + what);
 }
-
-// Header sizes above this are not plausible (HF caps it at 100 MB as well).
-constexpr std::uint64_t kMaxHeader = 100ull << 20;
 
 } // namespace
 
@@ -91,91 +89,22 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         bad(path, std::string("cannot stat: ") + std::strerror(errno));
     }
     const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < 8) {
-        ::close(fd);
-        bad(path,
-            "only " + std::to_string(size) + " bytes: too short for the 8-byte header length");
-    }
     mapping_ = std::make_shared<Mapping>();
     mapping_->size = static_cast<std::size_t>(size);
-    mapping_->base = ::mmap(nullptr, mapping_->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    // An empty file cannot be mapped; the header parser rejects it (and any file under 8 bytes).
+    if (size > 0) mapping_->base = ::mmap(nullptr, mapping_->size, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
     if (mapping_->base == MAP_FAILED)
         bad(path, std::string("mmap failed: ") + std::strerror(errno));
-    const auto* bytes = static_cast<const unsigned char*>(mapping_->base);
-    std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i)
-        n = (n << 8) | bytes[i];
-    if (n > kMaxHeader || n > size - 8)
-        bad(path, "header length " + std::to_string(n) + " exceeds the file (" +
-                      std::to_string(size) + " bytes): truncated or not a safetensors file");
-    json header;
-    try {
-        header = json::parse(reinterpret_cast<const char*>(bytes) + 8,
-                             reinterpret_cast<const char*>(bytes) + 8 + n);
-    } catch (const json::exception& e) {
-        bad(path, std::string("header is not valid JSON: ") + e.what());
+    SafetensorsHeader header =
+        parse_safetensors_header(static_cast<const unsigned char*>(mapping_->base), size, path);
+    for (auto& h : header.entries) {
+        index_[h.name] = entries_.size();
+        entries_.push_back(
+            {h.name, safetensors_dtype(h.dtype), std::move(h.shape), h.begin, h.end});
     }
-    if (!header.is_object()) bad(path, "header is not a JSON object");
-    const std::uint64_t data_size = size - 8 - n;
-    for (auto it = header.begin(); it != header.end(); ++it) {
-        const std::string& name = it.key();
-        if (name == "__metadata__") {
-            if (!it->is_object()) bad(path, "__metadata__ is not an object");
-            for (auto m = it->begin(); m != it->end(); ++m) {
-                if (!m->is_string()) bad(path, "__metadata__['" + m.key() + "'] is not a string");
-                metadata_[m.key()] = m->get<std::string>();
-            }
-            continue;
-        }
-        const json& e = *it;
-        if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
-            !e.contains("data_offsets"))
-            bad(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
-        SafetensorsEntry entry;
-        entry.name = name;
-        try {
-            entry.dtype = safetensors_dtype(e.at("dtype").get<std::string>());
-            for (const auto& d : e.at("shape")) {
-                const auto v = d.get<std::int64_t>();
-                if (v < 0) bad(path, "tensor '" + name + "' has a negative dimension");
-                entry.shape.push_back(v);
-            }
-            const auto& off = e.at("data_offsets");
-            if (!off.is_array() || off.size() != 2)
-                bad(path, "tensor '" + name + "': data_offsets must be [begin, end]");
-            entry.begin = off[0].get<std::uint64_t>();
-            entry.end = off[1].get<std::uint64_t>();
-        } catch (const json::exception& ex) {
-            bad(path, "tensor '" + name + "': " + ex.what());
-        } catch (const core::InputError& ex) {
-            bad(path, "tensor '" + name + "': " + ex.what());
-        }
-        if (entry.begin > entry.end || entry.end > data_size)
-            bad(path, "tensor '" + name + "' data_offsets [" + std::to_string(entry.begin) + ", " +
-                          std::to_string(entry.end) + "] outside the data section of " +
-                          std::to_string(data_size) + " bytes (truncated file?)");
-        std::uint64_t numel = 1;
-        for (auto d : entry.shape)
-            numel *= static_cast<std::uint64_t>(d);
-        const std::uint64_t want = numel * c10::elementSize(entry.dtype);
-        if (entry.end - entry.begin != want)
-            bad(path, "tensor '" + name + "' holds " + std::to_string(entry.end - entry.begin) +
-                          " bytes but its dtype and shape need " + std::to_string(want));
-        index_[name] = entries_.size();
-        entries_.push_back(std::move(entry));
-    }
-    // No two tensors may share bytes.
-    std::vector<const SafetensorsEntry*> sorted;
-    for (const auto& e : entries_)
-        sorted.push_back(&e);
-    std::sort(sorted.begin(), sorted.end(),
-              [](const auto* a, const auto* b) { return a->begin < b->begin; });
-    for (std::size_t i = 1; i < sorted.size(); ++i)
-        if (sorted[i]->begin < sorted[i - 1]->end)
-            bad(path,
-                "tensors '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
-    header_bytes_ = 8 + n;
+    metadata_ = std::move(header.metadata);
+    header_bytes_ = header.header_bytes;
 }
 
 SafetensorsFile::~SafetensorsFile() = default;

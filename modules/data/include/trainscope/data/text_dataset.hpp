@@ -12,9 +12,8 @@
 // Masking: prompt tokens get label -100 unless train_on_input; for chat, non-assistant turns
 // (system and user) are masked unless train_on_input. Sequences end with EOS and are truncated to
 // max_seq_len (the last kept token is then not replaced: torchtune truncates plainly).
+// No LibTorch here (the fuzz build compiles the reader alone): batches are in text_batch.hpp.
 #pragma once
-
-#include <torch/torch.h>
 
 #include <cstdint>
 #include <memory>
@@ -37,6 +36,9 @@ struct TextDatasetOptions {
     bool train_on_input = false;
     std::int64_t max_samples = 0; // 0 = all
 };
+
+// The label of a token without loss (PyTorch's cross-entropy ignore_index).
+inline constexpr std::int64_t kIgnoreLabel = -100;
 
 // One tokenised example: ids and labels of equal length, labels[i] = ids[i] or -100.
 struct TokenizedSample {
@@ -77,25 +79,5 @@ struct PackedSample {
 };
 std::vector<PackedSample> pack_samples(const std::vector<const TokenizedSample*>& samples,
                                        std::int64_t max_seq_len, std::int64_t pad_id);
-
-// A padded batch. Labels are NOT shifted (the loss shifts: logits[:, :-1] predict labels[:, 1:]).
-struct TextBatch {
-    torch::Tensor input_ids;        // int64 [B, T], right-padded with pad_id
-    torch::Tensor labels;           // int64 [B, T], -100 where masked or padded
-    torch::Tensor position_ids;     // int64 [B, T]: 0..len-1 (packed: restart per sample)
-    torch::Tensor segment_ids;      // int64 [B, T] for packed batches, undefined otherwise
-    std::int64_t tokens = 0;        // non-pad tokens
-    std::int64_t label_tokens = 0;  // labels != -100 after the shift (what the loss averages over)
-    std::int64_t padded_tokens = 0; // B * T - tokens
-    std::int64_t max_len = 0, min_len = 0; // sequence lengths before padding (packed: pack fill)
-};
-
-// Pads to the longest sample in the batch.
-TextBatch collate_samples(const std::vector<const TokenizedSample*>& samples, std::int64_t pad_id);
-TextBatch collate_packed(const std::vector<const PackedSample*>& packs, std::int64_t pad_id);
-// Preference batch: [chosen_0 .. chosen_{B-1}, rejected_0 .. rejected_{B-1}] padded together to the
-// longest of all 2B sequences (torchtune's padded_collate_dpo).
-TextBatch collate_preference(const std::vector<const PreferenceSample*>& samples,
-                             std::int64_t pad_id);
 
 } // namespace trainscope::data

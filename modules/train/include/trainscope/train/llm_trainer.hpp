@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "trainscope/data/text_dataset.hpp"
+#include "trainscope/data/text_batch.hpp"
 #include "trainscope/data/tokenizer.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
