@@ -78,7 +78,7 @@ class Config {
     std::string to_ini() const;
 
   private:
-    friend struct CommandLine;
+    friend class CommandLine;
     const OptionRegistry* registry_ = nullptr;
     std::map<std::string, std::string> values_;
     std::map<std::string, ValueSource> sources_;
