@@ -32,14 +32,6 @@ const core::OptionRegistry& registry() {
     return r;
 }
 
-core::CommandLine parse(std::vector<std::string> args) {
-    args.insert(args.begin(), "trainscope");
-    std::vector<const char*> argv;
-    for (const auto& a : args)
-        argv.push_back(a.c_str());
-    return core::CommandLine::parse(registry(), static_cast<int>(argv.size()), argv.data());
-}
-
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -50,7 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::size_t i = 0; i < in.parts.size() && i < 8; ++i)
         args.emplace_back(in.parts[i]);
     try {
-        const core::CommandLine cl = parse(args);
+        const core::CommandLine cl = fuzz::parse_command_line(registry(), args);
         // What the modules do with the values next: combination checks that throw ConfigError.
         data::data_options(cl.config);
         dist::resolve_options(cl.config, /*visible_cuda_devices=*/0);
@@ -58,7 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         // --print-config must reproduce the run: the resolved INI parses back to the same values
         // (only when every value came from the file: argv may hold what no INI line can).
         if (in.parts.empty()) {
-            const core::CommandLine again = parse({"--config", resolved.write(cl.config.to_ini())});
+            const core::CommandLine again = fuzz::parse_command_line(
+                registry(), {"--config", resolved.write(cl.config.to_ini())});
             fuzz::check(again.config.items() == cl.config.items(),
                         "the resolved INI does not reproduce the configuration");
         }

@@ -1,6 +1,7 @@
-// Helpers shared by the libFuzzer targets: the input as a named file (the parsers read paths, and a
-// JSONL dataset is recognised by its name), and the split of one input into a file and extra
-// parts. The file lives in a memfd reached through a symlink, so no disk write per execution.
+// Helpers shared by the libFuzzer targets and the regression tests: the input as a named file (the
+// parsers read paths, and a JSONL dataset is recognised by its name), the split of one input into
+// a file and extra parts, and a command line to parse. The file lives in a memfd reached through a
+// symlink, so no disk write per execution.
 #pragma once
 
 #include <sys/mman.h>
@@ -14,6 +15,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "trainscope/core/config.hpp"
 
 namespace trainscope::fuzz {
 
@@ -76,6 +79,16 @@ inline SplitInput split_at_nul(const std::uint8_t* data, std::size_t size) {
         rest = rest.substr(next + 1);
     }
     return in;
+}
+
+// core::CommandLine::parse of the command line "trainscope <args...>".
+inline core::CommandLine parse_command_line(const core::OptionRegistry& registry,
+                                            std::vector<std::string> args) {
+    args.insert(args.begin(), "trainscope");
+    std::vector<const char*> argv;
+    for (const auto& a : args)
+        argv.push_back(a.c_str());
+    return core::CommandLine::parse(registry, static_cast<int>(argv.size()), argv.data());
 }
 
 // Stops the run on a broken invariant: libFuzzer saves the input as a crash.

@@ -29,6 +29,15 @@ template <class Fn> std::string error_of(Fn&& fn) {
     return "";
 }
 
+const core::OptionRegistry& data_registry() {
+    static const core::OptionRegistry r = [] {
+        core::OptionRegistry reg;
+        data::declare_options(reg);
+        return reg;
+    }();
+    return r;
+}
+
 std::string safetensors(const std::string& header, std::size_t data_bytes) {
     std::string f;
     for (int i = 0; i < 8; ++i)
@@ -92,33 +101,20 @@ TEST(IdxReader, ReadsAndRejectsNamingTheFile) {
 }
 
 TEST(ConfigFile, ValuesAreValidatedAndErrorsNameTheFile) {
-    core::OptionRegistry r;
-    data::declare_options(r);
     fuzz::FuzzFile file("run.ini");
-    auto parse = [&](const std::string& ini) {
-        const std::string path = file.write(ini);
-        const char* argv[] = {"trainscope", "--config", path.c_str()};
-        return core::CommandLine::parse(r, 3, argv);
+    const auto parse = [&](const std::string& ini) {
+        return fuzz::parse_command_line(data_registry(), {"--config", file.write(ini)});
     };
     EXPECT_EQ(parse("[data]\nworkers = 3\n").config.get_int("data.workers"), 3);
-    const std::string msg = error_of([&] { parse("[data]\nworkers = 3x\n"); });
+    std::string msg = error_of([&] { parse("[data]\nworkers = 3x\n"); });
     EXPECT_NE(msg.find(file.path()), std::string::npos) << msg;
     EXPECT_NE(msg.find("data.workers"), std::string::npos) << msg;
-}
-
-TEST(ConfigFile, BoostPlaceholdersInNamesOrLinesDoNotHang) {
     // Boost.Program_options' error messages looped forever on these (fuzz_config timeouts).
-    core::OptionRegistry r;
-    data::declare_options(r);
-    fuzz::FuzzFile file("run.ini");
-    const char* argv[] = {"trainscope", "--x%canonical_option%="};
-    std::string msg = error_of([&] { core::CommandLine::parse(r, 2, argv); });
-    EXPECT_NE(msg.find("unknown option 'x%canonical_option%'"), std::string::npos) << msg;
-    const std::string path = file.write("[data]\n%invalid_line%\n");
-    const char* with_file[] = {"trainscope", "--config", path.c_str()};
-    msg = error_of([&] { core::CommandLine::parse(r, 3, with_file); });
+    msg = error_of([&] { parse("[data]\n%invalid_line%\n"); });
     EXPECT_NE(msg.find("contains an invalid line '%invalid_line%'"), std::string::npos) << msg;
     EXPECT_NE(msg.find(file.path()), std::string::npos) << msg;
+    msg = error_of([&] { fuzz::parse_command_line(data_registry(), {"--x%canonical_option%="}); });
+    EXPECT_NE(msg.find("unknown option 'x%canonical_option%'"), std::string::npos) << msg;
 }
 
 TEST(TextDatasetRecords, BadRecordsNameFileAndLine) {
