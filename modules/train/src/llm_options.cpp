@@ -215,8 +215,11 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         o.save_adapters = c.get_string("output.file") + ".adapters.safetensors";
     else if (save != "none")
         o.save_adapters = save;
-    // Written at the very end of the run: refuse an existing file now, as the run file is.
-    if (std::error_code ec; uses_lora(o) && !o.save_adapters.empty() &&
+    o.adapters_beside_run_file = save == "auto";
+    // Written at the very end of the run: refuse an existing file now, as the run file is. The
+    // auto path is checked by the Session once the run file's path is final (--resume writes
+    // <stem>.resume<k>.h5).
+    if (std::error_code ec; save != "auto" && uses_lora(o) && !o.save_adapters.empty() &&
                             !c.get_bool("output.overwrite") && fs::exists(o.save_adapters, ec))
         throw core::OutputError("LoRA adapters file '" + o.save_adapters +
                                 "' exists (llm.save_adapters=" + save +

@@ -371,6 +371,19 @@ void Session::open_run_file() {
         root.push_back({"resumed_from_iteration", s.resumed->next_iteration});
         root.push_back({"resumed_from_file", s.resumed->run_file});
     }
+    if (s.llm && s.llm->adapters_beside_run_file && uses_lora(*s.llm)) {
+        // Written at the very end of the run: refuse an existing file now, as the run file is.
+        s.llm->save_adapters = path + ".adapters.safetensors";
+        dist::agree_on_errors(s.world, [&] {
+            std::error_code ec;
+            if (s.topo.rank == 0 && !c.get_bool("output.overwrite") &&
+                std::filesystem::exists(s.llm->save_adapters, ec))
+                throw core::OutputError("LoRA adapters file '" + s.llm->save_adapters +
+                                        "' exists (llm.save_adapters=auto); set "
+                                        "output.overwrite=true, choose another output.file or "
+                                        "llm.save_adapters=PATH, or llm.save_adapters=none");
+        });
+    }
     // RunFile::create decides collectively (rank 0 checks, all ranks get the same verdict).
     s.file = std::make_unique<io::RunFile>(
         io::RunFile::create(s.world, path, c.get_bool("output.overwrite"), root));

@@ -41,6 +41,7 @@ struct LlmOptions {
     std::int64_t gradient_accumulation = 1;
     int zero = 0;
     std::string save_adapters; // path of the adapters' safetensors ("" = none)
+    bool adapters_beside_run_file = false; // llm.save_adapters=auto: <run file>.adapters.safetensors
     // train.* as resolved for the LLM run (torchtune defaults where the user left them).
     std::string optimizer = "adamw";
     double lr = 3e-4, weight_decay = 0.01;
