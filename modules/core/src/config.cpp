@@ -314,9 +314,8 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
         cl.command_line += (i ? " " : "") + std::string(argv[i]);
 
     po::options_description desc;
-    desc.add_options()("config", po::value<std::vector<std::string>>()->composing(),
-                       "")("help,h", "")("version", "")("print-config", "")("dry-run", "")(
-                           "resume", "");
+    desc.add_options()("config", po::value<std::vector<std::string>>()->composing(), "")(
+        "help,h", "")("version", "")("print-config", "")("dry-run", "")("resume", "");
     for (const auto& s : registry.specs()) {
         auto* value = po::value<std::string>();
         if (s.type == OptionType::Bool) value->implicit_value("true");

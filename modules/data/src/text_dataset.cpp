@@ -175,8 +175,8 @@ TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok
     : options_(options) {
     std::ifstream in(options.path);
     if (!in)
-        throw core::InputError("cannot read dataset '" + options.path + "': " +
-                               std::strerror(errno));
+        throw core::InputError("cannot read dataset '" + options.path +
+                               "': " + std::strerror(errno));
     // Records: a JSON array, or one object per line (JSONL).
     std::vector<json> values;
     std::vector<std::string> where;

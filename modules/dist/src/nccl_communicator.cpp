@@ -137,9 +137,8 @@ class NcclWork final : public Work {
     // A collective still pending after timeout_s (a peer stopped without an NCCL error, e.g. it
     // is stuck or its network is down) aborts the communicator, so the wait ends with an error.
     void host_wait() {
-        const auto deadline =
-            Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                               std::chrono::duration<double>(timeout_s_));
+        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(timeout_s_));
         while (!completed()) {
             if (timeout_s_ > 0 && Clock::now() > deadline) {
                 ncclCommAbort(comm_);
@@ -369,9 +368,9 @@ class NcclCommunicator final : public Communicator {
     c10::cuda::CUDAStream stream_; // where our collectives run
     int rank_ = 0, size_ = 1;
     ncclComm_t comm_ = nullptr;
-    double timeout_s_ = 600;        // dist.timeout
-    std::mutex health_mutex_;       // poll_async_error runs on the watchdog thread
-    bool aborted_ = false;          // by poll_async_error: nothing may be finalized
+    double timeout_s_ = 600;  // dist.timeout
+    std::mutex health_mutex_; // poll_async_error runs on the watchdog thread
+    bool aborted_ = false;    // by poll_async_error: nothing may be finalized
     mutable std::mutex mutex_;
     std::map<std::string, CommStats> stats_;
 };

@@ -44,8 +44,9 @@ std::string file_system_diagnosis(std::string_view file, int saved_errno) {
     constexpr double kNearlyFull = 4.0 * 1024 * 1024;
     if (saved_errno != ENOSPC && free_bytes >= kNearlyFull) return "";
     std::ostringstream o;
-    o << "; the file system holding '" << dir.string() << "' is full (No space left on device: "
-      << std::fixed << std::setprecision(0) << free_bytes / 1024 << " KiB free): free space there "
+    o << "; the file system holding '" << dir.string()
+      << "' is full (No space left on device: " << std::fixed << std::setprecision(0)
+      << free_bytes / 1024 << " KiB free): free space there "
       << "or set output.file to a file system with room (this run file is incomplete)";
     return o.str();
 }

@@ -943,10 +943,10 @@ void annotate_closed_run_file(const std::string& path, const std::vector<Attribu
         } else {
             const char* text = std::get<std::string>(a.value).c_str();
             Handle type = variable_string_type(path);
-            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), type, scalar, H5P_DEFAULT,
-                                            H5P_DEFAULT),
-                                 path, where),
-                        H5Aclose);
+            Handle attr(
+                H5_CHECK(H5Acreate2(root, a.name.c_str(), type, scalar, H5P_DEFAULT, H5P_DEFAULT),
+                         path, where),
+                H5Aclose);
             H5_CHECK(H5Awrite(attr, type, &text), path, where);
         }
     }

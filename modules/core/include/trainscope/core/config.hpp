@@ -93,7 +93,7 @@ struct CommandLine {
     bool version = false;
     bool print_config = false;
     bool dry_run = false;
-    bool resume = false; // continue from checkpoint.dir's newest complete checkpoint
+    bool resume = false;      // continue from checkpoint.dir's newest complete checkpoint
     std::string command_line; // argv joined, for the run file
 
     // Parses argv and the INI files it names. Throws ConfigError on unknown options (with the

@@ -28,8 +28,8 @@ struct CheckpointManifest {
     std::string path;                // the checkpoint directory
     std::int64_t next_iteration = 0; // the first iteration the resumed run trains
     int world_size = 0;
-    int restart_index = 0;  // 0 for the original run, k for its k-th resumed segment
-    std::string run_file;   // the run file of the segment that wrote the checkpoint
+    int restart_index = 0; // 0 for the original run, k for its k-th resumed segment
+    std::string run_file;  // the run file of the segment that wrote the checkpoint
     std::string created_utc;
     std::string workload;
     std::vector<std::pair<std::string, std::string>> config; // resolved options

@@ -16,11 +16,11 @@
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
+#include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/lr_schedule.hpp"
 #include "trainscope/train/pipeline.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
-#include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/run_control.hpp"
 
 namespace trainscope::prof {
