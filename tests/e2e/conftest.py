@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
 BINARY = BUILD / "app" / "trainscope"
+sys.path.insert(0, str(ROOT / "postprocess"))  # ctest sets PYTHONPATH; a bare pytest does not
+from trainscope_post.launch import launch_env, mpirun_command  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -19,10 +22,7 @@ def trainscope():
 
 
 def mpirun_cmd(np_, *args):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np_)]
-    if os.geteuid() == 0:
-        cmd.insert(1, "--allow-run-as-root")
-    return cmd + [str(BINARY), *map(str, args)]
+    return mpirun_command(np_, BINARY, *args)
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def run_ts():
     """Runs trainscope under mpirun; returns CompletedProcess. Fails the test on a hang."""
 
     def run(np_, *args, timeout=300, cwd=ROOT):
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env = launch_env(OMP_NUM_THREADS="1")
         return subprocess.run(mpirun_cmd(np_, *args), cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)
 

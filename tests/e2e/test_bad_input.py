@@ -510,12 +510,12 @@ def test_full_filesystem_ends_the_job_with_exit_4(run_ts, tmp_path, mounts):
 def test_second_job_racing_for_the_same_run_file_does_not_overwrite_it(trainscope, tmp_path):
     """Two jobs start together with the same output.file: one creates it, the other must refuse
     (exit 4) instead of truncating the first job's file (H5F_ACC_EXCL)."""
-    from conftest import mpirun_cmd
+    from conftest import launch_env, mpirun_cmd
     out = tmp_path / "race.h5"
     cmd = mpirun_cmd(2, *QUICK, "--data.dataset=synthetic", "--data.synthetic_samples=256",
                      "--train.batch_size=8", "--train.max_iters=3", "--train.eval=false",
                      "--log.every=0", f"--output.file={out}")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = launch_env(OMP_NUM_THREADS="1")
     jobs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     results = [(j.wait(timeout=300), j.stdout.read()) for j in jobs]

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import ROOT, mpirun_cmd
+from conftest import ROOT, launch_env, mpirun_cmd
 from test_bad_input import both_ranks_said
 
 QUICK = ["--config", str(ROOT / "inputs/quickstart.ini")]
@@ -36,7 +36,7 @@ class Job:
     """mpirun in the background with its output collected line by line."""
 
     def __init__(self, np_, *args, env=None):
-        full_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+        full_env = launch_env(OMP_NUM_THREADS="1", **(env or {}))
         self.proc = subprocess.Popen(mpirun_cmd(np_, *args), cwd=ROOT, env=full_env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines = []

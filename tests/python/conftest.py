@@ -5,6 +5,7 @@ run, a tiny LLM LoRA run, a comm benchmark run, and a run SIGKILLed after its fi
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,17 +14,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
 BINARY = BUILD / "app" / "trainscope"
+sys.path.insert(0, str(ROOT / "postprocess"))  # ctest sets PYTHONPATH; a bare pytest does not
+from trainscope_post.launch import launch_env, mpirun_command  # noqa: E402
 
 
 def mpirun(np_, *args):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np_)]
-    if os.geteuid() == 0:
-        cmd.insert(1, "--allow-run-as-root")
-    return cmd + [str(BINARY), *map(str, args)]
+    return mpirun_command(np_, BINARY, *args)
 
 
 def run(np_, *args, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = launch_env(OMP_NUM_THREADS="1")
     proc = subprocess.run(mpirun(np_, *args), cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -39,7 +39,7 @@ def killed_run(out: Path):
     """A 2-rank run killed with SIGKILL once rank 0 has printed iteration 5: the flush of
     iteration 4 is on disk and the next one (8) has not started, so the file holds 4 rows per
     rank and its status stays 'running'."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = launch_env(OMP_NUM_THREADS="1")
     proc = subprocess.Popen(mpirun(2, *CV[:2], "--train.max_iters=100000", "--log.every=5",
                                    "--output.flush_every=4", f"--output.file={out}"),
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

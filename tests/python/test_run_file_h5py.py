@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainscope_post.launch import MPIRUN as MPIRUN_NAME, launch_env, mpirun_command
+
 h5py = pytest.importorskip("h5py")
 
 BUILD_DIR = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", "/work/main/build"))
@@ -26,7 +28,7 @@ def find_writer():
 
 
 WRITER = find_writer()
-MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
+MPIRUN = shutil.which(MPIRUN_NAME)
 pytestmark = [
     pytest.mark.skipif(WRITER is None, reason=f"io_runfile_writer not built under {BUILD_DIR}"),
     pytest.mark.skipif(MPIRUN is None, reason="mpirun not found"),
@@ -34,11 +36,9 @@ pytestmark = [
 
 
 def run_writer(path, rows, flush_every, mode):
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMP_NUM_THREADS="1")
-    return subprocess.run([MPIRUN, "-np", str(NP), str(WRITER), str(path), str(rows),
-                           str(flush_every), mode],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(mpirun_command(NP, WRITER, path, rows, flush_every, mode),
+                          env=launch_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=120)
 
 
 def expected_row(rank, i):
