@@ -1,5 +1,5 @@
 """trainscope post-processing: read run files (schema trainscope/1) into tables and plots."""
 
-from .runfile import RunFile, SchemaError
+from .runfile import IncompleteRunError, RunFile, SchemaError
 
-__all__ = ["RunFile", "SchemaError"]
+__all__ = ["IncompleteRunError", "RunFile", "SchemaError"]

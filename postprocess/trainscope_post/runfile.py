@@ -21,6 +21,10 @@ class SchemaError(ValueError):
     """The file is not a trainscope run file this reader understands."""
 
 
+class IncompleteRunError(ValueError):
+    """The run file is valid but its run did not complete (status running, failed, interrupted)."""
+
+
 def _text(value):
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
@@ -82,6 +86,18 @@ class RunFile:
     def summary(self) -> dict:
         return self.attrs("/summary")
 
+    @property
+    def plan(self) -> dict:
+        """The run's plan (batch split, parameters, MACs, memory estimate); {} if absent."""
+        return self.attrs("/plan")
+
+    def require_completed(self) -> "RunFile":
+        """self, or IncompleteRunError naming the file and its status: for measurements that
+        must not be taken from a run that died or was stopped."""
+        if not self.completed:
+            raise IncompleteRunError(f"{self.path}: status {self.status!r}, not a completed run")
+        return self
+
     # --- series ------------------------------------------------------------------------------
     def series(self, group: str, name: str) -> Series:
         ds = self._h5[f"{group}/{name}"]
@@ -135,6 +151,19 @@ class RunFile:
         if "measured_iterations" in s:
             end = min(end, start + int(s["measured_iterations"]))
         return np.asarray(ds[:, start:end], dtype=np.float64)
+
+    def recorded(self, name: str, group: str = "iterations") -> np.ndarray:
+        """Column `name` over every iteration all ranks recorded, warm-up included: [ranks, n]
+        float64, n = the fewest rows any rank wrote (/iterations@rank_rows). KeyError naming the
+        file when the column does not exist."""
+        g = self._h5.get(group)
+        if g is None or name not in g:
+            raise KeyError(f"{self.path}: no dataset /{group}/{name}")
+        ds = g[name]
+        n = ds.shape[1]
+        if "rank_rows" in g.attrs:
+            n = min(n, int(np.min(g.attrs["rank_rows"])))
+        return np.asarray(ds[:, :n], dtype=np.float64)
 
     def units(self, name: str, group: str = "iterations") -> str:
         g = self._h5.get(group)

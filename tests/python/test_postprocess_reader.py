@@ -7,7 +7,7 @@ import sys
 import h5py
 import pytest
 
-from trainscope_post import RunFile, SchemaError
+from trainscope_post import IncompleteRunError, RunFile, SchemaError
 
 
 def test_not_hdf5(tmp_path):
@@ -32,3 +32,34 @@ def test_summary_command_reports_bad_files(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "bad.h5" in out.stderr
+
+
+def small_run(path, status, rank_rows=(5, 4)):
+    """A 2-rank run file as the binary lays it out, written with h5py: 5 iteration slots per rank,
+    of which each rank filled rank_rows."""
+    with h5py.File(path, "w") as f:
+        f.attrs.update(schema="trainscope/1", status=status, world_size=2, workload="cv")
+        f.create_group("config").attrs["profile.warmup_iters"] = "1"
+        f.create_group("plan").attrs["parameters"] = 1234
+        f.create_group("summary").attrs["median_step_s"] = 0.25
+        it = f.create_group("iterations")
+        it.attrs["rank_rows"] = list(rank_rows)
+        it.create_dataset("step_s", data=[[0.1, 0.2, 0.3, 0.4, 0.5], [1.1, 1.2, 1.3, 1.4, 0.0]])
+    return path
+
+
+def test_recorded_reads_the_rows_every_rank_wrote(tmp_path):
+    with RunFile(small_run(tmp_path / "r.h5", "completed")) as run:
+        step = run.recorded("step_s")
+        assert step.shape == (2, 4) and step.dtype == float
+        assert step[1].tolist() == [1.1, 1.2, 1.3, 1.4]  # rank 1's empty slot is left out
+        assert run.plan == {"parameters": 1234}
+        assert run.require_completed() is run
+        with pytest.raises(KeyError, match="r.h5.*iterations/loss"):
+            run.recorded("loss")
+
+
+def test_require_completed_names_the_file_and_status(tmp_path):
+    with RunFile(small_run(tmp_path / "died.h5", "running")) as run:
+        with pytest.raises(IncompleteRunError, match="died.h5.*'running'"):
+            run.require_completed()
