@@ -1,6 +1,6 @@
 # Communication accounting: nccl-tests' bandwidth conventions (serial), the comm benchmark's byte
 # counts, bus-bandwidth factors and /comm tables at 2 and 4 ranks, and two benchmark programs (not
-# tests) that scripts/bench_comm_mpi runs side by side: trainscope's CommBenchmark and a plain
+# tests) that scripts/bench comm_mpi runs side by side: trainscope's CommBenchmark and a plain
 # MPI_Allreduce loop over the same sizes.
 trainscope_add_test(NAME comm_unit_tests
   SOURCES unit/test_bandwidth.cpp

@@ -1,4 +1,4 @@
-// Driver for scripts/bench_comm_mpi (a benchmark program, not a test) until run.workload=comm is
+// Driver for scripts/bench comm_mpi (a benchmark program, not a test) until run.workload=comm is
 // wired into the application: runs dist::CommBenchmark over the MPI communicator with comm.*
 // options given as key=value arguments, prints rank 0's table and, with out=<file.h5>, writes /comm
 // into a run file exactly as the application will.

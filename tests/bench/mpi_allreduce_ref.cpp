@@ -1,4 +1,4 @@
-// Reference for scripts/bench_comm_mpi (a benchmark program, not a test): a plain MPI_Allreduce
+// Reference for scripts/bench comm_mpi (a benchmark program, not a test): a plain MPI_Allreduce
 // loop (float32, sum, in place, like trainscope's MPI backend) over the same sizes and with the
 // same timing rules as dist::CommBenchmark: a warm-up at the largest and smallest size, then per
 // size warm-up, barrier, timed loop; each rank's mean time per operation averaged over ranks;

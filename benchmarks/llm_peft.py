@@ -1,4 +1,4 @@
-"""trainscope's LoRA fine-tuning step vs Hugging Face transformers + peft, and peak memory by method.
+"""trainscope's LoRA step vs Hugging Face transformers + peft (tokens/s), and peak memory by method.
 
 Fairness rules (printed with the results):
 - One model: the script builds a Llama config and random weights with transformers, saves them as
@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
+from trainscope_post import RunFile
+from trainscope_post.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = Path(os.environ.get("BUILD_DIR", ROOT / "build"))
@@ -35,7 +36,8 @@ TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def parse():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(prog="scripts/bench llm_peft", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--ffn", type=int, default=1536)
     p.add_argument("--layers", type=int, default=4)
@@ -133,10 +135,7 @@ def long_preferences(where, samples, seq):
 def mpirun(*args):
     # --bind-to none: Open MPI binds a rank to one core by default, which would squeeze the
     # --threads intra-op threads onto it (the HF side is not bound).
-    cmd = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", "1"]
-    if os.geteuid() == 0:
-        cmd.insert(1, "--allow-run-as-root")
-    return cmd + [str(BINARY), *map(str, args)]
+    return mpirun_command(1, BINARY, *args, mpirun_args=["--bind-to", "none"])
 
 
 def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="checkpoint"):
@@ -153,24 +152,24 @@ def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="che
             "--llm.save_adapters=none", "--log.every=0", f"--output.file={out}",
             "--output.overwrite=true"]
     proc = subprocess.run(mpirun(*args), capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+                          env=launch_env(OMP_NUM_THREADS="1"))
     if proc.returncode != 0:
         sys.exit(f"trainscope failed:\n{proc.stdout}\n{proc.stderr}")
-    with h5py.File(out, "r") as f:
-        s = f["summary"].attrs
-        it = f["iterations"]
+    with RunFile(out) as run:
+        s = run.require_completed().summary
+        it = run.recorded  # a column over the recorded iterations, [ranks, n]
         return {"median_step_s": float(s["median_step_s"]),
-                "padding": float(np.max(it["padding_fraction"][...])),
+                "padding": float(np.max(it("padding_fraction"))),
                 # Training memory: the largest RSS sampled at the end of an iteration (the
                 # process-lifetime peak would include loading and, for QLoRA, the dense weights
                 # before quantisation).
-                "rss": float(np.nanmax(it["host_rss_bytes"][0])),
+                "rss": float(np.nanmax(it("host_rss_bytes")[0])),
                 # Peak bytes of live tensors within an iteration: the CPU tensor counter's (on
                 # GPUs the caching allocator's allocated peak), the figure torch.cuda's
                 # max_memory_allocated gives.
-                "tensor_peak": float(np.nanmax(it["host_tensor_peak_bytes"][0])),
-                "state": float(np.nanmax(it["parameter_bytes"][0] + it["gradient_bytes"][0] +
-                                         it["optimizer_state_bytes"][0]))}
+                "tensor_peak": float(np.nanmax(it("host_tensor_peak_bytes")[0])),
+                "state": float(np.nanmax(it("parameter_bytes")[0] + it("gradient_bytes")[0] +
+                                         it("optimizer_state_bytes")[0]))}
 
 
 def main():

@@ -1,6 +1,6 @@
-"""The CV matrix of the studies on this machine's CPU ranks, one table relative to the baseline.
+"""The studies' CV matrix on CPU ranks: median step and data-wait time relative to the baseline.
 
-Every point is a real trainscope run (`scripts/mpirun`) of inputs/cv/base.ini plus the matrix
+Every point is a real trainscope run (launched by trainscope_post.launch, as scripts/mpirun) of inputs/cv/base.ini plus the matrix
 files that define the point (inputs/cv/*.ini, stacked with --config), shortened to --iters
 iterations without evaluation. Points run in a rotating order over --repeats repeats; per point the
 median over repeats of /summary's median_step_s and median_data_s (per iteration the mean over
@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
+from trainscope_post import RunFile
+from trainscope_post.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CV = "inputs/cv"
@@ -43,24 +44,21 @@ POINTS = [
 
 
 def summary(path):
-    with h5py.File(path, "r") as f:
-        status = f.attrs.get("status")
-        if status != "completed":
-            raise ValueError(f"{path}: status {status!r}")
-        s = f["summary"].attrs
+    with RunFile(path) as run:
+        s = run.require_completed().summary
         return float(s["median_step_s"]), float(s["median_data_s"])
 
 
 def run_point(args, point, rep):
     name, files, ranks, extra, _ = point
     out = Path(args.outdir) / f"{name}_{rep}.h5"
-    cmd = [str(ROOT / "scripts/mpirun"), "-np", str(ranks), args.binary,
-           "--config", f"{CV}/base.ini"]
+    configs = ["--config", f"{CV}/base.ini"]
     for f in files:
-        cmd += ["--config", f"{CV}/{f}"]
-    cmd += [f"--train.max_iters={args.iters}", "--train.eval=false", "--log.every=0",
-            "--output.overwrite=true", f"--output.file={out}", *extra, *args.extra]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        configs += ["--config", f"{CV}/{f}"]
+    cmd = mpirun_command(ranks, args.binary, *configs, f"--train.max_iters={args.iters}",
+                         "--train.eval=false", "--log.every=0", "--output.overwrite=true",
+                         f"--output.file={out}", *extra, *args.extra)
+    res = subprocess.run(cmd, cwd=ROOT, env=launch_env(), capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"{name}: run failed ({res.returncode}): {' '.join(cmd)}\n{res.stdout}\n"
                  f"{res.stderr}")
@@ -68,7 +66,8 @@ def run_point(args, point, rep):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(prog="scripts/bench cv_matrix", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--binary", default=os.path.join(os.environ.get("BUILD_DIR", "build"),

@@ -1,5 +1,6 @@
-"""Do mixed-precision loss curves track fp32? (issue 4, acceptance 2)
+"""Mixed and reduced precision loss curves against fp32's over a few hundred iterations.
 
+Do mixed-precision loss curves track fp32? (issue 4, acceptance 2)
 Runs inputs/cv/base.ini (MobileNetV2, Fashion-MNIST, 2 CPU ranks, same seed, same data order) for
 --iters iterations once per precision, reads /iterations/loss back (per iteration the mean over
 ranks: each rank's loss is the mean over its own batch), and compares every curve with fp32's:
@@ -22,26 +23,27 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import numpy as np
+from trainscope_post import RunFile
+from trainscope_post.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args, precision, extra=()):
     out = Path(args.outdir) / f"{precision}{'_'.join(('',) + tuple(extra)).replace('--', '')}.h5"
-    cmd = [str(ROOT / "scripts/mpirun"), "-np", str(args.ranks), args.binary, "--config",
-           "inputs/cv/base.ini", f"--run.precision={precision}", f"--train.max_iters={args.iters}",
-           "--train.eval=false", "--log.every=0", "--output.overwrite=true", f"--output.file={out}",
-           *extra]
+    cmd = mpirun_command(args.ranks, args.binary, "--config", "inputs/cv/base.ini",
+                         f"--run.precision={precision}", f"--train.max_iters={args.iters}",
+                         "--train.eval=false", "--log.every=0", "--output.overwrite=true",
+                         f"--output.file={out}", *extra)
     if not (args.reuse and (ROOT / out).exists()):
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        res = subprocess.run(cmd, cwd=ROOT, env=launch_env(), capture_output=True, text=True)
         if res.returncode != 0:
             sys.exit(f"{precision}: run failed\n{res.stdout}\n{res.stderr}")
-    with h5py.File(ROOT / out, "r") as f:
-        loss = f["iterations/loss"][...]
-        skipped = f["iterations/step_skipped"][0]  # ranks skip together
-        step = float(f["summary"].attrs["median_step_s"])
+    with RunFile(ROOT / out) as run:
+        loss = run.require_completed().recorded("loss")  # [ranks, iterations]
+        skipped = run.recorded("step_skipped")[0]  # ranks skip together
+        step = float(run.summary["median_step_s"])
     return loss.mean(axis=0), skipped.astype(bool), step
 
 
@@ -51,7 +53,8 @@ def smooth(x, w):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(prog="scripts/bench precision_curves", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--window", type=int, default=25)

@@ -1,7 +1,9 @@
-"""Instrumentation overhead of trainscope: accounting + telemetry on vs off (profile.accounting and
-telemetry.enabled), and the profiler window's cost.
+"""Instrumentation overhead: step time with accounting + telemetry off vs on, and the profiler window.
 
-Each configuration is a full `scripts/mpirun -np N build/app/trainscope` run of the quick-start
+Accounting + telemetry on vs off are profile.accounting and telemetry.enabled; the profiler window
+is profile.enabled.
+
+Each configuration is a full `mpirun -np N build/app/trainscope` run (trainscope_post.launch) of the quick-start
 configuration for --iters iterations (no evaluation, no progress log). Configurations alternate
 within every repeat, and the order rotates between repeats, so slow drifts of the machine (other
 jobs, thermal state) hit all of them alike.
@@ -24,8 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-import h5py
 import numpy as np
+from trainscope_post import RunFile
+from trainscope_post.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,43 +39,33 @@ CONFIGS = {
 }
 
 
-def config_value(f, key, default=None):
-    """A resolved option from /config (attributes are strings), or default."""
-    if "config" in f and key in f["config"].attrs:
-        v = f["config"].attrs[key]
-        return v.decode() if isinstance(v, bytes) else str(v)
-    return default
-
-
 def analyse(path):
     """Step-time figures of one run file (dict), or raises ValueError naming what is missing."""
-    with h5py.File(path, "r") as f:
-        if f.attrs.get("status") != "completed":
-            raise ValueError(f"{path}: status {f.attrs.get('status')!r}, not a completed run")
-        it = f["iterations"]
-        rows = np.asarray(it.attrs["rank_rows"])
-        n = int(rows.min())
-        step = it["step_s"][:, :n]  # [world_size, n], seconds
-        iteration = it["iteration"][0, :n]
-        warmup = int(config_value(f, "profile.warmup_iters", "0"))
+    with RunFile(path) as run:
+        run.require_completed()
+        cfg = run.config  # resolved options, as strings
+        step = run.recorded("step_s")  # [world_size, n], seconds
+        n = step.shape[1]
+        iteration = run.recorded("iteration")[0]  # [n]
+        warmup = int(cfg.get("profile.warmup_iters", "0"))
         per_iter = step.mean(axis=0)  # lock-stepped ranks: mean over ranks per iteration
         measured = per_iter[warmup:]
         if measured.size == 0:
             raise ValueError(f"{path}: no measured iterations ({n} recorded, {warmup} warm-up)")
         out = {
             "path": str(path),
-            "world_size": int(f.attrs["world_size"]),
+            "world_size": run.world_size,
             "iterations": n,
             "warmup": warmup,
             "median_step_s": float(np.median(measured)),
-            "wall_s": float(f["summary"].attrs["wall_s"]) if "summary" in f else float("nan"),
-            "telemetry": config_value(f, "telemetry.enabled", "absent"),
-            "accounting": config_value(f, "profile.accounting", "absent"),
-            "profile": config_value(f, "profile.enabled", "absent"),
+            "wall_s": float(run.summary.get("wall_s", float("nan"))),
+            "telemetry": cfg.get("telemetry.enabled", "absent"),
+            "accounting": cfg.get("profile.accounting", "absent"),
+            "profile": cfg.get("profile.enabled", "absent"),
         }
         if out["profile"] == "true":
-            start = int(config_value(f, "profile.start_iter", "0"))
-            count = int(config_value(f, "profile.iters", "0"))
+            start = int(cfg.get("profile.start_iter", "0"))
+            count = int(cfg.get("profile.iters", "0"))
             inside = (iteration >= start) & (iteration < start + count)
             mask = np.arange(n) >= warmup
             win, rest = per_iter[inside & mask], per_iter[~inside & mask]
@@ -83,12 +76,12 @@ def analyse(path):
 
 def run_one(args, name, rep):
     out = Path(args.outdir) / f"{name}_{rep}.h5"
-    cmd = [str(ROOT / "scripts/mpirun"), "-np", str(args.ranks), args.binary,
-           "--config", args.config, f"--train.max_iters={args.iters}", "--train.eval=false",
-           "--log.every=0", "--output.overwrite=true", f"--output.file={out}",
-           *CONFIGS[name], *args.extra]
+    cmd = mpirun_command(args.ranks, args.binary, "--config", args.config,
+                         f"--train.max_iters={args.iters}", "--train.eval=false", "--log.every=0",
+                         "--output.overwrite=true", f"--output.file={out}", *CONFIGS[name],
+                         *args.extra)
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run(cmd, cwd=ROOT, env=launch_env(), capture_output=True, text=True)
     if res.returncode != 0:
         sys.exit(f"run failed ({res.returncode}): {' '.join(cmd)}\n{res.stdout}\n{res.stderr}")
     r = analyse(out)
@@ -128,7 +121,8 @@ def report(results, target):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(prog="scripts/bench overhead", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iters", type=int, default=60)
     p.add_argument("--ranks", type=int, default=2)

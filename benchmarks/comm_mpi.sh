@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
+# Allreduce busbw of trainscope's comm benchmark against a plain MPI_Allreduce loop, per size.
 # Benchmark (not a test): trainscope's communication benchmark (dist::CommBenchmark, MPI backend,
-# allreduce) against a plain MPI_Allreduce loop over the same sizes, launched alternately in this
-# one script, and the busbw ratio trainscope / MPI per size (target: within 5%, ratio >= 0.95).
-#   scripts/bench_comm_mpi [--np 2] [--min-bytes 8] [--max-bytes 67108864] [--warmup 5]
+# allreduce) and the reference, launched alternately by this one script, and the busbw ratio
+# trainscope / MPI per size (target: within 5%, ratio >= 0.95).
+#   scripts/bench comm_mpi [--np 2] [--min-bytes 8] [--max-bytes 67108864] [--warmup 5]
 #                          [--iters 20] [--small-iters 2000] [--small-max 65536] [--repeats 5]
 # Both sides: float32 sum in place, warm-up, barrier, timed loop, each rank's mean time per
 # operation averaged over ranks, busbw = bytes / time x 2(n-1)/n (nccl-tests). Sizes up to
@@ -15,7 +16,7 @@
 # Both run at MPI_THREAD_SINGLE: trainscope's comm workload asks for it (training asks for
 # MPI_THREAD_SERIALIZED, for its progress thread), the reference uses plain MPI_Init. (With
 # TS_REF_THREAD_MULTIPLE=1 the reference runs at MPI_THREAD_MULTIPLE instead, to show what a
-# threaded level costs Open MPI per call.)
+# threaded level costs Open MPI per call.) Launched through scripts/mpirun.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$here/build}
@@ -30,14 +31,14 @@ while [ $# -gt 0 ]; do
     --small-iters) small_iters=$2; shift 2 ;;
     --small-max) small_max=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
-    -h | --help) sed -n '2,17p' "$0"; exit 0 ;;
-    *) echo "bench_comm_mpi: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/bench comm_mpi: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 driver=$build/tests/comm_bench_driver
 ref=$build/tests/mpi_allreduce_ref
 for exe in "$driver" "$ref"; do
-    [ -x "$exe" ] || { echo "bench_comm_mpi: $exe not built (ninja -C $build comm_bench_driver mpi_allreduce_ref)" >&2; exit 2; }
+    [ -x "$exe" ] || { echo "scripts/bench comm_mpi: $exe not built (ninja -C $build comm_bench_driver mpi_allreduce_ref)" >&2; exit 2; }
 done
 export OMP_NUM_THREADS=1
 out=$(mktemp -d)

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Benchmark: one MobileNetV2 training step in trainscope against the same step in PyTorch (Python).
+"""Median MobileNetV2 training step, trainscope vs PyTorch (DDP over gloo), on 1 and 2 ranks.
 
 Runs trainscope and a PyTorch reference alternately (never concurrently) on 1 and 2 MPI ranks and
 prints, per rank count, both median step times and the ratio trainscope / PyTorch (target <= 1.0).
-This is a benchmark, not a test: it measures, it does not assert. Entry point: scripts/bench_pytorch_step.
+This is a benchmark, not a test: it measures, it does not assert. Entry point:
+scripts/bench pytorch_step.
 
 Fairness rules (both sides get the same work; the output repeats them):
   model     torchvision.models.mobilenet_v2(num_classes=10) (width 1.0, dropout 0.2) vs trainscope's
@@ -18,8 +19,8 @@ Fairness rules (both sides get the same work; the output repeats them):
   step      batch build + forward + cross-entropy + backward (+ gradient averaging) + SGD step
             (lr 0.05, momentum 0.9, weight decay 4e-5, constant lr) + zero_grad
   threads   1 intra-op thread per rank (torch.set_num_threads(1) / --run.threads=1),
-            1 inter-op thread, OMP_NUM_THREADS=1; both launched by the same scripts/mpirun (which
-            binds each rank to one core)
+            1 inter-op thread, OMP_NUM_THREADS=1; both launched by the same mpirun command line
+            (trainscope_post.launch, as scripts/mpirun; Open MPI binds each rank to one core)
   ranks     PyTorch: torch.distributed gloo over mpirun (RANK/WORLD_SIZE from OMPI_COMM_WORLD_*),
             DistributedDataParallel with its defaults (bucket_cap_mb=25, broadcast_buffers=True),
             also on 1 rank (a world of 1) unless --pytorch-1rank=plain; trainscope: strategy ddp-ds,
@@ -42,6 +43,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from trainscope_post.launch import launch_env, mpirun_command
 
 REPO = Path(__file__).resolve().parent.parent
 EXPECTED_PARAMETERS = 2_236_682  # MobileNetV2, width 1.0, 10 classes
@@ -162,9 +165,7 @@ def free_port() -> int:
 
 
 def child_env() -> dict:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return launch_env(OMP_NUM_THREADS="1")
 
 
 def run_logged(cmd: list[str], log: Path, timeout: float) -> str:
@@ -181,10 +182,10 @@ def run_logged(cmd: list[str], log: Path, timeout: float) -> str:
 
 
 def run_pytorch(a: argparse.Namespace, ranks: int, tmp: Path, tag: str) -> dict:
-    cmd = [str(a.mpirun), "-np", str(ranks), sys.executable, str(Path(__file__).resolve()),
-           "--pytorch-worker", "--port", str(free_port()), "--batch", str(a.batch),
-           "--image-size", str(a.image_size), "--iters", str(a.iters), "--warmup", str(a.warmup),
-           "--pytorch-1rank", a.pytorch_1rank, "--pytorch-zero-grad", a.pytorch_zero_grad]
+    cmd = mpirun_command(ranks, sys.executable, Path(__file__).resolve(), "--pytorch-worker",
+                         "--port", free_port(), "--batch", a.batch, "--image-size", a.image_size,
+                         "--iters", a.iters, "--warmup", a.warmup, "--pytorch-1rank",
+                         a.pytorch_1rank, "--pytorch-zero-grad", a.pytorch_zero_grad)
     out = run_logged(cmd, tmp / f"pytorch_np{ranks}_{tag}.log", a.timeout)
     for line in out.splitlines():
         if line.startswith(RESULT_TAG):
@@ -213,23 +214,22 @@ def trainscope_command(a: argparse.Namespace, ranks: int, out: Path) -> list[str
         "profile.warmup_iters": a.warmup, "log.every": 0,
         "output.file": out, "output.overwrite": "true",
     }
-    return ([str(a.mpirun), "-np", str(ranks), str(a.trainscope)] +
-            [f"--{k}={v}" for k, v in opts.items()] + shlex.split(a.trainscope_args))
+    return mpirun_command(ranks, a.trainscope, *[f"--{k}={v}" for k, v in opts.items()],
+                          *shlex.split(a.trainscope_args))
 
 
 def run_trainscope(a: argparse.Namespace, ranks: int, tmp: Path, tag: str) -> dict:
-    import h5py
+    from trainscope_post import IncompleteRunError, RunFile
 
     out = tmp / f"ts_np{ranks}_{tag}.h5"
     run_logged(trainscope_command(a, ranks, out), tmp / f"trainscope_np{ranks}_{tag}.log",
                a.timeout)
-    with h5py.File(out, "r") as f:
-        s = dict(f["/summary"].attrs)
-        plan = dict(f["/plan"].attrs) if "/plan" in f else {}
-        status = f.attrs.get("status")
-    status = status.decode() if isinstance(status, bytes) else status
-    if status != "completed":
-        raise RuntimeError(f"trainscope run file {out} has status {status!r}")
+    with RunFile(out) as run:
+        try:
+            run.require_completed()
+        except IncompleteRunError as e:
+            raise RuntimeError(f"trainscope run file {e}") from e
+        s, plan = run.summary, run.plan
     if int(s["measured_iterations"]) != a.iters or int(s["warmup_iterations"]) != a.warmup:
         raise RuntimeError(f"{out}: measured {s['measured_iterations']} iterations after "
                            f"{s['warmup_iterations']} warm-up, expected {a.iters} after "
@@ -273,15 +273,15 @@ def driver(a: argparse.Namespace) -> int:
     run_ts = a.only in (None, "trainscope")
     run_pt = a.only in (None, "pytorch")
     if run_ts and not a.trainscope.is_file():
-        print(f"bench_pytorch_step: trainscope binary {a.trainscope} not found: build it first "
+        print(f"scripts/bench pytorch_step: trainscope binary {a.trainscope} not found: build it first "
               f"(scripts/build trainscope) or pass --trainscope PATH", file=sys.stderr)
         return 2
     try:
-        import h5py  # noqa: F401
-    except ImportError:
+        import trainscope_post  # noqa: F401  (its run file reader needs h5py)
+    except ImportError as e:
         if run_ts:
-            print("bench_pytorch_step: h5py is missing: run with the trainscope venv's python",
-                  file=sys.stderr)
+            print(f"scripts/bench pytorch_step: {e}: run it through scripts/bench (the trainscope "
+                  f"venv's python, PYTHONPATH=postprocess)", file=sys.stderr)
             return 2
 
     keep = a.keep_tmp
@@ -342,6 +342,7 @@ def driver(a: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
+        prog="scripts/bench pytorch_step",
         description="Median MobileNetV2 training-step time of trainscope vs PyTorch (Python) on "
                     "1 and 2 MPI ranks, with the same model, data work, threads and timing.")
     p.add_argument("--iters", type=int, default=40, help="measured iterations (default 40)")
@@ -361,8 +362,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="trainscope binary (default $TRAINSCOPE_BIN or $BUILD_DIR/app/trainscope)")
     p.add_argument("--trainscope-args", default="",
                    help="extra trainscope options appended last (e.g. to try a setting)")
-    p.add_argument("--mpirun", type=Path, default=REPO / "scripts" / "mpirun",
-                   help="mpirun wrapper (default scripts/mpirun)")
     p.add_argument("--pytorch-1rank", choices=("ddp", "plain"), default="ddp",
                    help="PyTorch on 1 rank: DDP over a world of 1 (default) or the plain model")
     p.add_argument("--pytorch-zero-grad", choices=("none", "zero"), default="none",
@@ -392,7 +391,7 @@ def main(argv: list[str]) -> int:
     try:
         return driver(a)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"bench_pytorch_step: {e}", file=sys.stderr)
+        print(f"scripts/bench pytorch_step: {e}", file=sys.stderr)
         return 1
 
 
