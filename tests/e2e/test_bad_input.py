@@ -1,8 +1,8 @@
 """Bad input on 2 real ranks, tried systematically. CASES is the table of the issue's "bad input"
 list: every row is one mpirun of the real binary that must fail within its timeout with the
-documented exit code (2 configuration, 3 input, 4 output; README "Errors and exit codes"), say
-the needles (option, file, line, value, fix) on every rank, never crash, and never leave a run file
-that claims "completed". Full and read-only file systems are real tmpfs mounts made by the test
+documented exit code (2 configuration, 3 input, 4 output; docs/faults.md "Errors and exit
+codes"), say the needles (option, file, line, value, fix) on every rank, never crash, and never
+leave a run file that claims "completed". Full and read-only file systems are real tmpfs mounts made by the test
 (root in CI), unmounted in teardown even when the test fails."""
 
 import gzip
