@@ -26,7 +26,8 @@ SHORT = ["--", "--train.max_iters=12", "--profile.warmup_iters=2", "--log.every=
 SCRIPTS = [ROOT / "jobscripts/slurm/train.sbatch", ROOT / "jobscripts/pbs/train.pbs",
            ROOT / "jobscripts/local/run.sh", ROOT / "jobscripts/site/default.env",
            ROOT / "tests/slurm/local_slurm.sh", ROOT / "scripts/setup", ROOT / "scripts/test",
-           ROOT / "scripts/build", ROOT / "scripts/demo"]
+           ROOT / "scripts/build", ROOT / "scripts/demo", ROOT / "scripts/mpirun",
+           ROOT / "scripts/bench", ROOT / "scripts/fuzz", ROOT / "benchmarks/comm_mpi.sh"]
 
 
 def sweep(*args, check=True, env=None):
