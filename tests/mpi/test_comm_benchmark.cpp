@@ -27,6 +27,8 @@
 namespace dist = trainscope::dist;
 namespace core = trainscope::core;
 namespace io = trainscope::io;
+namespace prof = trainscope::prof;
+namespace train = trainscope::train;
 using dist::Collective;
 
 namespace {
