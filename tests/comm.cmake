@@ -11,7 +11,7 @@ target_include_directories(comm_unit_tests PRIVATE ${PROJECT_SOURCE_DIR}/modules
 
 trainscope_add_test(NAME comm_mpi_tests MPI TORCH
   SOURCES mpi/test_comm_benchmark.cpp
-  LIBS trainscope::dist trainscope::io trainscope_hdf5
+  LIBS trainscope::dist trainscope::io trainscope::train trainscope_hdf5
   LABELS comm
   MPI NP 2 4)
 

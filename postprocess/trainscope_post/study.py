@@ -14,7 +14,7 @@ import pandas as pd
 
 from .runfile import RunFile, SchemaError
 
-PHASES = ["data", "h2d", "forward", "backward", "comm_wait", "optimizer"]
+PHASES = ["data", "h2d", "forward", "backward", "comm_wait", "optimizer", "control"]
 
 # Config keys that never change what is measured: where the output goes, logging.
 IGNORED_PREFIXES = ("output.", "log.")

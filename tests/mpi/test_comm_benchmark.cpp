@@ -21,10 +21,14 @@
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/options.hpp"
 #include "trainscope/io/run_file.hpp"
+#include "trainscope/prof/phase_timer.hpp"
+#include "trainscope/train/recorder.hpp"
 
 namespace dist = trainscope::dist;
 namespace core = trainscope::core;
 namespace io = trainscope::io;
+namespace prof = trainscope::prof;
+namespace train = trainscope::train;
 using dist::Collective;
 
 namespace {
@@ -252,15 +256,26 @@ TEST(GradientCommRecord, BucketTablesReadBack) {
     dist::GradientSynchronizer sync(*comm, net->parameters(), 600);
     ASSERT_EQ(sync.num_buckets(), 2u);
     {
+        // The Recorder is the only writer of per-iteration series, /comm/buckets included.
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
-        dist::declare_bucket_series(file, sync);
+        prof::PhaseTimer timer;
+        train::Recorder recorder(file, MPI_COMM_WORLD, timer, /*flush_every=*/2,
+                                 /*warmup_iters=*/0);
+        recorder.declare_buckets(sync.bucket_bytes());
         for (int it = 0; it < 3; ++it) {
+            timer.begin_iteration(it);
             net->zero_grad();
             sync.begin_iteration();
             net->forward(torch::randn({4, 8}) + r).sum().backward();
             sync.finish();
-            dist::append_bucket_row(file, sync.last_iteration());
+            timer.end_iteration();
+            train::IterationValues v;
+            v.iteration = it;
+            v.bucket_s = sync.last_iteration().bucket_s;
+            recorder.record_iteration(v);
+            if (recorder.flush_due()) recorder.flush();
         }
+        recorder.flush();
         file.close();
     }
     MPI_Barrier(MPI_COMM_WORLD);

@@ -1,6 +1,6 @@
-// Loader (see loader.hpp): a ring of `prefetch` slots indexed by batch number. Workers claim batch
-// numbers in order but may finish out of order; each result goes to its own slot, so next() always
-// returns batch k after batch k-1, the same batches as with no worker at all.
+// Loader (see loader.hpp): batch k of the sampler order built by a Prefetcher<Batch> (a ring of
+// `prefetch` slots indexed by batch number), so next() returns the same batches in the same order
+// whatever the worker count.
 #include "trainscope/data/loader.hpp"
 
 #include <dlfcn.h>
@@ -12,7 +12,7 @@
 #include "trainscope/data/image_folder.hpp"
 
 namespace trainscope::data {
-namespace {
+namespace detail {
 
 // Limits LibTorch's intra-op parallelism of the calling thread to one thread. at::set_num_threads
 // cannot do this for one thread only: it also stores a process-wide count that threads created
@@ -26,8 +26,7 @@ void limit_intra_op_threads_of_this_thread() {
         reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
     if (omp_set_num_threads) omp_set_num_threads(1);
 }
-
-} // namespace
+} // namespace detail
 
 ImageSetSource::ImageSetSource(ImageSet set, AdaptedTransform transform, Preprocess preprocess)
     : set_(std::move(set)), transform_(transform), preprocess_(preprocess) {
@@ -89,7 +88,7 @@ Loader::Loader(std::shared_ptr<const BatchSource> source, std::vector<std::int64
                std::int64_t epoch, std::int64_t batch_size, int workers, int prefetch,
                bool pin_memory, bool drop_last)
     : source_(std::move(source)), indices_(std::move(indices)), epoch_(epoch),
-      batch_size_(batch_size), prefetch_(prefetch) {
+      batch_size_(batch_size) {
     if (!source_) throw core::InternalError("Loader: no batch source");
     if (batch_size < 1 || workers < 0 || prefetch < 1)
         throw core::InternalError("Loader: batch_size " + std::to_string(batch_size) +
@@ -103,10 +102,8 @@ Loader::Loader(std::shared_ptr<const BatchSource> source, std::vector<std::int64
                                       " out of range for a dataset of " + std::to_string(rows));
     num_batches_ = drop_last ? n / batch_size : (n + batch_size - 1) / batch_size;
     pin_ = pin_memory && torch::cuda::is_available();
-    ring_.resize(static_cast<std::size_t>(prefetch));
-    const std::int64_t threads = std::min<std::int64_t>(workers, num_batches_);
-    for (std::int64_t t = 0; t < threads; ++t)
-        threads_.emplace_back([this] { work(); });
+    ring_ = std::make_unique<Prefetcher<Batch>>(num_batches_, workers, prefetch,
+                                                [this](std::int64_t k) { return build(k); });
 }
 
 Loader::Loader(const ImageSet& set, AdaptedTransform transform, std::vector<std::int64_t> indices,
@@ -114,16 +111,7 @@ Loader::Loader(const ImageSet& set, AdaptedTransform transform, std::vector<std:
     : Loader(std::make_shared<ImageSetSource>(set, transform), std::move(indices), /*epoch=*/0,
              batch_size, workers, prefetch, pin_memory, drop_last) {}
 
-Loader::~Loader() {
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stop_ = true;
-    }
-    work_cv_.notify_all();
-    // A worker in the middle of build() finishes that one batch, then sees stop_.
-    for (auto& t : threads_)
-        t.join();
-}
+Loader::~Loader() = default; // the Prefetcher joins its workers first
 
 Batch Loader::build(std::int64_t k) const {
     const std::int64_t begin = k * batch_size_;
@@ -134,61 +122,8 @@ Batch Loader::build(std::int64_t k) const {
         pin_);
 }
 
-void Loader::work() {
-    limit_intra_op_threads_of_this_thread();
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (true) {
-        // Claim the next batch once its ring slot is free (k < next_pop_ + prefetch).
-        work_cv_.wait(lock, [this] {
-            return stop_ || next_build_ >= num_batches_ || next_build_ < next_pop_ + prefetch_;
-        });
-        if (stop_ || next_build_ >= num_batches_) return;
-        const std::int64_t k = next_build_++;
-        lock.unlock();
-        Slot result;
-        try {
-            result.batch = build(k);
-        } catch (...) {
-            result.error = std::current_exception();
-        }
-        lock.lock();
-        result.ready = true;
-        ring_[static_cast<std::size_t>(k % prefetch_)] = std::move(result);
-        ready_cv_.notify_all();
-    }
-}
-
 std::optional<Batch> Loader::next() {
-    if (failed_) std::rethrow_exception(failed_);
-    if (next_pop_ >= num_batches_) return std::nullopt;
-    const std::int64_t k = next_pop_;
-    if (threads_.empty()) {
-        try {
-            Batch b = build(k);
-            ++next_pop_;
-            return b;
-        } catch (...) {
-            failed_ = std::current_exception();
-            throw;
-        }
-    }
-    Slot slot;
-    {
-        std::unique_lock<std::mutex> lock(mutex_);
-        Slot& s = ring_[static_cast<std::size_t>(k % prefetch_)];
-        ready_cv_.wait(lock, [&s] { return s.ready; });
-        slot = std::move(s);
-        s = Slot{};
-        ++next_pop_;
-        if (slot.error) {
-            // Stop building: the epoch cannot go on past a batch that failed.
-            failed_ = slot.error;
-            stop_ = true;
-        }
-    }
-    work_cv_.notify_all();
-    if (slot.error) std::rethrow_exception(slot.error);
-    return std::move(slot.batch);
+    return ring_->next();
 }
 
 } // namespace trainscope::data

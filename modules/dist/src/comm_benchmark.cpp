@@ -240,18 +240,4 @@ void CommBenchmark::write(io::RunFile& file, const std::vector<CommResult>& resu
     }
 }
 
-void declare_bucket_series(io::RunFile& file, const GradientSynchronizer& sync) {
-    const auto bytes = sync.bucket_bytes();
-    if (bytes.empty()) return;
-    std::vector<io::Column> columns;
-    for (std::size_t k = 0; k < bytes.size(); ++k)
-        columns.push_back({"bucket_" + std::to_string(k) + "_s", "s"});
-    file.declare_series("/comm/buckets", columns);
-    file.write_vector("/comm/buckets/bytes", std::vector<double>(bytes.begin(), bytes.end()), "B");
-}
-
-void append_bucket_row(io::RunFile& file, const IterationComm& iteration) {
-    if (!iteration.bucket_s.empty()) file.append("/comm/buckets", iteration.bucket_s);
-}
-
 } // namespace trainscope::dist

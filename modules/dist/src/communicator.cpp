@@ -497,6 +497,13 @@ class MpiCommunicator final : public Communicator {
         account(Kind::Allreduce, host.nbytes(), seconds);
     }
 
+    void allreduce_host(std::vector<double>& values, ReduceOp op) override {
+        if (values.empty()) return;
+        allreduce(torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())},
+                                   torch::kFloat64),
+                  op);
+    }
+
     void broadcast(torch::Tensor tensor, int root) override {
         require_contiguous(tensor, "broadcast");
         check_root(root);

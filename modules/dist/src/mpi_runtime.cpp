@@ -34,31 +34,6 @@ std::string local_hostname() {
     return "unknown";
 }
 
-template <class E> [[noreturn]] void raise_collective(const std::string& message) {
-    E error(message);
-    error.set_collective(true);
-    throw error;
-}
-
-// An error of `kind` as the typed exception main() and tests catch, marked collective.
-[[noreturn]] void throw_kind(core::ErrorKind kind, const std::string& message) {
-    switch (kind) {
-    case core::ErrorKind::Config:
-        raise_collective<core::ConfigError>(message);
-    case core::ErrorKind::Input:
-        raise_collective<core::InputError>(message);
-    case core::ErrorKind::Output:
-        raise_collective<core::OutputError>(message);
-    case core::ErrorKind::Distributed:
-        raise_collective<core::DistributedError>(message);
-    case core::ErrorKind::Numerical:
-        raise_collective<core::NumericalError>(message);
-    case core::ErrorKind::Internal:
-        break;
-    }
-    raise_collective<core::InternalError>(message);
-}
-
 } // namespace
 
 MpiRuntime::MpiRuntime(int& argc, char**& argv, int thread_level) {
@@ -145,67 +120,6 @@ Topology discover_topology(MPI_Comm comm) {
     for (int r = 0; r < t.world_size; ++r)
         t.hostnames.emplace_back(all.data() + r * mine.size());
     return t;
-}
-
-void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn) {
-    std::exception_ptr error;
-    std::string message;
-    core::ErrorKind kind = core::ErrorKind::Internal;
-    try {
-        fn();
-    } catch (const core::Error& e) {
-        error = std::current_exception();
-        message = e.what();
-        kind = e.kind();
-    } catch (const std::exception& e) {
-        error = std::current_exception();
-        message = e.what();
-    } catch (...) {
-        error = std::current_exception();
-        message = "unknown exception";
-    }
-
-    int rank = 0, size = 1;
-    MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    MPI_CHECK(MPI_Comm_size(comm, &size));
-    int failed = error ? 1 : 0;
-    std::vector<int> flags(static_cast<std::size_t>(size));
-    MPI_CHECK(MPI_Allgather(&failed, 1, MPI_INT, flags.data(), 1, MPI_INT, comm));
-    std::vector<int> failing;
-    for (int r = 0; r < size; ++r)
-        if (flags[r]) failing.push_back(r);
-    if (failing.empty()) return;
-
-    // Every rank, failing or not, joins the broadcast of the lowest failing rank's error kind and
-    // first message line; then each rank raises.
-    const int root = failing.front();
-    std::string line = first_line(message);
-    int header[2] = {static_cast<int>(kind), static_cast<int>(line.size())};
-    MPI_CHECK(MPI_Bcast(header, 2, MPI_INT, root, comm));
-    line.resize(static_cast<std::size_t>(header[1]));
-    if (header[1] > 0) MPI_CHECK(MPI_Bcast(line.data(), header[1], MPI_CHAR, root, comm));
-
-    if (error) {
-        // Our own error, unchanged but marked: every rank is raising together.
-        try {
-            std::rethrow_exception(error);
-        } catch (core::Error& e) {
-            e.set_collective(true);
-            throw;
-        } catch (...) {
-            throw_kind(core::ErrorKind::Internal, message);
-        }
-    }
-    std::string who;
-    if (failing.size() == 1) {
-        who = "rank " + std::to_string(root) + " failed: ";
-    } else {
-        who = "ranks ";
-        for (std::size_t i = 0; i < failing.size(); ++i)
-            who += (i ? ", " : "") + std::to_string(failing[i]);
-        who += " failed; rank " + std::to_string(root) + ": ";
-    }
-    throw_kind(static_cast<core::ErrorKind>(header[0]), who + line);
 }
 
 } // namespace trainscope::dist

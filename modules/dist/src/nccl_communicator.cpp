@@ -191,9 +191,12 @@ class NcclCommunicator final : public Communicator {
                 ncclGetErrorString(static_cast<ncclResult_t>(boot.status)) +
                 " (set NCCL_DEBUG=WARN; check the network interfaces NCCL may use)");
         NCCL_CHECK(ncclCommInitRank(&comm_, size_, boot.id, rank_));
+        MPI_CHECK(MPI_Comm_dup(comm, &host_comm_)); // allreduce_host: control traffic
     }
 
     ~NcclCommunicator() override {
+        if (host_comm_ != MPI_COMM_NULL && std::uncaught_exceptions() == 0)
+            MPI_Comm_free(&host_comm_);
         if (!comm_ || aborted_) return;
         if (std::uncaught_exceptions() > 0) {
             ncclCommAbort(comm_); // a peer may be gone: do not wait for outstanding work
@@ -231,6 +234,16 @@ class NcclCommunicator final : public Communicator {
                                      static_cast<size_t>(tensor.numel()),
                                      nccl_type(tensor.scalar_type()), red, comm_, s));
         });
+    }
+
+    void allreduce_host(std::vector<double>& values, ReduceOp op) override {
+        if (values.empty()) return;
+        const MPI_Op mop = op == ReduceOp::Max ? MPI_MAX : op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
+                                MPI_DOUBLE, mop, host_comm_));
+        if (op == ReduceOp::Average)
+            for (double& v : values)
+                v /= size_;
     }
 
     void broadcast(torch::Tensor tensor, int root) override {
@@ -311,6 +324,7 @@ class NcclCommunicator final : public Communicator {
     }
 
   private:
+    MPI_Comm host_comm_ = MPI_COMM_NULL;
     void check(const torch::Tensor& t, const char* what) const {
         if (!t.defined() || !t.is_contiguous())
             throw core::InternalError(std::string(what) +

@@ -9,6 +9,7 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/mpi_util.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -34,43 +35,19 @@ namespace {
 
 const std::array<const char*, 4> kStatuses = {"running", "completed", "failed", "interrupted"};
 
+// MPI failures in the run file are DistributedErrors naming the call (core's MPI_CHECK).
 void mpi_check(int rc, const char* call) {
-    if (rc == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING] = {0};
-    int len = 0;
-    MPI_Error_string(rc, text, &len);
-    throw core::DistributedError(std::string("MPI call ") + call +
-                                 " failed in the run file: " + text);
+    core::mpi_check(rc, call, __FILE__, __LINE__);
 }
 
 // Replaces `text` on every rank by rank `root`'s value.
 void bcast_string(MPI_Comm comm, std::string& text, int root = 0) {
-    std::uint64_t size = text.size();
-    mpi_check(MPI_Bcast(&size, 1, MPI_UINT64_T, root, comm), "MPI_Bcast");
-    text.resize(size);
-    if (size > 0) {
-        // Broadcast in pieces: MPI counts are int.
-        constexpr std::uint64_t piece = 1u << 30;
-        for (std::uint64_t off = 0; off < size; off += piece) {
-            const int n = static_cast<int>(std::min(piece, size - off));
-            mpi_check(MPI_Bcast(text.data() + off, n, MPI_CHAR, root, comm), "MPI_Bcast");
-        }
-    }
+    text = core::broadcast_string(comm, text, root);
 }
 
-// Collective agreement on a step that may fail on some ranks only: returns "" when it succeeded
-// everywhere, otherwise the message of the lowest failing rank, on every rank.
+// Collective agreement on a step that may fail on some ranks only (core::first_failure).
 std::string agree_on_error(MPI_Comm comm, const std::string& local_error) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    int mine = local_error.empty() ? size : rank, first = size;
-    mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
-    if (first == size) return "";
-    std::string message = local_error;
-    bcast_string(comm, message, first);
-    if (first != 0) message += " (on rank " + std::to_string(first) + ")";
-    return message;
+    return core::first_failure(comm, local_error);
 }
 
 [[noreturn]] void throw_collective_output_error(const std::string& message) {

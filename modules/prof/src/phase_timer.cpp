@@ -26,7 +26,8 @@ double run_clock_seconds() {
 }
 
 const char* phase_name(Phase p) {
-    static const char* names[] = {"data", "h2d", "forward", "backward", "comm_wait", "optimizer"};
+    static const char* names[] = {"data",      "h2d",       "forward", "backward",
+                                  "comm_wait", "optimizer", "control"};
     return names[static_cast<std::size_t>(p)];
 }
 

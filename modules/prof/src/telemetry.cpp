@@ -16,6 +16,7 @@
 #include <fstream>
 #include <limits>
 
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 
 namespace trainscope::prof {
@@ -416,13 +417,9 @@ void TelemetrySampler::write(io::RunFile& file, MPI_Comm comm) {
     MPI_Allreduce(&candidate, &first_bad, 1, MPI_INT, MPI_MIN, comm);
     // The reason of the lowest rank without GPU telemetry, so the file says why on every run.
     std::string reason;
-    if (first_bad < size) {
-        int len = rank == first_bad ? static_cast<int>(reason_.size()) : 0;
-        MPI_Bcast(&len, 1, MPI_INT, first_bad, comm);
-        reason = rank == first_bad ? reason_ : std::string(static_cast<std::size_t>(len), '\0');
-        MPI_Bcast(reason.data(), len, MPI_CHAR, first_bad, comm);
-        reason = "rank " + std::to_string(first_bad) + ": " + reason;
-    }
+    if (first_bad < size)
+        reason = "rank " + std::to_string(first_bad) + ": " +
+                 core::broadcast_string(comm, reason_, first_bad);
     file.set_attributes(
         "/telemetry",
         {{"gpu_available", static_cast<std::int64_t>(all)},

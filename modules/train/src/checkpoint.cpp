@@ -19,6 +19,7 @@
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/io/run_file.hpp"
 
@@ -161,8 +162,8 @@ std::string Checkpointer::save(std::int64_t next_iteration,
         try {
             out.save_to(file);
         } catch (const c10::Error& e) {
-            throw core::OutputError("checkpoint: writing " + file + " failed: " +
-                                    std::string(e.what_without_backtrace()) +
+            throw core::OutputError("checkpoint: writing " + file +
+                                    " failed: " + std::string(e.what_without_backtrace()) +
                                     " (is checkpoint.dir full or read-only?)");
         }
         sync_path(file);
@@ -236,12 +237,8 @@ CheckpointManifest Checkpointer::find_latest(const std::string& dir, MPI_Comm wo
         text = s.str();
         parse_manifest(path, text); // a broken manifest fails here, on every rank
     });
-    for (std::string* s : {&text, &path}) {
-        int n = static_cast<int>(s->size());
-        MPI_Bcast(&n, 1, MPI_INT, 0, world);
-        s->resize(static_cast<std::size_t>(n));
-        MPI_Bcast(s->data(), n, MPI_CHAR, 0, world);
-    }
+    text = core::broadcast_string(world, text, 0);
+    path = core::broadcast_string(world, path, 0);
     return parse_manifest(path, text);
 }
 
@@ -266,19 +263,20 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
                                 ": resume with the same number of ranks");
     if (count > 0)
         throw core::ConfigError("--resume: the configuration differs from checkpoint " + m.path +
-                                " in " + std::to_string(count) + " option(s) that change what is "
-                                "trained:" + diffs +
+                                " in " + std::to_string(count) +
+                                " option(s) that change what is "
+                                "trained:" +
+                                diffs +
                                 ". Resume with the original configuration, or start a new run");
 }
 
-void Checkpointer::load(const CheckpointManifest& m, int rank,
-                        torch::serialize::InputArchive& in) {
+void Checkpointer::load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in) {
     const std::string file = rank_file(m.path, rank);
     try {
         in.load_from(file);
     } catch (const c10::Error& e) {
-        throw core::InputError("checkpoint file " + file + " cannot be read: " +
-                               std::string(e.what_without_backtrace()) +
+        throw core::InputError("checkpoint file " + file +
+                               " cannot be read: " + std::string(e.what_without_backtrace()) +
                                " (delete " + m.path + " to resume from an older checkpoint)");
     }
 }
@@ -328,8 +326,7 @@ void save_rng_state(torch::serialize::OutputArchive& out, int cuda_index) {
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
     out.write("rng_cpu", cpu.get_state(), /*is_buffer=*/true);
 #if TRAINSCOPE_HAVE_CUDA
-    if (cuda_index >= 0)
-    {
+    if (cuda_index >= 0) {
         at::Generator cuda =
             at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(cuda_index));
         out.write("rng_cuda", cuda.get_state(), /*is_buffer=*/true);

@@ -1,6 +1,5 @@
-// The classification training loop. Phase boundaries follow DESIGN.md's data flow; the loss stays
-// on the device until a flush or a progress line needs it, so GPU runs are not synchronised per
-// iteration just to log.
+// The classification training step (see classification_trainer.hpp). Phase boundaries follow
+// DESIGN.md's data flow; the TrainingLoop keeps the loss on the device until it resolves it.
 #include "trainscope/train/classification_trainer.hpp"
 
 #include <chrono>
@@ -57,16 +56,6 @@ StateBytes state_bytes(const std::vector<torch::Tensor>& params, torch::optim::O
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-std::string format_duration(double seconds) {
-    if (!std::isfinite(seconds) || seconds < 0) return "?";
-    auto s = static_cast<long long>(seconds + 0.5);
-    std::ostringstream o;
-    if (s >= 3600) o << s / 3600 << "h";
-    if (s >= 60) o << (s % 3600) / 60 << "m";
-    o << s % 60 << "s";
-    return o.str();
-}
-
 } // namespace
 
 struct ClassificationTrainer::State {
@@ -89,13 +78,14 @@ struct ClassificationTrainer::State {
     std::unique_ptr<dist::GradientSynchronizer> sync;
     std::vector<torch::Tensor> params;
     std::vector<torch::Tensor> float_buffers; // batch-norm running statistics
-    std::function<void(const dist::IterationComm&)> on_comm;
     std::shared_ptr<const data::BatchSource> train_source, test_source;
     std::int64_t per_epoch = 0;
-    RunControl* control = nullptr;
-    Checkpointer* checkpointer = nullptr;
     std::int64_t start_iteration = 0; // > 0 after restore()
-    bool interrupted = false;
+    // The epoch's loader and the batch the data phase fetched.
+    std::unique_ptr<data::Loader> loader;
+    std::optional<data::Batch> batch;
+    prof::PhasePeak peak{-1, false};
+    torch::Tensor loss; // this iteration's (undefined on pipeline stages without a loss)
 
     // Replicated state (model, optimizer, scaler) lives in one rank's checkpoint file: rank 0, or
     // under the pipeline the rank of this stage in replica 0 (ranks are stage-major).
@@ -156,7 +146,7 @@ struct ClassificationTrainer::State {
         // ddp: every rank walks the whole training set, each in its own order (seed + rank), as
         // the studies' DDP baseline without a DistributedSampler; ddp-ds: disjoint 1/N shards.
         // pipeline: disjoint shards per replica (every stage of a replica sees the same batches).
-        if (o.strategy == "ddp-ds" || o.strategy == "pipeline")
+        if (o.strategy == Strategy::DdpDs || o.strategy == Strategy::Pipeline)
             return data::DistributedSampler(n, dp_rank, dp_size, /*shuffle=*/true, o.seed,
                                             o.drop_last);
         return data::DistributedSampler(n, 0, 1, /*shuffle=*/true, o.seed + rank, o.drop_last);
@@ -200,7 +190,8 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
             if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
     }
     torch::nn::Module& net = *s.model;
-    if (s.o.strategy == "pipeline") {
+    s.peak = prof::PhasePeak(s.cuda_index(), s.o.accounting);
+    if (s.o.strategy == Strategy::Pipeline) {
         if (!s.o.pipeline)
             throw core::InternalError("ClassificationTrainer: pipeline without its groups");
         const PipelineGroups& g = *s.o.pipeline;
@@ -217,7 +208,7 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     // Augmentation seeds (image folders): one stream per data shard; ddp ranks read the same
     // samples in their own order, so they also augment them differently.
     const std::uint64_t aug_seed =
-        s.o.seed + (s.o.strategy == "ddp" ? static_cast<std::uint64_t>(s.rank) : 0);
+        s.o.seed + (s.o.strategy == Strategy::Ddp ? static_cast<std::uint64_t>(s.rank) : 0);
     s.train_source =
         data::make_batch_source(s.data, data::Split::Train, s.transform, s.o.preprocess, aug_seed);
     s.test_source =
@@ -235,7 +226,7 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
         s.optimizer = std::make_unique<torch::optim::AdamW>(
             params, torch::optim::AdamWOptions(s.o.lr).weight_decay(s.o.weight_decay));
 
-    if (s.o.strategy == "dp" && s.o.dp_devices.size() > 1) {
+    if (s.o.strategy == Strategy::Dp && s.o.dp_devices.size() > 1) {
         if (!s.o.make_replica)
             throw core::InternalError("ClassificationTrainer: dp over several devices needs "
                                       "TrainerOptions::make_replica");
@@ -257,18 +248,10 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
 
 ClassificationTrainer::~ClassificationTrainer() = default;
 
-void ClassificationTrainer::set_run_control(RunControl* control, Checkpointer* checkpointer) {
-    s_->control = control;
-    s_->checkpointer = checkpointer;
-}
-
-bool ClassificationTrainer::interrupted() const {
-    return s_->interrupted;
-}
-
-std::string ClassificationTrainer::save_checkpoint(std::int64_t next_iteration) {
+std::string ClassificationTrainer::save_checkpoint(Checkpointer& checkpointer,
+                                                   std::int64_t next_iteration) {
     State& s = *s_;
-    return s.checkpointer->save(next_iteration, [&](torch::serialize::OutputArchive& out) {
+    return checkpointer.save(next_iteration, [&](torch::serialize::OutputArchive& out) {
         if (s.rank == s.state_source_rank()) {
             torch::serialize::OutputArchive model, optimizer, scaler;
             save_named_tensors(model, *s.model);
@@ -313,289 +296,183 @@ void ClassificationTrainer::set_schedule(const LrSchedule& schedule) {
     s_->o.schedule = schedule;
 }
 
+const LrSchedule& ClassificationTrainer::schedule() const {
+    return s_->o.schedule;
+}
+
 std::int64_t ClassificationTrainer::total_iterations() const {
     const std::int64_t all = s_->per_epoch * s_->o.epochs;
     return s_->o.max_iters > 0 ? std::min(all, s_->o.max_iters) : all;
 }
 
-void ClassificationTrainer::on_iteration_comm(
-    std::function<void(const dist::IterationComm&)> callback) {
-    s_->on_comm = std::move(callback);
+std::int64_t ClassificationTrainer::epochs() const {
+    return s_->o.epochs;
+}
+
+std::int64_t ClassificationTrainer::start_iteration() const {
+    return s_->start_iteration;
 }
 
 const dist::GradientSynchronizer& ClassificationTrainer::synchronizer() const {
     return *s_->sync;
 }
 
-void ClassificationTrainer::run(Recorder* recorder, prof::PhaseTimer& timer,
-                                prof::ProfilerWindow* window) {
+bool ClassificationTrainer::evaluates() const {
+    return s_->o.eval;
+}
+
+void ClassificationTrainer::begin_epoch(std::int64_t epoch, std::int64_t skip) {
     State& s = *s_;
-    const std::int64_t total = total_iterations();
-    const bool on_cuda = s.o.device.is_cuda();
-    const int cuda_index = on_cuda ? s.o.device.index() : -1;
-    const double global_batch = static_cast<double>(s.o.batch_size) * s.dp_size;
-    std::vector<std::pair<std::int64_t, torch::Tensor>> deferred_losses; // resolved at flush
-
-    auto flush = [&] {
-        if (!recorder) return;
-        for (auto& [it, loss] : deferred_losses)
-            recorder->set_loss(it, loss.item<double>());
-        deferred_losses.clear();
-        recorder->flush();
-    };
-
+    s.loader.reset(); // stops the last epoch's workers first
+    data::DistributedSampler sampler = s.make_sampler();
+    sampler.set_epoch(epoch);
+    std::vector<std::int64_t> order = sampler.indices();
     // A resumed run starts inside its epoch, after the batches the checkpoint had trained.
-    std::int64_t iteration = s.start_iteration;
-    const std::int64_t first_epoch = s.per_epoch > 0 ? iteration / s.per_epoch : 0;
-    auto t_log = std::chrono::steady_clock::now();
-    const auto t_begin = t_log;
-    std::int64_t logged_at = iteration;
-    for (std::int64_t epoch = first_epoch; epoch < s.o.epochs && iteration < total && !s.interrupted;
-         ++epoch) {
-        const auto t_epoch = std::chrono::steady_clock::now();
-        data::DistributedSampler sampler = s.make_sampler();
-        sampler.set_epoch(epoch);
-        std::vector<std::int64_t> order = sampler.indices();
-        if (epoch == first_epoch) {
-            const auto done = static_cast<std::size_t>(
-                std::min<std::int64_t>((iteration - epoch * s.per_epoch) * s.o.batch_size,
-                                       static_cast<std::int64_t>(order.size())));
-            order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(done));
-        }
-        data::Loader loader(s.train_source, std::move(order), epoch, s.o.batch_size, s.o.workers,
-                            s.o.prefetch, s.o.pin_memory, s.o.drop_last);
-        s.set_train(true);
-        torch::Tensor loss_sum =
-            torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device));
-        std::int64_t epoch_iters = 0;
-        double epoch_samples = 0;
+    const auto done = static_cast<std::size_t>(
+        std::min<std::int64_t>(skip * s.o.batch_size, static_cast<std::int64_t>(order.size())));
+    order.erase(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(done));
+    s.loader =
+        std::make_unique<data::Loader>(s.train_source, std::move(order), epoch, s.o.batch_size,
+                                       s.o.workers, s.o.prefetch, s.o.pin_memory, s.o.drop_last);
+    s.set_train(true);
+}
 
-        while (iteration < total) {
-            timer.begin_iteration(iteration);
-            if (window) window->begin_iteration(iteration);
-            if (s.control) s.control->begin_iteration(iteration);
-            std::optional<data::Batch> batch;
-            {
-                prof::PhaseScope p(timer, prof::Phase::Data);
-                batch = loader.next();
-            }
-            if (!batch) {
-                timer.cancel_iteration(); // end of epoch: nothing was trained
-                if (window) window->cancel_iteration();
-                break;
-            }
-            const double lr = s.o.schedule.at(iteration);
-            for (auto& group : s.optimizer->param_groups())
-                group.options().set_lr(lr);
+bool ClassificationTrainer::next_batch() {
+    State& s = *s_;
+    s.batch = s.loader->next();
+    return s.batch.has_value();
+}
 
-            torch::Tensor x, y;
-            {
-                prof::PhaseScope p(timer, prof::Phase::H2D);
-                std::tie(x, y) = s.input(*batch); // [B,C,S,S], [B]; device preprocessing here
-            }
-            // Allocator peak of each phase: the CUDA caching allocator's, or on CPU the host
-            // tensor counter's. Both counters are host-side, so reading them does not synchronise.
-            const prof::PhasePeak peak(cuda_index, s.o.accounting);
-            double forward_peak = kNaN, backward_peak = kNaN, optimizer_peak = kNaN;
-            torch::Tensor loss;
-            if (s.engine) {
-                // GPipe: all micro-batch forwards, then all backwards; the synchronizer is armed
-                // before the last micro-batch's backward, so its buckets overlap that backward.
-                s.sync_buffers();
-                timer.start(prof::Phase::Forward);
-                bool in_backward = false;
-                loss = s.engine->step(
-                    x, y, [&] { s.sync->begin_iteration(); }, 0,
-                    [&] {
-                        timer.stop(prof::Phase::Forward);
-                        timer.start(prof::Phase::Backward);
-                        in_backward = true;
-                    });
-                if (!in_backward)
-                    timer.stop(prof::Phase::Forward);
-                else
-                    timer.stop(prof::Phase::Backward);
-            } else {
-                {
-                    prof::PhaseScope p(timer, prof::Phase::Forward);
-                    peak.begin();
-                    s.sync_buffers();
-                    AutocastScope autocast(s.o.precision, s.o.device);
-                    torch::Tensor logits = s.dp ? s.dp->forward(x) : s.model->forward(x); // [B, K]
-                    loss = torch::nn::functional::cross_entropy(logits, y);
-                    if (s.control) inject_fault(*s.control, iteration, loss);
-                    peak.end(forward_peak);
-                }
-                {
-                    prof::PhaseScope p(timer, prof::Phase::Backward);
-                    peak.begin();
-                    s.sync->begin_iteration();
-                    s.scaler->scale(loss).backward();
-                    if (s.dp) s.dp->reduce_gradients();
-                    peak.end(backward_peak);
-                }
-            }
-            // The scale this iteration's backward used (update() below may change it).
-            const double loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
-            Verdict verdict;
-            {
-                prof::PhaseScope p(timer, prof::Phase::CommWait);
-                s.sync->finish();
-                // Every rank decides together: non-finite values (the loss scaler handles its own
-                // inf/NaN steps), a stop signal, a checkpoint due.
-                if (s.control)
-                    verdict = s.control->agree(
-                        iteration, !s.scaler->enabled() && !all_finite(loss, s.params));
-            }
-            if (verdict.nonfinite && !s.control->options().skip_nonfinite) {
-                flush();
-                throw_nonfinite(iteration);
-            }
-            bool stepped = true;
-            {
-                prof::PhaseScope p(timer, prof::Phase::Optimizer);
-                peak.begin();
-                if (verdict.nonfinite) { // run.nonfinite=skip: no rank steps
-                    stepped = false;
-                } else if (s.scaler->enabled()) {
-                    // Gradients are averaged across ranks first, so an inf/NaN on any rank
-                    // reaches all of them and every rank skips the same steps.
-                    stepped = s.scaler->step(*s.optimizer);
-                    s.scaler->update();
-                } else {
-                    s.optimizer->step();
-                }
-                s.optimizer->zero_grad(/*set_to_none=*/false);
-                if (s.dp) s.dp->refresh();
-                peak.end(optimizer_peak);
-            }
-            timer.end_iteration();
-            if (window) window->end_iteration(iteration);
+void ClassificationTrainer::set_lr(double lr) {
+    for (auto& group : s_->optimizer->param_groups())
+        group.options().set_lr(lr);
+}
 
-            // Pipeline: the loss exists on the last stage only.
-            torch::Tensor loss_d =
-                loss.defined()
-                    ? loss.detach().to(torch::kFloat64)
-                    : torch::full({}, kNaN,
-                                  torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device));
-            loss_sum += loss_d;
-            epoch_samples += static_cast<double>(batch->size);
-            ++epoch_iters;
-            if (recorder) {
-                IterationValues v;
-                v.iteration = iteration;
-                v.epoch = epoch;
-                v.samples = static_cast<double>(batch->size);
-                v.lr = lr;
-                v.loss_scale = loss_scale;
-                v.step_skipped = stepped ? 0.0 : 1.0;
-                v.nonfinite_skipped = verdict.nonfinite ? 1.0 : 0.0;
-                if (s.o.accounting) {
-                    // Read late in the iteration: on NCCL it waits for the collectives' end
-                    // events.
-                    const dist::IterationComm c = s.sync->last_iteration();
-                    v.comm_bytes = c.bytes;
-                    v.comm_collective_s = c.collective_s;
-                    if (s.on_comm) s.on_comm(c);
-                    v.memory = prof::sample_memory(cuda_index);
-                    const StateBytes sb = state_bytes(s.params, *s.optimizer);
-                    v.parameter_bytes = sb.parameters;
-                    v.gradient_bytes = sb.gradients;
-                    v.optimizer_state_bytes = sb.optimizer;
-                    prof::fold_phase_peaks(v.memory, cuda_index,
-                                           {forward_peak, backward_peak, optimizer_peak});
-                    v.forward_peak_bytes = forward_peak;
-                    v.backward_peak_bytes = backward_peak;
-                    v.optimizer_peak_bytes = optimizer_peak;
-                } else {
-                    v.comm_bytes = v.comm_collective_s = kNaN;
-                    v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;
-                    v.memory.host_rss_bytes = v.memory.host_peak_rss_bytes = kNaN;
-                }
-                recorder->record_iteration(v);
-                deferred_losses.emplace_back(iteration, loss_d);
-                if (recorder->flush_due()) flush();
-            }
-            ++iteration;
-
-            if (s.o.log_every > 0 && (iteration % s.o.log_every == 0 || iteration == total)) {
-                const auto now = std::chrono::steady_clock::now();
-                const double dt = std::chrono::duration<double>(now - t_log).count();
-                const double rate = dt > 0 ? global_batch * (iteration - logged_at) / dt : 0;
-                const double elapsed = std::chrono::duration<double>(now - t_begin).count();
-                const double eta = elapsed / iteration * (total - iteration);
-                double shown = loss_d.item<double>();
-                if (s.engine) { // the last stage's loss, for rank 0 (stage 0) to print
-                    torch::Tensor t = loss_d.clone();
-                    s.o.pipeline->pipe->broadcast(t, s.o.pipeline->stages - 1);
-                    shown = t.item<double>();
-                }
-                std::ostringstream line;
-                line << "iter " << iteration << "/" << total << "  epoch " << epoch + 1 << "/"
-                     << s.o.epochs << "  loss " << std::fixed << std::setprecision(4) << shown
-                     << "  " << std::setprecision(1) << rate << " samples/s  ETA "
-                     << format_duration(eta);
-                core::log::info() << line.str();
-                t_log = now;
-                logged_at = iteration;
-            }
-            if (s.control) s.control->idle();
-            if (verdict.checkpoint && s.checkpointer && s.checkpointer->enabled()) {
-                if (recorder) flush(); // the file holds every iteration the checkpoint covers
-                s.control->begin_activity("checkpoint write");
-                const auto t0 = std::chrono::steady_clock::now();
-                const std::string dir = save_checkpoint(iteration);
-                s.control->checkpoint_written();
-                s.control->idle();
-                core::log::info() << "checkpoint " << dir << " (resumes at iteration " << iteration
-                                  << ", written in " << std::fixed << std::setprecision(2)
-                                  << std::chrono::duration<double>(
-                                         std::chrono::steady_clock::now() - t0)
-                                         .count()
-                                  << " s)";
-            }
-            if (verdict.stop) {
-                core::log::info() << "signal " << verdict.signal << " received: stopped after "
-                                  << "iteration " << iteration - 1
-                                  << (verdict.checkpoint && s.checkpointer &&
-                                              s.checkpointer->enabled()
-                                          ? " with a checkpoint"
-                                          : " (no checkpoint.dir: nothing to resume from)");
-                s.interrupted = true;
-                break;
-            }
-        }
-        if (s.interrupted) break; // the epoch is incomplete: neither evaluated nor recorded
-
-        EpochValues ev;
-        ev.epoch = epoch;
-        ev.samples = epoch_samples;
-        ev.train_loss =
-            epoch_iters ? loss_sum.item<double>() / static_cast<double>(epoch_iters) : std::nan("");
-        if (s.engine) { // the loss lives on the last stage: every stage records that one
-            torch::Tensor t = torch::full(
-                {}, ev.train_loss,
-                torch::TensorOptions().dtype(torch::kFloat64).device(s.o.pipeline->pipe->device()));
-            s.o.pipeline->pipe->broadcast(t, s.o.pipeline->stages - 1);
-            ev.train_loss = t.item<double>();
-        }
-        if (s.o.eval) {
-            if (s.control) s.control->begin_activity("evaluation");
-            auto [vl, va] = evaluate();
-            if (s.control) s.control->idle();
-            ev.val_loss = vl;
-            ev.val_accuracy = va;
-            core::log::info() << "epoch " << epoch + 1 << "/" << s.o.epochs << "  train_loss "
-                              << ev.train_loss << "  val_loss " << vl << "  val_accuracy "
-                              << std::setprecision(4) << 100.0 * va << "%";
-        } else {
-            ev.val_loss = ev.val_accuracy = std::nan("");
-        }
-        ev.epoch_s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_epoch).count();
-        if (recorder) recorder->record_epoch(ev);
+StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer,
+                                       RunControl* control) {
+    State& s = *s_;
+    StepResult r;
+    torch::Tensor x, y;
+    {
+        prof::PhaseScope p(timer, prof::Phase::H2D);
+        std::tie(x, y) = s.input(*s.batch); // [B,C,S,S], [B]; device preprocessing here
     }
-    flush();
+    // Allocator peak of each phase: the CUDA caching allocator's, or on CPU the host tensor
+    // counter's. Both counters are host-side, so reading them does not synchronise.
+    torch::Tensor loss;
+    if (s.engine) {
+        // GPipe: all micro-batch forwards, then all backwards; the synchronizer is armed before
+        // the last micro-batch's backward, so its buckets overlap that backward.
+        s.sync_buffers();
+        timer.start(prof::Phase::Forward);
+        bool in_backward = false;
+        loss = s.engine->step(
+            x, y, [&] { s.sync->begin_iteration(); }, 0,
+            [&] {
+                timer.stop(prof::Phase::Forward);
+                timer.start(prof::Phase::Backward);
+                in_backward = true;
+            });
+        if (!in_backward)
+            timer.stop(prof::Phase::Forward);
+        else
+            timer.stop(prof::Phase::Backward);
+    } else {
+        {
+            prof::PhaseScope p(timer, prof::Phase::Forward);
+            s.peak.begin();
+            s.sync_buffers();
+            AutocastScope autocast(s.o.precision, s.o.device);
+            torch::Tensor logits = s.dp ? s.dp->forward(x) : s.model->forward(x); // [B, K]
+            loss = torch::nn::functional::cross_entropy(logits, y);
+            if (control) inject_fault(*control, iteration, loss);
+            s.peak.end(r.forward_peak);
+        }
+        {
+            prof::PhaseScope p(timer, prof::Phase::Backward);
+            s.peak.begin();
+            s.sync->begin_iteration();
+            s.scaler->scale(loss).backward();
+            if (s.dp) s.dp->reduce_gradients();
+            s.peak.end(r.backward_peak);
+        }
+    }
+    // The scale this iteration's backward used (the optimizer step may change it).
+    r.loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
+    {
+        prof::PhaseScope p(timer, prof::Phase::CommWait);
+        s.sync->finish();
+    }
+    s.loss = loss;
+    // Pipeline: the loss exists on the last stage only.
+    r.loss = loss.defined()
+                 ? loss.detach().to(torch::kFloat64)
+                 : torch::full({}, kNaN,
+                               torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device));
+    r.samples = static_cast<double>(s.batch->size);
+    return r;
+}
+
+bool ClassificationTrainer::local_nonfinite(const StepResult&) {
+    State& s = *s_;
+    // The loss scaler handles its own inf/NaN steps.
+    return !s.scaler->enabled() && !all_finite(s.loss, s.params);
+}
+
+bool ClassificationTrainer::apply(bool skip, double& optimizer_peak) {
+    State& s = *s_;
+    s.peak.begin();
+    bool stepped = true;
+    if (skip) { // run.nonfinite=skip: no rank steps
+        stepped = false;
+    } else if (s.scaler->enabled()) {
+        // Gradients are averaged across ranks first, so an inf/NaN on any rank reaches all of
+        // them and every rank skips the same steps.
+        stepped = s.scaler->step(*s.optimizer);
+        s.scaler->update();
+    } else {
+        s.optimizer->step();
+    }
+    s.optimizer->zero_grad(/*set_to_none=*/false);
+    if (s.dp) s.dp->refresh();
+    s.peak.end(optimizer_peak);
+    s.loss = torch::Tensor();
+    return stepped;
+}
+
+void ClassificationTrainer::account(IterationValues& v) {
+    State& s = *s_;
+    // Read late in the iteration: on NCCL it waits for the collectives' end events.
+    const dist::IterationComm c = s.sync->last_iteration();
+    v.comm_bytes = c.bytes;
+    v.comm_collective_s = c.collective_s;
+    v.bucket_s = c.bucket_s;
+    v.memory = prof::sample_memory(s.cuda_index());
+    const StateBytes sb = state_bytes(s.params, *s.optimizer);
+    v.parameter_bytes = sb.parameters;
+    v.gradient_bytes = sb.gradients;
+    v.optimizer_state_bytes = sb.optimizer;
+}
+
+void ClassificationTrainer::resolve(std::vector<DeferredStep>& steps) {
+    State& s = *s_;
+    if (steps.empty()) return;
+    std::vector<torch::Tensor> losses;
+    for (const auto& d : steps)
+        losses.push_back(d.loss.reshape({1}));
+    const torch::Tensor mine = torch::cat(losses).cpu(); // [n]: one host read for all of them
+    torch::Tensor shared = mine;
+    if (s.engine) {
+        // The loss exists on the last stage only: every stage shows and averages that one.
+        shared = torch::cat(losses).clone();
+        s.o.pipeline->pipe->broadcast(shared, s.o.pipeline->stages - 1);
+        shared = shared.cpu();
+    }
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+        const auto k = static_cast<std::int64_t>(i);
+        steps[i].loss_value = mine[k].item<double>();
+        steps[i].shared_loss = shared[k].item<double>();
+    }
 }
 
 std::pair<double, double> ClassificationTrainer::evaluate() {
@@ -631,9 +508,13 @@ std::pair<double, double> ClassificationTrainer::evaluate() {
         sums[1] += logits.argmax(1).eq(y).sum().item<double>();
         sums[2] += static_cast<double>(batch->size);
     }
-    MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, s.world);
+    std::vector<double> all(sums, sums + 3);
+    s.comm.allreduce_host(all, dist::ReduceOp::Sum);
     s.set_train(true);
-    if (sums[2] == 0) return {std::nan(""), std::nan("")};
+    if (all[2] == 0) return {std::nan(""), std::nan("")};
+    sums[0] = all[0];
+    sums[1] = all[1];
+    sums[2] = all[2];
     return {sums[0] / sums[2], sums[1] / sums[2]};
 }
 

@@ -1,8 +1,10 @@
-// LLM fine-tuning loop. One iteration = llm.gradient_accumulation micro-batches of
+// LLM fine-tuning step. One iteration = llm.gradient_accumulation micro-batches of
 // train.batch_size sequences on every rank, then one optimizer step:
-//   data (collate all micro-batches) -> per micro-batch: h2d, forward, backward (the synchronizer
-//   armed before the last one, so its bucket allreduces overlap that backward) -> comm_wait
-//   (finish the allreduces; the label-token count is summed over ranks) -> optimizer.
+//   data (the micro-batches, collated ahead by the prefetching loader's threads) -> per
+//   micro-batch: h2d, forward, backward (the synchronizer armed before the last one, so its bucket
+//   allreduces overlap that backward) -> comm_wait (finish the allreduces; the label-token count
+//   is summed over ranks, host-side) -> [control, by the loop] -> optimizer. Losses and DPO rewards
+//   stay on the device until the loop resolves them (one allreduce for all pending iterations).
 // SFT loss (torchtune): the summed token cross-entropy of all micro-batches and ranks divided by
 // their total label tokens. Each backward runs on the micro-batch's summed loss; after the
 // allreduce (which averages over ranks) the gradients are multiplied by world / total tokens.
@@ -22,6 +24,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
+#include "trainscope/data/prefetcher.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/models/fake_quant.hpp"
 #include "trainscope/models/lora.hpp"
@@ -135,12 +138,18 @@ struct LlmTrainer::State {
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<GradScaler> scaler;
     std::int64_t per_epoch = 0;
-    std::function<void(const dist::IterationComm&)> on_comm;
     double frozen_bytes = 0, nf4_bytes = 0; // fixed for the run
-    RunControl* control = nullptr;
-    Checkpointer* checkpointer = nullptr;
-    std::int64_t start_iteration = 0; // > 0 after restore()
-    bool interrupted = false;
+    std::int64_t start_iteration = 0;       // > 0 after restore()
+    // The epoch's prefetching loader (one item = one iteration's micro-batches) and the item the
+    // data phase fetched.
+    std::vector<std::int64_t> order;
+    std::unique_ptr<data::Prefetcher<std::vector<data::TextBatch>>> loader;
+    std::vector<data::TextBatch> micro;
+    prof::PhasePeak peak{-1, false};
+    torch::Tensor loss_acc;            // this iteration's, on the device
+    double comm_bytes = 0, comm_s = 0; // ZeRO's, of this iteration
+    double lr = 0;
+    int cuda_index() const { return o.device.is_cuda() ? o.device.index() : -1; }
 
     std::size_t num_items() const {
         if (o.llm.packed) return packs.size();
@@ -175,6 +184,7 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
                        const data::TextDataset& data, const data::Tokenizer& tokenizer,
                        dist::Communicator& comm, MPI_Comm world)
     : s_(std::make_unique<State>(State{options, std::move(model), data, tokenizer, comm, world})) {
+    s_->peak = prof::PhasePeak(s_->cuda_index(), s_->o.accounting);
     State& s = *s_;
     s.rank = comm.rank();
     s.size = comm.size();
@@ -234,11 +244,17 @@ std::int64_t LlmTrainer::total_iterations() const {
     const std::int64_t all = s_->per_epoch * s_->o.epochs;
     return s_->o.max_iters > 0 ? std::min(all, s_->o.max_iters) : all;
 }
+std::int64_t LlmTrainer::epochs() const {
+    return s_->o.epochs;
+}
+std::int64_t LlmTrainer::start_iteration() const {
+    return s_->start_iteration;
+}
 void LlmTrainer::set_schedule(const LrSchedule& schedule) {
     s_->o.schedule = schedule;
 }
-void LlmTrainer::on_iteration_comm(std::function<void(const dist::IterationComm&)> callback) {
-    s_->on_comm = std::move(callback);
+const LrSchedule& LlmTrainer::schedule() const {
+    return s_->o.schedule;
 }
 const dist::GradientSynchronizer* LlmTrainer::synchronizer() const {
     return s_->sync.get();
@@ -272,337 +288,291 @@ double LlmTrainer::flops_per_token() const {
     return 4.0 * n_matmul + 2.0 * std::min(n_train, n_matmul) + 3.0 * attn;
 }
 
-void LlmTrainer::run(Recorder* recorder, prof::PhaseTimer& timer, prof::ProfilerWindow* window) {
+void LlmTrainer::begin_epoch(std::int64_t epoch, std::int64_t skip) {
+    State& s = *s_;
+    s.loader.reset(); // stops the last epoch's workers first
+    data::DistributedSampler sampler = s.make_sampler();
+    sampler.set_epoch(epoch);
+    s.order = sampler.indices();
+    const std::int64_t accum = s.o.llm.gradient_accumulation, batch = s.o.batch_size;
+    const State* state = &s;
+    // Item j = iteration (skip + j) of the epoch: its accumulation micro-batches, collated.
+    s.loader = std::make_unique<data::Prefetcher<std::vector<data::TextBatch>>>(
+        std::max<std::int64_t>(0, s.per_epoch - skip), s.o.workers, s.o.prefetch,
+        [state, skip, accum, batch](std::int64_t j) {
+            const std::int64_t k = skip + j;
+            std::vector<data::TextBatch> micro;
+            for (std::int64_t a = 0; a < accum; ++a) {
+                const auto first = state->order.begin() + (k * accum + a) * batch;
+                micro.push_back(state->collate({first, first + batch}));
+            }
+            return micro;
+        });
+    s.m.model->train();
+}
+
+bool LlmTrainer::next_batch() {
+    State& s = *s_;
+    std::optional<std::vector<data::TextBatch>> item = s.loader->next();
+    if (!item) return false;
+    s.micro = std::move(*item);
+    return true;
+}
+
+void LlmTrainer::set_lr(double lr) {
+    State& s = *s_;
+    if (s.optimizer)
+        for (auto& group : s.optimizer->param_groups())
+            group.options().set_lr(lr);
+    s.lr = lr;
+}
+
+StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, RunControl* control) {
     State& s = *s_;
     const LlmOptions& l = s.o.llm;
-    const std::int64_t total = total_iterations();
-    const int cuda_index = s.o.device.is_cuda() ? s.o.device.index() : -1;
     const bool dpo = l.method == LlmMethod::Dpo;
     const std::int64_t accum = l.gradient_accumulation;
     auto& model = *s.m.model;
-    model.train();
+    if (l.method == LlmMethod::Qat && l.qat_start_step > 0 && iteration == l.qat_start_step)
+        models::set_qat_enabled(model, true);
 
-    std::int64_t iteration = s.start_iteration; // > 0 when resumed
-    const std::int64_t first_epoch = s.per_epoch > 0 ? iteration / s.per_epoch : 0;
-    auto t_log = std::chrono::steady_clock::now();
-    std::int64_t logged_at = iteration;
-    double tokens_since_log = 0;
-    for (std::int64_t epoch = first_epoch; epoch < s.o.epochs && iteration < total && !s.interrupted;
-         ++epoch) {
-        const auto t_epoch = std::chrono::steady_clock::now();
-        data::DistributedSampler sampler = s.make_sampler();
-        sampler.set_epoch(epoch);
-        const std::vector<std::int64_t> order = sampler.indices();
-        double loss_sum = 0, epoch_samples = 0;
-        std::int64_t epoch_iters = 0;
-        for (std::int64_t k = epoch == first_epoch ? iteration - epoch * s.per_epoch : 0;
-             k < s.per_epoch && iteration < total; ++k) {
-            timer.begin_iteration(iteration);
-            if (window) window->begin_iteration(iteration);
-            if (s.control) s.control->begin_iteration(iteration);
-            const double lr = s.o.schedule.at(iteration);
-            if (s.optimizer)
-                for (auto& group : s.optimizer->param_groups())
-                    group.options().set_lr(lr);
-            if (l.method == LlmMethod::Qat && l.qat_start_step > 0 && iteration == l.qat_start_step)
-                models::set_qat_enabled(model, true);
-
-            std::vector<data::TextBatch> micro;
-            {
-                prof::PhaseScope p(timer, prof::Phase::Data);
-                for (std::int64_t a = 0; a < accum; ++a) {
-                    const auto first = order.begin() + (k * accum + a) * s.o.batch_size;
-                    micro.push_back(s.collate({first, first + s.o.batch_size}));
-                }
-            }
-            double tokens = 0, label_tokens = 0, padded = 0, cells = 0;
-            double len_max = 0, len_min = std::numeric_limits<double>::infinity(), sequences = 0;
-            for (const auto& b : micro) {
-                tokens += static_cast<double>(b.tokens);
-                label_tokens += static_cast<double>(b.label_tokens);
-                padded += static_cast<double>(b.padded_tokens);
-                cells += static_cast<double>(b.input_ids.numel());
-                len_max = std::max(len_max, static_cast<double>(b.max_len));
-                len_min = std::min(len_min, static_cast<double>(b.min_len));
-                sequences += static_cast<double>(b.input_ids.size(0));
-            }
-
-            // Allocator peak per phase (CUDA caching allocator, or the host tensor counter on
-            // CPU); forward and backward repeat per micro-batch and keep their largest peak.
-            const prof::PhasePeak peak(cuda_index, s.o.accounting);
-            double forward_peak = kNaN, backward_peak = kNaN, optimizer_peak = kNaN;
-            if (s.zero) s.zero->zero_grad();
-            torch::Tensor loss_acc = torch::zeros({}, torch::kFloat64);
-            double dpo_vals[4] = {0, 0, 0, 0}; // chosen, rejected, margin, accuracy (sums)
-            for (std::int64_t a = 0; a < accum; ++a) {
-                data::TextBatch& b = micro[static_cast<std::size_t>(a)];
-                torch::Tensor ids, labels, pos, seg;
-                {
-                    prof::PhaseScope p(timer, prof::Phase::H2D);
-                    ids = b.input_ids.to(s.o.device);
-                    labels = b.labels.to(s.o.device);
-                    pos = b.position_ids.to(s.o.device);
-                    if (b.segment_ids.defined()) seg = b.segment_ids.to(s.o.device);
-                }
-                torch::Tensor loss;
-                {
-                    prof::PhaseScope p(timer, prof::Phase::Forward);
-                    peak.begin();
-                    if (dpo) {
-                        const std::int64_t pairs = ids.size(0) / 2;
-                        torch::Tensor ref_c, ref_r;
-                        {
-                            // The reference: the same model with its adapters switched off.
-                            torch::NoGradGuard no_grad;
-                            models::set_adapters_enabled(model, false);
-                            AutocastScope autocast(s.o.precision, s.o.device);
-                            const torch::Tensor logp =
-                                sequence_log_probs(model.forward(ids, pos), labels);
-                            models::set_adapters_enabled(model, true);
-                            ref_c = logp.narrow(0, 0, pairs);
-                            ref_r = logp.narrow(0, pairs, pairs);
-                        }
-                        AutocastScope autocast(s.o.precision, s.o.device);
-                        const torch::Tensor logp =
-                            sequence_log_probs(model.forward(ids, pos), labels);
-                        DpoLoss d = dpo_loss(logp.narrow(0, 0, pairs), logp.narrow(0, pairs, pairs),
-                                             ref_c, ref_r, l.dpo_beta, l.dpo_label_smoothing);
-                        loss = d.loss / static_cast<double>(accum);
-                        dpo_vals[0] += d.chosen_rewards.mean().item<double>();
-                        dpo_vals[1] += d.rejected_rewards.mean().item<double>();
-                        dpo_vals[2] += d.reward_margin();
-                        dpo_vals[3] += d.reward_accuracy();
-                        loss_acc +=
-                            d.loss.detach().to(torch::kFloat64).cpu() / static_cast<double>(accum);
-                    } else {
-                        AutocastScope autocast(s.o.precision, s.o.device);
-                        loss = causal_lm_loss_sum(model.forward(ids, pos, seg), labels);
-                        if (s.control) inject_fault(*s.control, iteration, loss);
-                        loss_acc += loss.detach().to(torch::kFloat64).cpu();
-                    }
-                    peak.end(forward_peak);
-                }
-                {
-                    prof::PhaseScope p(timer, prof::Phase::Backward);
-                    peak.begin();
-                    if (a == accum - 1 && s.sync) s.sync->begin_iteration();
-                    s.scaler->scale(loss).backward();
-                    peak.end(backward_peak);
-                }
-            }
-
-            // Exposed communication: finish the gradient allreduce (or ZeRO's reduce-scatter)
-            // and, for SFT, agree on the label-token count of the global batch.
-            double global_label_tokens = label_tokens;
-            double comm_bytes = 0, comm_s = 0;
-            Verdict verdict;
-            {
-                prof::PhaseScope p(timer, prof::Phase::CommWait);
-                if (!dpo) {
-                    torch::Tensor n = torch::full({1}, label_tokens, torch::kFloat64);
-                    if (s.comm.device().is_cuda()) n = n.to(s.comm.device());
-                    s.comm.allreduce(n, dist::ReduceOp::Sum);
-                    global_label_tokens = n.cpu().item<double>();
-                }
-                // torchtune's normalisation: sum over all tokens / all label tokens. The
-                // synchronizer averaged over ranks, hence the factor world / tokens.
-                const double scale =
-                    dpo ? 1.0 : (global_label_tokens > 0 ? s.size / global_label_tokens : 0.0);
-                if (s.sync) {
-                    s.sync->finish();
-                    if (scale != 1.0) {
-                        torch::NoGradGuard no_grad;
-                        for (auto& t : s.m.trainable)
-                            if (t.grad().defined()) t.mutable_grad().mul_(scale);
-                    }
-                } else {
-                    comm_s = s.zero->reduce_gradients(scale);
-                    comm_bytes = s.zero->bytes_per_iteration();
-                }
-                // All ranks decide together (run_control.hpp); the loss scaler handles its own
-                // inf/NaN steps.
-                if (s.control) {
-                    bool bad = false;
-                    if (!s.scaler->enabled()) {
-                        bad = !std::isfinite(loss_acc.item<double>()) ||
-                              (s.zero ? !s.zero->shard_gradients_finite()
-                                      : !all_finite(torch::Tensor(), s.m.trainable));
-                    }
-                    verdict = s.control->agree(iteration, bad);
-                }
-            }
-            if (verdict.nonfinite && !s.control->options().skip_nonfinite) {
-                if (recorder) recorder->flush();
-                throw_nonfinite(iteration);
-            }
-            const double loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
-            bool stepped = true;
-            {
-                prof::PhaseScope p(timer, prof::Phase::Optimizer);
-                peak.begin();
-                if (verdict.nonfinite) { // run.nonfinite=skip: no rank steps
-                    stepped = false;
-                    if (s.optimizer) s.optimizer->zero_grad(/*set_to_none=*/false);
-                } else if (s.zero) {
-                    s.zero->step(lr);
-                } else {
-                    if (s.scaler->enabled()) {
-                        stepped = s.scaler->step(*s.optimizer);
-                        s.scaler->update();
-                    } else {
-                        s.optimizer->step();
-                    }
-                    s.optimizer->zero_grad(/*set_to_none=*/false);
-                }
-                peak.end(optimizer_peak);
-            }
-            timer.end_iteration();
-            if (window) window->end_iteration(iteration);
-
-            // The iteration's loss: SFT = token-mean over the global batch; DPO = mean over
-            // micro-batches, averaged over ranks.
-            double loss_value = loss_acc.item<double>();
-            {
-                double v[2] = {loss_value, dpo ? 1.0 : 0.0};
-                MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, s.world);
-                loss_value = dpo ? v[0] / s.size
-                                 : (global_label_tokens > 0 ? v[0] / global_label_tokens : kNaN);
-            }
-            loss_sum += loss_value;
-            epoch_samples += sequences;
-            ++epoch_iters;
-            tokens_since_log += tokens;
-            if (recorder) {
-                IterationValues v;
-                v.iteration = iteration;
-                v.epoch = epoch;
-                v.loss = loss_value;
-                v.samples = dpo ? sequences / 2 : sequences;
-                v.tokens = tokens;
-                v.label_tokens = label_tokens;
-                v.lr = lr;
-                v.loss_scale = loss_scale;
-                v.step_skipped = stepped ? 0.0 : 1.0;
-                v.nonfinite_skipped = verdict.nonfinite ? 1.0 : 0.0;
-                v.extra.assign(kExtraCount, kNaN);
-                v.extra[kPaddingFraction] = cells > 0 ? padded / cells : 0.0;
-                v.extra[kSeqLenMax] = len_max;
-                v.extra[kSeqLenMin] = len_min;
-                v.extra[kSequences] = sequences;
-                if (dpo) {
-                    for (int i = 0; i < 4; ++i)
-                        v.extra[kDpoRewardChosen + i] = dpo_vals[i] / static_cast<double>(accum);
-                }
-                v.extra[kQatEnabled] =
-                    l.method == LlmMethod::Qat ? (iteration >= l.qat_start_step ? 1.0 : 0.0) : kNaN;
-                if (s.o.accounting) {
-                    if (s.sync) {
-                        const dist::IterationComm c = s.sync->last_iteration();
-                        comm_bytes = c.bytes;
-                        comm_s = c.collective_s;
-                        if (s.on_comm) s.on_comm(c);
-                    }
-                    v.comm_bytes = comm_bytes;
-                    v.comm_collective_s = comm_s;
-                    v.memory = prof::sample_memory(cuda_index);
-                    prof::fold_phase_peaks(v.memory, cuda_index,
-                                           {forward_peak, backward_peak, optimizer_peak});
-                    v.forward_peak_bytes = forward_peak;
-                    v.backward_peak_bytes = backward_peak;
-                    v.optimizer_peak_bytes = optimizer_peak;
-                    double params = 0, grads = 0, state = 0;
-                    for (const auto& t : s.m.trainable) {
-                        params += bytes_of(t);
-                        grads += bytes_of(t.grad());
-                    }
-                    if (s.zero) {
-                        grads = s.zero->gradient_bytes();
-                        state = s.zero->optimizer_state_bytes();
-                    } else {
-                        for (const auto& [key, st] : s.optimizer->state())
-                            if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(st.get()))
-                                state += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq());
-                            else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(st.get()))
-                                state += bytes_of(g->momentum_buffer());
-                    }
-                    v.parameter_bytes = params + s.frozen_bytes + s.nf4_bytes;
-                    v.gradient_bytes = grads;
-                    v.optimizer_state_bytes = state;
-                    v.extra[kFrozenWeightBytes] = s.frozen_bytes;
-                    v.extra[kNf4WeightBytes] = s.nf4_bytes;
-                    v.extra[kTrainableWeightBytes] = params;
-                } else {
-                    v.comm_bytes = v.comm_collective_s = kNaN;
-                    v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;
-                    v.memory.host_rss_bytes = v.memory.host_peak_rss_bytes = kNaN;
-                }
-                recorder->record_iteration(v);
-                if (recorder->flush_due()) recorder->flush();
-            }
-            ++iteration;
-            if (s.o.log_every > 0 && (iteration % s.o.log_every == 0 || iteration == total)) {
-                const auto now = std::chrono::steady_clock::now();
-                const double dt = std::chrono::duration<double>(now - t_log).count();
-                double all_tokens = tokens_since_log;
-                MPI_Allreduce(MPI_IN_PLACE, &all_tokens, 1, MPI_DOUBLE, MPI_SUM, s.world);
-                std::ostringstream line;
-                line << "iter " << iteration << "/" << total << "  epoch " << epoch + 1 << "/"
-                     << s.o.epochs << "  loss " << std::fixed << std::setprecision(4) << loss_value
-                     << "  lr " << std::scientific << std::setprecision(2) << lr << "  "
-                     << std::fixed << std::setprecision(0) << (dt > 0 ? all_tokens / dt : 0.0)
-                     << " tokens/s";
-                if (dpo)
-                    line << "  reward acc " << std::setprecision(2)
-                         << dpo_vals[3] / static_cast<double>(accum);
-                core::log::info() << line.str();
-                t_log = now;
-                logged_at = iteration;
-                tokens_since_log = 0;
-            }
-            if (s.control) s.control->idle();
-            if (verdict.checkpoint && s.checkpointer && s.checkpointer->enabled()) {
-                if (recorder) recorder->flush();
-                s.control->begin_activity("checkpoint write");
-                const std::string dir = save_checkpoint(iteration);
-                s.control->checkpoint_written();
-                s.control->idle();
-                core::log::info() << "checkpoint " << dir << " (resumes at iteration " << iteration
-                                  << ")";
-            }
-            if (verdict.stop) {
-                core::log::info() << "signal " << verdict.signal << " received: stopped after "
-                                  << "iteration " << iteration - 1;
-                s.interrupted = true;
-                break;
-            }
-        }
-        if (s.interrupted) break; // the epoch is incomplete: not recorded
-        EpochValues ev;
-        ev.epoch = epoch;
-        ev.samples = epoch_samples;
-        ev.train_loss = epoch_iters ? loss_sum / static_cast<double>(epoch_iters) : kNaN;
-        ev.val_loss = ev.val_accuracy = kNaN;
-        ev.epoch_s =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_epoch).count();
-        if (recorder) recorder->record_epoch(ev);
+    StepResult r;
+    double tokens = 0, label_tokens = 0, padded = 0, cells = 0;
+    double len_max = 0, len_min = std::numeric_limits<double>::infinity(), sequences = 0;
+    for (const auto& b : s.micro) {
+        tokens += static_cast<double>(b.tokens);
+        label_tokens += static_cast<double>(b.label_tokens);
+        padded += static_cast<double>(b.padded_tokens);
+        cells += static_cast<double>(b.input_ids.numel());
+        len_max = std::max(len_max, static_cast<double>(b.max_len));
+        len_min = std::min(len_min, static_cast<double>(b.min_len));
+        sequences += static_cast<double>(b.input_ids.size(0));
     }
-    (void)logged_at;
-    if (recorder) recorder->flush();
+
+    // Allocator peak per phase (CUDA caching allocator, or the host tensor counter on CPU);
+    // forward and backward repeat per micro-batch and keep their largest peak.
+    if (s.zero) s.zero->zero_grad();
+    const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device);
+    torch::Tensor loss_acc = torch::zeros({}, f64);
+    // DPO, summed over micro-batches: chosen and rejected rewards, margin, accuracy.
+    torch::Tensor dpo_vals = dpo ? torch::zeros({4}, f64) : torch::Tensor();
+    for (std::int64_t a = 0; a < accum; ++a) {
+        data::TextBatch& b = s.micro[static_cast<std::size_t>(a)];
+        torch::Tensor ids, labels, pos, seg;
+        {
+            prof::PhaseScope p(timer, prof::Phase::H2D);
+            ids = b.input_ids.to(s.o.device);
+            labels = b.labels.to(s.o.device);
+            pos = b.position_ids.to(s.o.device);
+            if (b.segment_ids.defined()) seg = b.segment_ids.to(s.o.device);
+        }
+        torch::Tensor loss;
+        {
+            prof::PhaseScope p(timer, prof::Phase::Forward);
+            s.peak.begin();
+            if (dpo) {
+                const std::int64_t pairs = ids.size(0) / 2;
+                torch::Tensor ref_c, ref_r;
+                {
+                    // The reference: the same model with its adapters switched off.
+                    torch::NoGradGuard no_grad;
+                    models::set_adapters_enabled(model, false);
+                    AutocastScope autocast(s.o.precision, s.o.device);
+                    const torch::Tensor logp = sequence_log_probs(model.forward(ids, pos), labels);
+                    models::set_adapters_enabled(model, true);
+                    ref_c = logp.narrow(0, 0, pairs);
+                    ref_r = logp.narrow(0, pairs, pairs);
+                }
+                AutocastScope autocast(s.o.precision, s.o.device);
+                const torch::Tensor logp = sequence_log_probs(model.forward(ids, pos), labels);
+                DpoLoss d = dpo_loss(logp.narrow(0, 0, pairs), logp.narrow(0, pairs, pairs), ref_c,
+                                     ref_r, l.dpo_beta, l.dpo_label_smoothing);
+                loss = d.loss / static_cast<double>(accum);
+                if (control) inject_fault(*control, iteration, loss);
+                {
+                    torch::NoGradGuard no_grad;
+                    const torch::Tensor c = d.chosen_rewards.detach().to(torch::kFloat64);
+                    const torch::Tensor rj = d.rejected_rewards.detach().to(torch::kFloat64);
+                    dpo_vals += torch::stack({c.mean(), rj.mean(), (c - rj).mean(),
+                                              (c > rj).to(torch::kFloat64).mean()});
+                }
+            } else {
+                AutocastScope autocast(s.o.precision, s.o.device);
+                loss = causal_lm_loss_sum(model.forward(ids, pos, seg), labels);
+                if (control) inject_fault(*control, iteration, loss);
+            }
+            loss_acc += loss.detach().to(torch::kFloat64);
+            s.peak.end(r.forward_peak);
+        }
+        {
+            prof::PhaseScope p(timer, prof::Phase::Backward);
+            s.peak.begin();
+            if (a == accum - 1 && s.sync) s.sync->begin_iteration();
+            s.scaler->scale(loss).backward();
+            s.peak.end(r.backward_peak);
+        }
+    }
+
+    // Exposed communication: finish the gradient allreduce (or ZeRO's reduce-scatter) and, for
+    // SFT, sum the label-token count of the global batch (host-side: the collated batches know
+    // their counts, so no device value is read).
+    double global_label_tokens = label_tokens;
+    s.comm_bytes = s.comm_s = 0;
+    {
+        prof::PhaseScope p(timer, prof::Phase::CommWait);
+        if (!dpo) {
+            std::vector<double> n = {label_tokens};
+            s.comm.allreduce_host(n, dist::ReduceOp::Sum);
+            global_label_tokens = n[0];
+        }
+        // torchtune's normalisation: sum over all tokens / all label tokens. The synchronizer
+        // averaged over ranks, hence the factor world / tokens.
+        const double scale =
+            dpo ? 1.0 : (global_label_tokens > 0 ? s.size / global_label_tokens : 0.0);
+        if (s.sync) {
+            s.sync->finish();
+            if (scale != 1.0) {
+                torch::NoGradGuard no_grad;
+                for (auto& t : s.m.trainable)
+                    if (t.grad().defined()) t.mutable_grad().mul_(scale);
+            }
+        } else {
+            s.comm_s = s.zero->reduce_gradients(scale);
+            s.comm_bytes = s.zero->bytes_per_iteration();
+        }
+    }
+    r.loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
+    s.loss_acc = loss_acc;
+    // Resolved later: SFT = summed token loss / global label tokens (the count rides along);
+    // DPO = this rank's mean over micro-batches averaged over ranks, plus this rank's rewards.
+    r.loss = loss_acc;
+    r.metrics =
+        dpo ? dpo_vals / static_cast<double>(accum) : torch::full({1}, global_label_tokens, f64);
+    r.samples = dpo ? sequences / 2 : sequences;
+    r.tokens = tokens;
+    r.label_tokens = label_tokens;
+    r.extra.assign(kExtraCount, kNaN);
+    r.extra[kPaddingFraction] = cells > 0 ? padded / cells : 0.0;
+    r.extra[kSeqLenMax] = len_max;
+    r.extra[kSeqLenMin] = len_min;
+    r.extra[kSequences] = sequences;
+    r.extra[kQatEnabled] =
+        l.method == LlmMethod::Qat ? (iteration >= l.qat_start_step ? 1.0 : 0.0) : kNaN;
+    return r;
 }
 
-void LlmTrainer::set_run_control(RunControl* control, Checkpointer* checkpointer) {
-    s_->control = control;
-    s_->checkpointer = checkpointer;
-}
-
-bool LlmTrainer::interrupted() const {
-    return s_->interrupted;
-}
-
-std::string LlmTrainer::save_checkpoint(std::int64_t next_iteration) {
+bool LlmTrainer::local_nonfinite(const StepResult&) {
     State& s = *s_;
-    const int cuda_index = s.o.device.is_cuda() ? s.o.device.index() : -1;
-    return s.checkpointer->save(next_iteration, [&](torch::serialize::OutputArchive& out) {
+    // The loss scaler handles its own inf/NaN steps.
+    if (s.scaler->enabled()) return false;
+    if (s.zero) return !all_finite(s.loss_acc, {}) || !s.zero->shard_gradients_finite();
+    return !all_finite(s.loss_acc, s.m.trainable);
+}
+
+bool LlmTrainer::apply(bool skip, double& optimizer_peak) {
+    State& s = *s_;
+    s.peak.begin();
+    bool stepped = true;
+    if (skip) { // run.nonfinite=skip: no rank steps
+        stepped = false;
+        if (s.optimizer) s.optimizer->zero_grad(/*set_to_none=*/false);
+    } else if (s.zero) {
+        s.zero->step(s.lr);
+    } else {
+        if (s.scaler->enabled()) {
+            stepped = s.scaler->step(*s.optimizer);
+            s.scaler->update();
+        } else {
+            s.optimizer->step();
+        }
+        s.optimizer->zero_grad(/*set_to_none=*/false);
+    }
+    s.peak.end(optimizer_peak);
+    return stepped;
+}
+
+void LlmTrainer::account(IterationValues& v) {
+    State& s = *s_;
+    v.comm_bytes = s.comm_bytes;
+    v.comm_collective_s = s.comm_s;
+    if (s.sync) {
+        const dist::IterationComm c = s.sync->last_iteration();
+        v.comm_bytes = c.bytes;
+        v.comm_collective_s = c.collective_s;
+        v.bucket_s = c.bucket_s;
+    }
+    v.memory = prof::sample_memory(s.cuda_index());
+    double params = 0, grads = 0, state = 0;
+    for (const auto& t : s.m.trainable) {
+        params += bytes_of(t);
+        grads += bytes_of(t.grad());
+    }
+    if (s.zero) {
+        grads = s.zero->gradient_bytes();
+        state = s.zero->optimizer_state_bytes();
+    } else {
+        for (const auto& [key, st] : s.optimizer->state())
+            if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(st.get()))
+                state += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq());
+            else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(st.get()))
+                state += bytes_of(g->momentum_buffer());
+    }
+    v.parameter_bytes = params + s.frozen_bytes + s.nf4_bytes;
+    v.gradient_bytes = grads;
+    v.optimizer_state_bytes = state;
+    v.extra[kFrozenWeightBytes] = s.frozen_bytes;
+    v.extra[kNf4WeightBytes] = s.nf4_bytes;
+    v.extra[kTrainableWeightBytes] = params;
+}
+
+void LlmTrainer::resolve(std::vector<DeferredStep>& steps) {
+    State& s = *s_;
+    if (steps.empty()) return;
+    const bool dpo = s.o.llm.method == LlmMethod::Dpo;
+    // This rank's losses of every pending iteration, summed over ranks in one allreduce; then
+    // one host read.
+    std::vector<torch::Tensor> losses, metrics;
+    for (const auto& d : steps) {
+        losses.push_back(d.loss.reshape({1}));
+        metrics.push_back(d.metrics.reshape({1, -1}));
+    }
+    torch::Tensor sum = torch::cat(losses); // [n]
+    s.comm.allreduce(sum, dist::ReduceOp::Sum);
+    const torch::Tensor all = sum.cpu();
+    const torch::Tensor m = torch::cat(metrics).cpu(); // [n, 1] label tokens or [n, 4] rewards
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+        const auto k = static_cast<std::int64_t>(i);
+        const double total = all[k].item<double>();
+        double value = kNaN;
+        if (dpo) {
+            value = total / s.size;
+            steps[i].metric_values.clear();
+            for (std::int64_t j = 0; j < 4; ++j)
+                steps[i].metric_values.push_back(m[k][j].item<double>());
+        } else {
+            const double n = m[k][0].item<double>();
+            value = n > 0 ? total / n : kNaN;
+        }
+        steps[i].loss_value = steps[i].shared_loss = value;
+    }
+}
+
+std::vector<int> LlmTrainer::metric_columns() const {
+    if (s_->o.llm.method != LlmMethod::Dpo) return {};
+    return {kDpoRewardChosen, kDpoRewardRejected, kDpoRewardMargin, kDpoRewardAccuracy};
+}
+
+std::string LlmTrainer::progress_suffix(const DeferredStep& d) const {
+    if (s_->o.llm.method != LlmMethod::Dpo || d.metric_values.size() < 4) return "";
+    std::ostringstream o;
+    o << "  reward acc " << std::fixed << std::setprecision(2) << d.metric_values[3];
+    return o.str();
+}
+
+std::string LlmTrainer::save_checkpoint(Checkpointer& checkpointer, std::int64_t next_iteration) {
+    State& s = *s_;
+    const int cuda_index = s.cuda_index();
+    return checkpointer.save(next_iteration, [&](torch::serialize::OutputArchive& out) {
         // Trainable weights, optimizer and scaler are the same on every rank: rank 0 writes them.
         // ZeRO's optimizer state is sharded: every rank writes its shard.
         if (s.rank == 0) {

@@ -100,9 +100,26 @@ void Recorder::record_iteration(const IterationValues& v) {
     ++since_flush_;
 }
 
+void Recorder::declare_buckets(const std::vector<std::size_t>& bytes) {
+    buckets_ = bytes.size();
+    if (bytes.empty()) return;
+    std::vector<io::Column> columns;
+    for (std::size_t k = 0; k < bytes.size(); ++k)
+        columns.push_back({"bucket_" + std::to_string(k) + "_s", "s"});
+    file_.declare_series("/comm/buckets", columns);
+    file_.write_vector("/comm/buckets/bytes", std::vector<double>(bytes.begin(), bytes.end()), "B");
+}
+
 void Recorder::set_loss(std::int64_t iteration, double loss) {
     auto it = pending_.find(iteration);
     if (it != pending_.end()) it->second.loss = loss;
+}
+
+void Recorder::set_extra(std::int64_t iteration, int column, double value) {
+    auto it = pending_.find(iteration);
+    if (it != pending_.end() && column >= 0 &&
+        static_cast<std::size_t>(column) < it->second.extra.size())
+        it->second.extra[static_cast<std::size_t>(column)] = value;
 }
 
 void Recorder::record_epoch(const EpochValues& v) {
@@ -160,6 +177,8 @@ void Recorder::flush() {
                                v.label_tokens});
         row.insert(row.end(), v.extra.begin(), v.extra.end());
         file_.append("iterations", row);
+        if (buckets_ > 0 && v.bucket_s.size() == buckets_)
+            file_.append("/comm/buckets", v.bucket_s);
         nonfinite_skipped_ += v.nonfinite_skipped;
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
         if (!std::isnan(m.host_tensor_peak_bytes))

@@ -203,12 +203,18 @@ Verdict RunControl::agree(std::int64_t iteration, bool local_nonfinite) {
                     .count() >= o_.checkpoint_every_s)
             flags[2] = 1;
     }
-    MPI_Allreduce(MPI_IN_PLACE, flags, 3, MPI_INT, MPI_MAX, world_);
+    // Control traffic goes through the run's communicator (host-side on every backend); tests
+    // without one use the world directly.
+    std::vector<double> all(flags, flags + 3);
+    if (comm_)
+        comm_->allreduce_host(all, dist::ReduceOp::Max);
+    else
+        MPI_Allreduce(MPI_IN_PLACE, all.data(), 3, MPI_DOUBLE, MPI_MAX, world_);
     Verdict v;
-    v.nonfinite = flags[0] != 0;
-    v.signal = flags[1];
-    v.stop = flags[1] != 0;
-    v.checkpoint = flags[2] != 0 || (v.stop && o_.checkpointing);
+    v.nonfinite = all[0] != 0;
+    v.signal = static_cast<int>(all[1]);
+    v.stop = all[1] != 0;
+    v.checkpoint = all[2] != 0 || (v.stop && o_.checkpointing);
     return v;
 }
 
@@ -232,8 +238,9 @@ void RunControl::watch() {
             const std::string failure = comm_->poll_async_error();
             lock.lock();
             if (!failure.empty())
-                abort_world("watchdog: " + failure + "; aborting the job so that no rank waits "
-                                                     "forever");
+                abort_world("watchdog: " + failure +
+                            "; aborting the job so that no rank waits "
+                            "forever");
         }
         if (!armed_ || o_.iteration_timeout_s <= 0) continue;
         const double waited = duration<double>(steady_clock::now() - since_).count();

@@ -6,17 +6,14 @@
 
 #include <torch/torch.h>
 
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
-#include <thread>
 #include <vector>
 
 #include "trainscope/data/datasets.hpp"
+#include "trainscope/data/prefetcher.hpp"
 
 namespace trainscope::data {
 
@@ -96,32 +93,15 @@ class Loader {
     bool pinned() const { return pin_; }
 
   private:
-    struct Slot {
-        std::optional<Batch> batch;
-        std::exception_ptr error;
-        bool ready = false;
-    };
-
     Batch build(std::int64_t k) const; // batch k from the source
-    void work();                       // worker thread body
 
     std::shared_ptr<const BatchSource> source_;
     std::vector<std::int64_t> indices_;
     std::int64_t epoch_;
     std::int64_t batch_size_;
-    std::int64_t num_batches_;
-    int prefetch_;
-    bool pin_;
-
-    std::mutex mutex_;
-    std::condition_variable work_cv_;  // workers: a slot became free, or stop
-    std::condition_variable ready_cv_; // next(): a batch became ready
-    std::vector<Slot> ring_;           // batch k lives in ring_[k % prefetch]
-    std::int64_t next_build_ = 0;      // next batch index a worker claims
-    std::int64_t next_pop_ = 0;        // next batch index next() returns
-    bool stop_ = false;
-    std::exception_ptr failed_; // sticky after the first error
-    std::vector<std::thread> threads_;
+    std::int64_t num_batches_ = 0;
+    bool pin_ = false;
+    std::unique_ptr<Prefetcher<Batch>> ring_; // last member: its workers stop first
 };
 
 } // namespace trainscope::data

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace trainscope::dist {
 
@@ -67,6 +68,12 @@ class Communicator {
     // be exact (callers pad), as MPI_Reduce_scatter_block and ncclReduceScatter require.
     virtual void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) = 0;
     virtual void barrier() = 0;
+    // Host-side control traffic: a few numbers (flags, counts) that must neither wait for nor
+    // synchronise with the device, e.g. the ranks' per-iteration stop/checkpoint agreement. In
+    // place over `values` (Sum, Max or Min; Average divides the sum). MPI: the blocking allreduce
+    // on the caller's thread. NCCL: an MPI allreduce over a duplicate of the MPI communicator NCCL
+    // was bootstrapped from, so it never touches a CUDA stream.
+    virtual void allreduce_host(std::vector<double>& values, ReduceOp op) = 0;
 
     // Point-to-point (pipeline stages), blocking like the collectives above. Not collective: only
     // the two ranks take part. send's tensor and the peer's recv tensor must be contiguous with the

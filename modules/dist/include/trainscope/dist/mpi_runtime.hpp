@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "trainscope/core/mpi_util.hpp"
+
 namespace trainscope::dist {
 
 // The thread level trainscope asks MPI for: MPI_THREAD_SERIALIZED. The MPI communicator's progress
@@ -47,17 +49,8 @@ std::string thread_level_name(int level);
 // First line of MPI_Get_library_version, e.g. "Open MPI v4.1.4, package: ...".
 std::string mpi_library_version();
 
-// Runs `fn` on every rank of `comm`, then agrees (one MPI_Allgather) on whether any rank threw.
-// - nobody threw: returns normally;
-// - this rank threw: rethrows its own error, marked collective (a std::exception that is not a
-//   core::Error becomes a core::InternalError with the same message);
-// - another rank threw: throws an error of the *same kind* as the lowest failing rank's (so every
-//   rank exits with the same code), marked collective, whose message is
-//   "rank k failed: <first line of rank k's message>" ("ranks 1, 3 failed; rank 1: ..." if
-//   several).
-// Use it around configuration, data and output checks, so that every rank can report and finalize
-// MPI cleanly instead of one rank calling MPI_Abort. `fn` must not itself communicate in a way
-// that a failing rank would skip.
-void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn);
+// Collective error agreement lives with the other torch-free MPI helpers in core (see
+// trainscope/core/mpi_util.hpp); dist's callers keep their spelling.
+using core::agree_on_errors;
 
 } // namespace trainscope::dist

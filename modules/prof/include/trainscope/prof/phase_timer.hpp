@@ -1,7 +1,9 @@
 // Per-iteration phase times. The phase names are fixed (DESIGN.md): data, h2d, forward, backward,
-// comm_wait, optimizer, step. On CPU a steady clock times each phase on the spot; on GPU, CUDA
-// events are recorded on the compute stream and resolved lazily (when the iteration is long past),
-// so timing never adds a device synchronisation to the hot loop.
+// comm_wait, optimizer, control (what the harness does for itself: the non-finite check and the
+// ranks' stop/checkpoint agreement), and step (the whole iteration). On CPU a steady clock times
+// each phase on the spot; on GPU, CUDA events are recorded on the compute stream and resolved
+// lazily (when the iteration is long past), so timing never adds a device synchronisation to the
+// hot loop.
 #pragma once
 
 #include <array>
@@ -22,7 +24,7 @@ namespace trainscope::prof {
 std::chrono::steady_clock::time_point run_clock_origin();
 double run_clock_seconds();
 
-enum class Phase { Data = 0, H2D, Forward, Backward, CommWait, Optimizer, kCount };
+enum class Phase { Data = 0, H2D, Forward, Backward, CommWait, Optimizer, Control, kCount };
 constexpr std::size_t kNumPhases = static_cast<std::size_t>(Phase::kCount);
 const char* phase_name(Phase p); // "data", "h2d", ...
 

@@ -1,7 +1,7 @@
-// Image-classification training loop (MobileNetV2 on IDX or synthetic images) under the ddp and
-// ddp-ds strategies: data → h2d → forward → backward (bucketed allreduce overlapping it) →
-// comm_wait → optimizer, every phase timed, every iteration recorded; test-set accuracy each epoch,
-// reduced across ranks.
+// Image-classification training step (MobileNetV2 on IDX, image folders or synthetic images) under
+// the dp, ddp, ddp-ds and pipeline strategies: h2d → forward → backward (bucketed allreduce
+// overlapping it) → comm_wait, then the optimizer; the TrainingLoop drives it and times the data
+// and control phases. Test-set loss and accuracy each epoch, reduced across ranks.
 #pragma once
 
 #include <mpi.h>
@@ -22,15 +22,13 @@
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
 #include "trainscope/train/run_control.hpp"
-
-namespace trainscope::prof {
-class ProfilerWindow;
-}
+#include "trainscope/train/training_loop.hpp"
+#include "trainscope/train/workload.hpp"
 
 namespace trainscope::train {
 
 struct TrainerOptions {
-    std::string strategy = "ddp-ds"; // ddp-ds: sharded sampler; ddp: every rank reads everything
+    Strategy strategy = Strategy::DdpDs;  // ddp-ds: sharded sampler; ddp: every rank reads all
     torch::Dtype dtype = torch::kFloat32; // parameters (and inputs): precision.param_dtype
     PrecisionPolicy precision;            // autocast and loss scaling (fp16-mixed)
     bool channels_last = false;           // NHWC parameters and inputs
@@ -55,39 +53,42 @@ struct TrainerOptions {
     bool nesterov = false, eval = true, drop_last = true, pin_memory = false;
     LrSchedule schedule;
     std::uint64_t seed = 42;
-    int workers = 1, prefetch = 2, log_every = 20;
+    int workers = 1, prefetch = 2;
     double bucket_bytes = 25.0 * 1024 * 1024;
+    double first_bucket_bytes = 1.0 * 1024 * 1024;
 };
 
-class ClassificationTrainer {
+class ClassificationTrainer final : public TrainStep {
   public:
     ClassificationTrainer(const TrainerOptions& options, models::MobileNetV2 model,
                           const data::DatasetSplits& data, data::AdaptedTransform transform,
                           dist::Communicator& comm, MPI_Comm world);
-    ~ClassificationTrainer();
-    std::int64_t iterations_per_epoch() const;
-    std::int64_t total_iterations() const;
+    ~ClassificationTrainer() override;
     // The schedule needs the run length, known only once the trainer has sized the epoch.
     void set_schedule(const LrSchedule& schedule);
-    // Trains; records through `recorder` (nullptr: no recording, e.g. in tests).
-    // `window` (may be null) profiles the iterations it is configured for.
-    void run(Recorder* recorder, prof::PhaseTimer& timer, prof::ProfilerWindow* window = nullptr);
-    // Called once per iteration with the gradient traffic of that iteration (per-bucket tables).
-    void on_iteration_comm(std::function<void(const dist::IterationComm&)> callback);
     const dist::GradientSynchronizer& synchronizer() const;
-    // Loss and accuracy on the test split, sharded across ranks and reduced.
-    std::pair<double, double> evaluate();
-
-    // Faults and restarts: the run's control (watchdog, signals, non-finite policy) and
-    // checkpointer; either may be null (tests, benchmarks).
-    void set_run_control(RunControl* control, Checkpointer* checkpointer);
-    // Collective: loads checkpoint m (model, optimizer, loss scaler, RNG); run() then starts at
+    // Collective: loads checkpoint m (model, optimizer, loss scaler, RNG); the loop then starts at
     // its next_iteration, at the same place in the same epoch's sample order.
     void restore(const CheckpointManifest& m);
-    // Collective: writes the checkpoint that resumes at `next_iteration`.
-    std::string save_checkpoint(std::int64_t next_iteration);
-    // After run(): true when a stop signal ended training early.
-    bool interrupted() const;
+
+    // TrainStep
+    std::int64_t iterations_per_epoch() const override;
+    std::int64_t total_iterations() const override;
+    std::int64_t epochs() const override;
+    std::int64_t start_iteration() const override;
+    const LrSchedule& schedule() const override;
+    void begin_epoch(std::int64_t epoch, std::int64_t skip) override;
+    bool next_batch() override;
+    void set_lr(double lr) override;
+    StepResult step(std::int64_t iteration, prof::PhaseTimer& timer, RunControl* control) override;
+    bool local_nonfinite(const StepResult& r) override;
+    bool apply(bool skip, double& optimizer_peak) override;
+    void account(IterationValues& v) override;
+    void resolve(std::vector<DeferredStep>& steps) override;
+    // Loss and accuracy on the test split, sharded across ranks and reduced.
+    std::pair<double, double> evaluate() override;
+    bool evaluates() const override;
+    std::string save_checkpoint(Checkpointer& checkpointer, std::int64_t next_iteration) override;
 
   private:
     struct State;

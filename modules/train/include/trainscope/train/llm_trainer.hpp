@@ -1,8 +1,9 @@
-// LLM fine-tuning loop (run.workload=llm): Llama with the configured method applied (full, LoRA,
-// QLoRA, DPO, QAT), data parallel over the run's Communicator through the GradientSynchronizer
-// (trainable parameters only: tiny for LoRA) or ZeRO-1/2 sharding for full fine-tuning, gradient
-// accumulation with torchtune's token normalisation, AdamW with cosine warm-up. Every phase timed,
-// every iteration recorded with its token counts and method-specific values.
+// LLM fine-tuning step (run.workload=llm), driven by the TrainingLoop: Llama with the configured
+// method applied (full, LoRA, QLoRA, DPO, QAT), data parallel over the run's Communicator through
+// the GradientSynchronizer (trainable parameters only: tiny for LoRA) or ZeRO-1/2 sharding for full
+// fine-tuning, gradient accumulation with torchtune's token normalisation, AdamW with cosine
+// warm-up. Every phase timed, every iteration recorded with its token counts and method-specific
+// values.
 #pragma once
 
 #include <mpi.h>
@@ -21,16 +22,13 @@
 #include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/models/llama.hpp"
+#include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/llm_options.hpp"
 #include "trainscope/train/lr_schedule.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
-#include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/run_control.hpp"
-
-namespace trainscope::prof {
-class ProfilerWindow;
-}
+#include "trainscope/train/training_loop.hpp"
 
 namespace trainscope::train {
 
@@ -57,24 +55,21 @@ struct LlmTrainerOptions {
     torch::Device device{torch::kCPU};
     std::int64_t epochs = 1, max_iters = 0, batch_size = 2; // batch: sequences per micro-batch
     std::uint64_t seed = 42;
-    int log_every = 20;
+    int workers = 1, prefetch = 2; // collation threads and iterations built ahead (data.*)
     double bucket_bytes = 25.0 * 1024 * 1024;
+    double first_bucket_bytes = 1.0 * 1024 * 1024;
     bool accounting = true;
     LrSchedule schedule;
 };
 
-class LlmTrainer {
+class LlmTrainer final : public TrainStep {
   public:
     LlmTrainer(const LlmTrainerOptions& options, LlmModel model, const data::TextDataset& data,
                const data::Tokenizer& tokenizer, dist::Communicator& comm, MPI_Comm world);
-    ~LlmTrainer();
-    std::int64_t iterations_per_epoch() const;
-    std::int64_t total_iterations() const;
+    ~LlmTrainer() override;
     void set_schedule(const LrSchedule& schedule);
     // The workload's own /iterations columns (Recorder extra_columns).
     static std::vector<io::Column> extra_columns();
-    void run(Recorder* recorder, prof::PhaseTimer& timer, prof::ProfilerWindow* window = nullptr);
-    void on_iteration_comm(std::function<void(const dist::IterationComm&)> callback);
     const dist::GradientSynchronizer* synchronizer() const; // null under ZeRO
     // Training FLOPs per token for MFU: forward 2N + backward 2N through all weights + 2
     // N_trainable for the weight gradients, plus attention (see llm_trainer.cpp).
@@ -83,14 +78,28 @@ class LlmTrainer {
     // q_proj.lora_A.weight ...) and returns the path; "" when the method has no adapters.
     std::string save_adapters(const std::string& path);
     const LlmModel& model() const;
-
-    // Faults and restarts, as ClassificationTrainer: the checkpoint holds the trainable weights
-    // (LoRA adapters, or all weights for full/QAT), the optimizer (or this rank's ZeRO shard),
-    // the loss scaler and the RNG; frozen and NF4 weights are rebuilt from llm.init.
-    void set_run_control(RunControl* control, Checkpointer* checkpointer);
+    // Faults and restarts: the checkpoint holds the trainable weights (LoRA adapters, or all
+    // weights for full/QAT), the optimizer (or this rank's ZeRO shard), the loss scaler and the
+    // RNG; frozen and NF4 weights are rebuilt from llm.init.
     void restore(const CheckpointManifest& m);
-    std::string save_checkpoint(std::int64_t next_iteration);
-    bool interrupted() const;
+
+    // TrainStep
+    std::int64_t iterations_per_epoch() const override;
+    std::int64_t total_iterations() const override;
+    std::int64_t epochs() const override;
+    std::int64_t start_iteration() const override;
+    const LrSchedule& schedule() const override;
+    void begin_epoch(std::int64_t epoch, std::int64_t skip) override;
+    bool next_batch() override;
+    void set_lr(double lr) override;
+    StepResult step(std::int64_t iteration, prof::PhaseTimer& timer, RunControl* control) override;
+    bool local_nonfinite(const StepResult& r) override;
+    bool apply(bool skip, double& optimizer_peak) override;
+    void account(IterationValues& v) override;
+    void resolve(std::vector<DeferredStep>& steps) override;
+    std::vector<int> metric_columns() const override;
+    std::string save_checkpoint(Checkpointer& checkpointer, std::int64_t next_iteration) override;
+    std::string progress_suffix(const DeferredStep& d) const override;
 
   private:
     struct State;

@@ -1,5 +1,6 @@
-// Recorder: turns each iteration's phase times, loss, sample count and memory counters into one
-// row of the run file's per-rank /iterations series, flushes collectively every
+// Recorder: the only writer of per-iteration series. Turns each iteration's phase times, loss,
+// sample count and memory counters into one row of the run file's per-rank /iterations series (and
+// its gradient buckets' timings into /comm/buckets), flushes collectively every
 // output.flush_every iterations, and computes /summary at the end (medians over the measured
 // iterations, throughput, imbalance across ranks).
 #pragma once
@@ -48,6 +49,9 @@ struct IterationValues {
     double label_tokens = std::numeric_limits<double>::quiet_NaN();
     // The workload's own columns, in the order of the Recorder's extra_columns.
     std::vector<double> extra;
+    // Per gradient bucket: the allreduce's own duration (s), launch order; a row of /comm/buckets
+    // when the Recorder declared them (declare_buckets).
+    std::vector<double> bucket_s;
 };
 
 struct EpochValues {
@@ -67,8 +71,12 @@ class Recorder {
              int warmup_iters, std::vector<io::Column> extra_columns = {});
 
     void record_iteration(const IterationValues& v);
-    // Loss resolved after the fact (GPU runs keep the loss on the device until a flush).
+    // Collective: declares /comm/buckets (one column bucket_<k>_s per gradient bucket, and the
+    // buckets' payload bytes), filled from IterationValues::bucket_s. No-op for no buckets.
+    void declare_buckets(const std::vector<std::size_t>& bucket_bytes);
+    // Values resolved after the fact (losses stay on the device until a flush).
     void set_loss(std::int64_t iteration, double loss);
+    void set_extra(std::int64_t iteration, int column, double value);
     void record_epoch(const EpochValues& v);
     // True when the caller must resolve deferred values and call flush() now.
     bool flush_due() const;
@@ -107,6 +115,7 @@ class Recorder {
     std::vector<double> samples_;
     std::vector<double> tokens_; // this rank, measured iterations (NaN: not a token workload)
     std::size_t extra_count_ = 0;
+    std::size_t buckets_ = 0;
     EpochValues last_epoch_;
     bool have_epoch_ = false;
     double peak_rss_ = 0;

@@ -1,0 +1,156 @@
+// The shared MPI helpers (see mpi_util.hpp).
+#include "trainscope/core/mpi_util.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+
+#include "trainscope/core/error.hpp"
+
+namespace trainscope::core {
+namespace {
+
+std::string first_line(const std::string& text) {
+    return text.substr(0, text.find('\n'));
+}
+
+template <class E> [[noreturn]] void raise_collective(const std::string& message) {
+    E error(message);
+    error.set_collective(true);
+    throw error;
+}
+
+// An error of `kind` as the typed exception main() and tests catch, marked collective.
+[[noreturn]] void throw_kind(ErrorKind kind, const std::string& message) {
+    switch (kind) {
+    case ErrorKind::Config:
+        raise_collective<ConfigError>(message);
+    case ErrorKind::Input:
+        raise_collective<InputError>(message);
+    case ErrorKind::Output:
+        raise_collective<OutputError>(message);
+    case ErrorKind::Distributed:
+        raise_collective<DistributedError>(message);
+    case ErrorKind::Numerical:
+        raise_collective<NumericalError>(message);
+    case ErrorKind::Internal:
+        break;
+    }
+    raise_collective<InternalError>(message);
+}
+
+} // namespace
+
+void mpi_check(int code, const char* call, const char* file, int line) {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING] = {0};
+    int len = 0;
+    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) len = 0;
+    throw DistributedError(std::string(call) + " failed: " + std::string(text, len) + " (" + file +
+                           ":" + std::to_string(line) + ")");
+}
+
+std::string broadcast_string(MPI_Comm comm, const std::string& text, int root) {
+    std::string out = text;
+    std::uint64_t size = out.size();
+    MPI_CHECK(MPI_Bcast(&size, 1, MPI_UINT64_T, root, comm));
+    out.resize(size);
+    constexpr std::uint64_t piece = 1u << 30; // MPI counts are int
+    for (std::uint64_t off = 0; off < size; off += piece) {
+        const int n = static_cast<int>(std::min(piece, size - off));
+        MPI_CHECK(MPI_Bcast(out.data() + off, n, MPI_CHAR, root, comm));
+    }
+    return out;
+}
+
+std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
+    int size = 1;
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    int len = static_cast<int>(mine.size());
+    std::vector<int> lens(static_cast<std::size_t>(size)), offs(static_cast<std::size_t>(size));
+    MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm));
+    int total = 0;
+    for (int i = 0; i < size; ++i)
+        offs[i] = total, total += lens[i];
+    std::string all(static_cast<std::size_t>(total), '\0');
+    MPI_CHECK(MPI_Allgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(),
+                             MPI_CHAR, comm));
+    std::vector<std::string> out;
+    for (int i = 0; i < size; ++i)
+        out.push_back(
+            all.substr(static_cast<std::size_t>(offs[i]), static_cast<std::size_t>(lens[i])));
+    return out;
+}
+
+std::string first_failure(MPI_Comm comm, const std::string& local_error) {
+    int rank = 0, size = 1;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    int mine = local_error.empty() ? size : rank, first = size;
+    MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == size) return "";
+    std::string message = broadcast_string(comm, local_error, first);
+    if (first != 0) message += " (on rank " + std::to_string(first) + ")";
+    return message;
+}
+
+void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn) {
+    std::exception_ptr error;
+    std::string message;
+    ErrorKind kind = ErrorKind::Internal;
+    try {
+        fn();
+    } catch (const Error& e) {
+        error = std::current_exception();
+        message = e.what();
+        kind = e.kind();
+    } catch (const std::exception& e) {
+        error = std::current_exception();
+        message = e.what();
+    } catch (...) {
+        error = std::current_exception();
+        message = "unknown exception";
+    }
+
+    int rank = 0, size = 1;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    int failed = error ? 1 : 0;
+    std::vector<int> flags(static_cast<std::size_t>(size));
+    MPI_CHECK(MPI_Allgather(&failed, 1, MPI_INT, flags.data(), 1, MPI_INT, comm));
+    std::vector<int> failing;
+    for (int r = 0; r < size; ++r)
+        if (flags[r]) failing.push_back(r);
+    if (failing.empty()) return;
+
+    // Every rank, failing or not, joins the broadcast of the lowest failing rank's error kind and
+    // first message line; then each rank raises.
+    const int root = failing.front();
+    int header = static_cast<int>(kind);
+    MPI_CHECK(MPI_Bcast(&header, 1, MPI_INT, root, comm));
+    const std::string line = broadcast_string(comm, first_line(message), root);
+
+    if (error) {
+        // Our own error, unchanged but marked: every rank is raising together.
+        try {
+            std::rethrow_exception(error);
+        } catch (Error& e) {
+            e.set_collective(true);
+            throw;
+        } catch (...) {
+            throw_kind(ErrorKind::Internal, message);
+        }
+    }
+    std::string who;
+    if (failing.size() == 1) {
+        who = "rank " + std::to_string(root) + " failed: ";
+    } else {
+        who = "ranks ";
+        for (std::size_t i = 0; i < failing.size(); ++i)
+            who += (i ? ", " : "") + std::to_string(failing[i]);
+        who += " failed; rank " + std::to_string(root) + ": ";
+    }
+    throw_kind(static_cast<ErrorKind>(header), who + line);
+}
+
+} // namespace trainscope::core

@@ -1,0 +1,290 @@
+// run.workload=cv: MobileNetV2 image classification under dp, ddp, ddp-ds or pipeline. Owns the
+// CV checks, the dataset, the model and the ClassificationTrainer (the TrainingLoop's step), the
+// CV plan text and its /plan attributes.
+#include <torch/torch.h>
+
+#include <iomanip>
+#include <sstream>
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/data/datasets.hpp"
+#include "trainscope/data/options.hpp"
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/device.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/models/mobilenet_v2.hpp"
+#include "trainscope/train/classification_trainer.hpp"
+#include "trainscope/train/pipeline.hpp"
+#include "workloads_internal.hpp"
+
+namespace trainscope::train {
+namespace {
+
+class CvWorkload final : public Workload {
+  public:
+    explicit CvWorkload(const RunEnvironment& env) : Workload(env) {
+        const core::Config& c = env.cfg;
+        if (env.strategy == Strategy::Pipeline) {
+            pipeline_ = PipelineOptions::from_config(c);
+            const std::string precision = c.get_string("run.precision");
+            if (precision == "fp16-mixed" || precision == "bf16-mixed")
+                throw core::ConfigError(
+                    "run.precision=" + precision +
+                    " is not supported with run.strategy=pipeline (autocast and loss scaling "
+                    "live in the single-model step): use fp32, tf32, bf16 or fp64");
+        }
+        if (c.get_bool("cv.sync_bn") && env.strategy != Strategy::Ddp &&
+            env.strategy != Strategy::DdpDs)
+            throw core::ConfigError("cv.sync_bn=true needs run.strategy=ddp or ddp-ds (it "
+                                    "synchronises batch statistics across data-parallel ranks), "
+                                    "not run.strategy=" +
+                                    std::string(to_string(env.strategy)) +
+                                    ": set cv.sync_bn=false");
+        channels_ = data::data_options(c).channels;
+    }
+
+    WorkloadKind kind() const override { return WorkloadKind::Cv; }
+    int pipeline_stages() const override {
+        return env_.strategy == Strategy::Pipeline ? pipeline_.stages : 1;
+    }
+    bool sharded_data() const override {
+        return env_.strategy == Strategy::DdpDs || env_.strategy == Strategy::Pipeline;
+    }
+
+    void check(const RunEnvironment& env) override {
+        const core::Config& c = env.cfg;
+        if (env.strategy == Strategy::Dp && env.topo.world_size > 1)
+            throw core::ConfigError(
+                "run.strategy=dp is single-process data parallelism (one process drives all of "
+                "its devices) but " +
+                std::to_string(env.topo.world_size) +
+                " ranks were launched: launch 1 rank (mpirun -np 1), or use run.strategy=ddp or "
+                "ddp-ds for several ranks");
+        if (env.strategy != Strategy::Dp) return;
+        const std::int64_t want = c.get_int("dp.devices");
+        if (env.device.device.is_cuda()) {
+            const int gpus = dist::cuda_device_count();
+            const int n = want == 0 ? gpus : static_cast<int>(want);
+            if (n > gpus)
+                throw core::ConfigError("dp.devices=" + std::to_string(want) + " but only " +
+                                        std::to_string(gpus) +
+                                        " CUDA devices are visible: use dp.devices=0 (all) or at "
+                                        "most " +
+                                        std::to_string(gpus));
+            for (int i = 0; i < n; ++i)
+                dp_devices_.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+        } else {
+            for (std::int64_t i = 0; i < std::max<std::int64_t>(1, want); ++i)
+                dp_devices_.emplace_back(torch::kCPU);
+        }
+    }
+
+    void build() override;
+    std::string plan_text() const override;
+    std::vector<io::Attribute> plan_attributes() const override;
+
+  protected:
+    TrainStep* train_step() override { return trainer_.get(); }
+    dist::Communicator* communicator() override { return comm_.get(); }
+    std::vector<std::size_t> bucket_bytes() const override {
+        return trainer_->synchronizer().bucket_bytes();
+    }
+    void describe_run(Recorder::RunInfo& info) const override {
+        info.global_batch = static_cast<double>(env_.layout.global_batch());
+        info.macs_per_sample = static_cast<double>(macs_per_sample_);
+    }
+    std::string start_message(const std::string& file) const override {
+        return "training " + std::to_string(total_iterations_) + " iterations on " +
+               std::to_string(env_.topo.world_size) + " rank(s), global batch " +
+               std::to_string(env_.layout.global_batch()) + ", writing " + file;
+    }
+    int ranks_per_replica() const override { return env_.layout.stages; }
+
+  private:
+    PipelineOptions pipeline_;
+    std::int64_t channels_ = 1;
+    std::vector<torch::Device> dp_devices_; // run.strategy=dp
+    data::DatasetSplits data_;
+    std::unique_ptr<dist::Communicator> comm_;
+    std::unique_ptr<ClassificationTrainer> trainer_;
+    TrainerOptions t_;
+    // The plan.
+    std::int64_t samples_per_shard_ = 0, iterations_per_epoch_ = 0, total_iterations_ = 0;
+    std::int64_t parameters_ = 0, macs_per_sample_ = 0, num_classes_ = 0;
+    double memory_estimate_bytes_ = 0;
+    std::string pipeline_split_;
+};
+
+void CvWorkload::build() {
+    const core::Config& c = env_.cfg;
+    const BatchLayout& layout = env_.layout;
+    dist::agree_on_errors(env_.world, [&] { data_ = data::open_dataset(c); });
+    num_classes_ = data_.num_classes();
+
+    TrainerOptions& t = t_;
+    t.strategy = env_.strategy;
+    t.precision = env_.policy;
+    t.dtype = env_.policy.param_dtype;
+    t.channels_last = c.get_bool("cv.channels_last");
+    t.preprocess = data::data_options(c).preprocess;
+    t.accounting = c.get_bool("profile.accounting");
+    t.dp_devices = dp_devices_;
+    t.device = env_.device.device;
+    t.epochs = c.get_int("train.epochs");
+    t.max_iters = c.get_int("train.max_iters");
+    t.batch_size = layout.batch_per_rank;
+    t.eval_batch_size = c.get_int("train.eval_batch_size");
+    t.eval = c.get_bool("train.eval");
+    t.optimizer = c.get_string("train.optimizer");
+    t.lr = c.get_float("train.lr");
+    t.momentum = c.get_float("train.momentum");
+    t.nesterov = c.get_bool("train.nesterov");
+    t.weight_decay = c.get_float("train.weight_decay");
+    t.drop_last = c.get_bool("data.drop_last");
+    t.pin_memory = c.get_bool("data.pin_memory") && t.device.is_cuda();
+    t.seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+    t.workers = static_cast<int>(c.get_int("data.workers"));
+    t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
+    t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
+
+    const std::int64_t train_samples = data_.size(data::Split::Train);
+    dist::agree_on_errors(env_.world, [&] {
+        samples_per_shard_ = layout.samples_per_shard(train_samples, t.drop_last);
+        if (samples_per_shard_ < layout.batch_per_rank && t.drop_last)
+            throw core::ConfigError("train.batch_size=" + std::to_string(layout.batch_per_rank) +
+                                    " is larger than the " + std::to_string(samples_per_shard_) +
+                                    " training samples each rank gets per epoch (" +
+                                    std::to_string(train_samples) + " samples, strategy " +
+                                    to_string(env_.strategy) + ", " +
+                                    std::to_string(layout.world_size) +
+                                    " ranks): use a smaller batch or data.drop_last=false");
+        comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device);
+    });
+    if (env_.strategy == Strategy::Pipeline) // collective: splits the world into pipe and dp groups
+        t.pipeline = std::shared_ptr<PipelineGroups>(new PipelineGroups(make_pipeline_groups(
+            env_.world, layout.stages, env_.dist.backend, env_.device.device)));
+
+    const auto image_size = c.get_int("cv.image_size");
+    torch::manual_seed(c.get_int("run.seed"));
+    auto mopt = models::mobilenet_options_from_config(c, num_classes_, channels_);
+    if (c.get_bool("cv.sync_bn")) {
+        // Cross-rank batch statistics through the run's communicator (it outlives the trainer).
+        dist::Communicator* comm = comm_.get();
+        mopt.sync_bn_allreduce = [comm](torch::Tensor& x) {
+            comm->allreduce(x, dist::ReduceOp::Sum);
+        };
+    }
+    if (env_.strategy == Strategy::Pipeline) {
+        dist::agree_on_errors(env_.world, [&] {
+            t.pipeline_plan = plan_pipeline(mopt, image_size, pipeline_.stages, pipeline_.balance,
+                                            pipeline_.cuts);
+            t.microbatches = pipeline_.microbatches;
+        });
+        pipeline_split_ = describe(t.pipeline_plan);
+        torch::manual_seed(c.get_int("run.seed")); // planning must not shift the initialisation
+    }
+    models::MobileNetV2 model(mopt);
+    parameters_ = models::count_parameters(*model);
+    const auto cost = models::mobilenet_v2_cost(mopt, image_size);
+    macs_per_sample_ = cost.macs;
+    const double elem = static_cast<double>(c10::elementSize(t.dtype));
+    const double opt_states = t.optimizer == "adamw" ? 2.0 : (t.momentum > 0 ? 1.0 : 0.0);
+    memory_estimate_bytes_ =
+        static_cast<double>(parameters_) * elem * (3.0 + opt_states) + // weights, grads, buckets
+        static_cast<double>(cost.activation_elements + channels_ * image_size * image_size) *
+            static_cast<double>(layout.batch_per_rank) * elem;
+
+    t.schedule.kind = c.get_string("train.schedule");
+    t.schedule.base_lr = t.lr;
+    t.schedule.warmup_iters = c.get_int("train.warmup_iters");
+    t.schedule.gamma = c.get_float("train.gamma");
+    t.schedule.min_lr = c.get_float("train.min_lr");
+
+    t.make_replica = [mopt] { return models::MobileNetV2(mopt); };
+    data::AdaptedTransform transform{static_cast<int>(channels_), static_cast<int>(image_size),
+                                     data_.train.mean, data_.train.std};
+    trainer_ =
+        std::make_unique<ClassificationTrainer>(t, model, data_, transform, *comm_, env_.world);
+    iterations_per_epoch_ = trainer_->iterations_per_epoch();
+    total_iterations_ = trainer_->total_iterations();
+    t.schedule.total_iters = total_iterations_;
+    t.schedule.step_iters =
+        c.get_int("train.step_epochs") * std::max<std::int64_t>(1, iterations_per_epoch_);
+    trainer_->set_schedule(t.schedule);
+    if (env_.resumed) trainer_->restore(*env_.resumed);
+}
+
+std::string CvWorkload::plan_text() const {
+    const BatchLayout& l = env_.layout;
+    const bool pipe = env_.strategy == Strategy::Pipeline;
+    const auto image_size = env_.cfg.get_int("cv.image_size");
+    std::ostringstream o;
+    o << "trainscope plan (dry run: nothing is trained or written)\n"
+      << "  workload      cv, strategy " << to_string(env_.strategy) << ", precision "
+      << env_.precision << "\n"
+      << "  ranks         " << l.world_size << " on " << env_.topo.num_nodes << " node(s), "
+      << env_.threads_per_rank << " CPU thread(s) per rank, communicator " << env_.dist.backend
+      << "\n";
+    for (int r = 0; r < l.world_size; ++r)
+        o << "    rank " << r << "  host " << env_.topo.hostnames.at(r) << "  device "
+          << env_.devices.at(r) << "\n";
+    o << "  data          " << data_.description << "; network input " << channels_ << "x"
+      << image_size << "x" << image_size << "\n"
+      << "  batch         " << l.batch_per_rank << (pipe ? " per replica x " : " per rank x ")
+      << l.replicas << " = " << l.global_batch() << " per iteration; " << samples_per_shard_
+      << (pipe ? " samples per replica per epoch\n" : " samples per rank per epoch\n")
+      << "  length        " << iterations_per_epoch_ << " iterations per epoch x " << t_.epochs
+      << " epoch(s) -> " << total_iterations_ << " iterations\n"
+      << "  model         MobileNetV2, " << num_classes_ << " classes, " << parameters_
+      << " parameters, " << std::fixed << std::setprecision(1) << macs_per_sample_ / 1e6
+      << " MMAC per sample (forward)\n"
+      << "  gradients     buckets of " << env_.dist.bucket_mb << " MiB, allreduce of "
+      << mib(static_cast<double>(parameters_) *
+             static_cast<double>(c10::elementSize(env_.policy.param_dtype)))
+      << " per iteration\n"
+      << "  memory/rank   ~" << mib(memory_estimate_bytes_)
+      << " (parameters, gradients, optimizer state, buckets, activations; estimate)\n";
+    if (pipe)
+        o << "  pipeline      " << l.stages << " stages x " << l.replicas
+          << " replica(s); rank = replica x stages + stage\n"
+          << pipeline_split_;
+    return o.str();
+}
+
+std::vector<io::Attribute> CvWorkload::plan_attributes() const {
+    const BatchLayout& l = env_.layout;
+    std::vector<io::Attribute> a = {
+        {"strategy", std::string(to_string(env_.strategy))},
+        {"precision", env_.precision},
+        {"device", env_.device.device.str()},
+        {"backend", env_.dist.backend},
+        {"dataset", data_.description},
+        {"threads_per_rank", static_cast<std::int64_t>(env_.threads_per_rank)},
+        {"batch_per_rank", l.batch_per_rank},
+        {"global_batch", l.global_batch()},
+        {"train_samples", data_.size(data::Split::Train)},
+        {"test_samples", data_.size(data::Split::Test)},
+        {"iterations_per_epoch", iterations_per_epoch_},
+        {"total_iterations", total_iterations_},
+        {"parameters", parameters_},
+        {"macs_per_sample", macs_per_sample_},
+        {"memory_estimate_bytes", memory_estimate_bytes_}};
+    if (env_.strategy == Strategy::Pipeline) {
+        std::string cuts;
+        for (const auto& st : t_.pipeline_plan.stages)
+            cuts += (cuts.empty() ? "" : ",") + std::to_string(st.first_unit);
+        a.push_back({"pipeline_stages", std::int64_t{l.stages}});
+        a.push_back({"pipeline_replicas", std::int64_t{l.replicas}});
+        a.push_back({"pipeline_microbatches", std::int64_t{t_.microbatches}});
+        a.push_back({"pipeline_stage_first_units", cuts});
+    }
+    return a;
+}
+
+} // namespace
+
+std::unique_ptr<Workload> make_cv_workload(const RunEnvironment& env) {
+    return std::make_unique<CvWorkload>(env);
+}
+
+} // namespace trainscope::train

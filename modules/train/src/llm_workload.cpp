@@ -1,0 +1,272 @@
+// run.workload=llm: Llama fine-tuning (full, LoRA, QLoRA, DPO, QAT). Owns the LLM options, the
+// tokenizer and text dataset, the model with its method applied, the LlmTrainer (the
+// TrainingLoop's step), the memory plan of every method, the plan text, /plan and the adapters
+// file written when training ends.
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/data/text_dataset.hpp"
+#include "trainscope/data/tokenizer.hpp"
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/prof/memory.hpp"
+#include "trainscope/train/llm_memory.hpp"
+#include "trainscope/train/llm_options.hpp"
+#include "trainscope/train/llm_trainer.hpp"
+#include "workloads_internal.hpp"
+
+namespace trainscope::train {
+namespace {
+
+class LlmWorkload final : public Workload {
+  public:
+    explicit LlmWorkload(const RunEnvironment& env)
+        : Workload(env), l_(LlmOptions::from_config(env.cfg)) {
+        if (env.strategy != Strategy::DdpDs)
+            throw core::ConfigError("run.strategy=" + std::string(to_string(env.strategy)) +
+                                    " is for run.workload=cv; LLM fine-tuning is data "
+                                    "parallel over ranks (each rank its own shard, "
+                                    "optionally dist.zero): set run.strategy=ddp-ds");
+    }
+
+    WorkloadKind kind() const override { return WorkloadKind::Llm; }
+    std::string precision() const override { return l_.precision; } // bf16 unless set
+    std::int64_t gradient_accumulation() const override { return l_.gradient_accumulation; }
+
+    void claim_outputs(const std::string& run_file) override {
+        if (!l_.adapters_beside_run_file || !uses_lora(l_)) return;
+        // Written at the very end of the run: refuse an existing file now, as the run file is.
+        l_.save_adapters = run_file + ".adapters.safetensors";
+        dist::agree_on_errors(env_.world, [&] {
+            std::error_code ec;
+            if (env_.topo.rank == 0 && !env_.cfg.get_bool("output.overwrite") &&
+                std::filesystem::exists(l_.save_adapters, ec))
+                throw core::OutputError("LoRA adapters file '" + l_.save_adapters +
+                                        "' exists (llm.save_adapters=auto); set "
+                                        "output.overwrite=true, choose another output.file or "
+                                        "llm.save_adapters=PATH, or llm.save_adapters=none");
+        });
+    }
+
+    void build() override;
+    std::string plan_text() const override { return plan_text_; }
+    std::vector<io::Attribute> plan_attributes() const override;
+
+  protected:
+    TrainStep* train_step() override { return trainer_.get(); }
+    dist::Communicator* communicator() override { return comm_.get(); }
+    std::vector<io::Column> extra_columns() const override { return LlmTrainer::extra_columns(); }
+    std::vector<std::size_t> bucket_bytes() const override {
+        const dist::GradientSynchronizer* sync = trainer_->synchronizer();
+        return sync ? sync->bucket_bytes() : std::vector<std::size_t>{};
+    }
+    void describe_run(Recorder::RunInfo& info) const override {
+        info.global_batch = static_cast<double>(env_.layout.global_batch());
+        info.flops_per_token = trainer_->flops_per_token();
+    }
+    std::string start_message(const std::string& file) const override {
+        return "fine-tuning (" + std::string(to_string(l_.method)) + ") " +
+               std::to_string(trainer_->total_iterations()) + " iterations on " +
+               std::to_string(env_.topo.world_size) + " rank(s), " +
+               std::to_string(env_.layout.global_batch()) + " sequences per step, writing " + file;
+    }
+    void after_training(io::RunFile& file) override {
+        const std::string adapters = trainer_->save_adapters(l_.save_adapters);
+        if (adapters.empty()) return;
+        file.set_attributes("/plan", {{"adapters_file", adapters}});
+        core::log::info() << "LoRA adapters written to " << adapters;
+    }
+
+  private:
+    LlmOptions l_;
+    std::unique_ptr<data::Tokenizer> tokenizer_;
+    std::unique_ptr<data::TextDataset> text_;
+    models::LlamaConfig llama_;
+    std::unique_ptr<dist::Communicator> comm_;
+    std::unique_ptr<LlmTrainer> trainer_;
+    std::string dataset_description_, plan_text_;
+    double memory_estimate_bytes_ = 0;
+};
+
+void LlmWorkload::build() {
+    const core::Config& c = env_.cfg;
+    const BatchLayout& layout = env_.layout;
+    const PrecisionPolicy& policy = env_.policy;
+    if (!l_.defaults_applied.empty()) {
+        std::string list;
+        for (const auto& d : l_.defaults_applied)
+            list += (list.empty() ? "" : ", ") + d;
+        core::log::info() << "LLM fine-tuning defaults (torchtune) for options left unset: "
+                          << list;
+    }
+    dist::agree_on_errors(env_.world, [&] {
+        tokenizer_ = data::load_tokenizer(l_.tokenizer);
+        llama_ = resolve_llama_config(l_, tokenizer_->vocab_size());
+        text_ = std::make_unique<data::TextDataset>(l_.dataset, *tokenizer_);
+        comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device);
+    });
+    dataset_description_ =
+        std::string(data::to_string(l_.dataset.format)) + " " + l_.dataset.path + " (" +
+        std::to_string(text_->size()) + " samples" +
+        (text_->truncated() ? ", " + std::to_string(text_->truncated()) + " truncated to " +
+                                  std::to_string(l_.dataset.max_seq_len)
+                            : std::string()) +
+        ")";
+
+    // The memory plan: every method for this model, batch and sequence length, per rank.
+    LlmMemoryInputs mi;
+    mi.config = llama_;
+    mi.lora = l_.lora;
+    mi.qat_lora = l_.qat_lora;
+    mi.param_dtype = policy.param_dtype;
+    mi.compute_dtype = policy.autocast_dtype ? *policy.autocast_dtype : policy.param_dtype;
+    mi.world_size = layout.world_size;
+    mi.micro_batch = layout.batch_per_rank;
+    mi.seq_len = l_.dataset.max_seq_len;
+    mi.activation_checkpointing = l_.activation_checkpointing;
+    std::vector<LlmMemoryPlan> plans;
+    for (LlmMethod m :
+         {LlmMethod::Full, LlmMethod::Lora, LlmMethod::Qlora, LlmMethod::Dpo, LlmMethod::Qat}) {
+        mi.method = m;
+        for (int z : {0, 1, 2}) {
+            if (z > 0 && m != LlmMethod::Full) break;
+            mi.zero = z;
+            plans.push_back(plan_llm_memory(mi));
+        }
+    }
+    mi.method = l_.method;
+    mi.zero = l_.zero;
+    const LlmMemoryPlan mine = plan_llm_memory(mi);
+    memory_estimate_bytes_ = mine.total_bytes();
+    const bool cuda = env_.device.device.is_cuda();
+    const double device_bytes =
+        cuda ? prof::sample_memory(env_.device.device.index()).device_total_bytes : 80.0 * 1e9;
+
+    std::ostringstream o;
+    o << "trainscope plan (dry run: nothing is trained or written)\n"
+      << "  workload      llm, method " << to_string(l_.method) << ", precision " << env_.precision
+      << ", dist.zero " << l_.zero << "\n"
+      << "  ranks         " << layout.world_size << " on " << env_.topo.num_nodes << " node(s), "
+      << env_.threads_per_rank << " CPU thread(s) per rank, communicator " << env_.dist.backend
+      << "\n";
+    for (int r = 0; r < layout.world_size; ++r)
+        o << "    rank " << r << "  host " << env_.topo.hostnames.at(r) << "  device "
+          << env_.devices.at(r) << "\n";
+    o << "  model         Llama " << llama_.name << ": " << llama_.num_hidden_layers
+      << " layers, hidden " << llama_.hidden_size << ", FFN " << llama_.intermediate_size
+      << ", heads " << llama_.num_attention_heads << "/" << llama_.num_key_value_heads
+      << " (q/kv), vocab " << llama_.vocab_size << ", " << llama_.num_parameters()
+      << " parameters, "
+      << (l_.checkpoint.empty() ? std::string("random init") : "weights from " + l_.checkpoint)
+      << "\n"
+      << "  tokenizer     " << tokenizer_->kind() << " " << l_.tokenizer << " ("
+      << tokenizer_->vocab_size() << " ids)\n"
+      << "  data          " << dataset_description_ << (l_.packed ? ", packed" : "")
+      << "; max_seq_len " << l_.dataset.max_seq_len << "\n"
+      << "  batch         " << layout.batch_per_rank << " sequences per rank x "
+      << l_.gradient_accumulation << " micro-batches x " << layout.world_size
+      << " ranks = " << layout.global_batch() << " per optimizer step\n"
+      << "  optimizer     " << l_.optimizer << " lr " << l_.lr << " weight_decay "
+      << l_.weight_decay << ", schedule " << l_.schedule << "\n";
+    if (uses_lora(l_)) {
+        std::string t;
+        for (const auto& x : l_.lora.targets)
+            t += (t.empty() ? "" : ",") + x;
+        o << "  lora          rank " << l_.lora.rank << ", alpha " << l_.lora.alpha << ", targets "
+          << t << ": " << models::lora_parameter_count(llama_, l_.lora)
+          << " trainable parameters\n";
+    }
+    o << "  memory/rank   by method (GiB per rank; activations: " << layout.batch_per_rank << " x "
+      << l_.dataset.max_seq_len << " tokens"
+      << (l_.activation_checkpointing ? ", activation checkpointing" : "") << "; fits: against "
+      << std::fixed << std::setprecision(0) << device_bytes / 1e9 << " GB"
+      << (cuda ? " (this device)" : " (an 80 GB H100/A100)") << ")\n"
+      << format_memory_plans(plans, device_bytes) << "  this run      ~" << mib(mine.total_bytes())
+      << " per rank\n";
+    plan_text_ = o.str();
+    if (env_.dry_run) return;
+
+    // The model (on every rank the same seed, then rank 0's values broadcast by the trainer).
+    torch::manual_seed(c.get_int("run.seed"));
+    LlmModel model;
+    dist::agree_on_errors(env_.world,
+                          [&] { model = build_llm_model(l_, llama_, policy, env_.device.device); });
+    core::log::info() << "model " << llama_.name << ": " << model.describe();
+    LlmTrainerOptions t;
+    t.llm = l_;
+    t.precision = policy;
+    t.device = env_.device.device;
+    t.epochs = c.get_int("train.epochs");
+    t.max_iters = c.get_int("train.max_iters");
+    t.batch_size = layout.batch_per_rank;
+    t.seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+    t.workers = static_cast<int>(c.get_int("data.workers"));
+    t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
+    t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
+    t.accounting = c.get_bool("profile.accounting");
+    dist::agree_on_errors(env_.world, [&] {
+        trainer_ = std::make_unique<LlmTrainer>(t, std::move(model), *text_, *tokenizer_, *comm_,
+                                                env_.world);
+    });
+    LrSchedule sched;
+    sched.kind = l_.schedule;
+    sched.base_lr = l_.lr;
+    sched.warmup_iters = c.get_int("train.warmup_iters");
+    sched.gamma = c.get_float("train.gamma");
+    sched.min_lr = c.get_float("train.min_lr");
+    sched.total_iters = trainer_->total_iterations();
+    sched.step_iters = std::max<std::int64_t>(1, trainer_->iterations_per_epoch());
+    trainer_->set_schedule(sched);
+    if (env_.resumed) trainer_->restore(*env_.resumed);
+}
+
+std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
+    const BatchLayout& layout = env_.layout;
+    std::vector<io::Attribute> a = {
+        {"workload", std::string(to_string(kind()))},
+        {"method", std::string(to_string(l_.method))},
+        {"precision", env_.precision},
+        {"device", env_.device.device.str()},
+        {"backend", env_.dist.backend},
+        {"model", llama_.name},
+        {"dataset", dataset_description_},
+        {"dataset_format", std::string(data::to_string(l_.dataset.format))},
+        {"dataset_path", l_.dataset.path},
+        {"packed", std::int64_t{l_.packed}},
+        {"max_seq_len", l_.dataset.max_seq_len},
+        {"tokenizer", l_.tokenizer},
+        {"threads_per_rank", static_cast<std::int64_t>(env_.threads_per_rank)},
+        {"batch_per_rank", layout.batch_per_rank},
+        {"gradient_accumulation", l_.gradient_accumulation},
+        {"global_batch", layout.global_batch()},
+        {"train_samples", text_->size()},
+        {"zero", std::int64_t{l_.zero}},
+        {"activation_checkpointing", std::int64_t{l_.activation_checkpointing}},
+        {"memory_estimate_bytes", memory_estimate_bytes_}};
+    if (trainer_) {
+        const LlmModel& m = trainer_->model();
+        std::string kinds;
+        for (const auto& [k, n] : m.projections)
+            kinds += (kinds.empty() ? "" : ",") + k + ":" + std::to_string(n);
+        a.push_back({"iterations_per_epoch", trainer_->iterations_per_epoch()});
+        a.push_back({"total_iterations", trainer_->total_iterations()});
+        a.push_back({"parameters", m.parameters});
+        a.push_back({"trainable_parameters", m.trainable_parameters});
+        a.push_back({"projections", kinds});
+        a.push_back({"flops_per_token", trainer_->flops_per_token()});
+    }
+    return a;
+}
+
+} // namespace
+
+std::unique_ptr<Workload> make_llm_workload(const RunEnvironment& env) {
+    return std::make_unique<LlmWorkload>(env);
+}
+
+} // namespace trainscope::train

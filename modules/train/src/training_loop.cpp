@@ -1,0 +1,229 @@
+// TrainingLoop (see training_loop.hpp). One iteration:
+//   data (loop) -> lr -> step: h2d, forward, backward, comm_wait (workload) -> control (loop:
+//   non-finite check + one host allreduce of the stop/checkpoint/non-finite flags) -> optimizer
+//   (workload) -> record, progress, checkpoint, stop (loop, outside the timed phases).
+#include "trainscope/train/training_loop.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "trainscope/core/log.hpp"
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/train/checkpoint.hpp"
+
+namespace trainscope::train {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using Clock = std::chrono::steady_clock;
+
+std::string format_duration(double seconds) {
+    if (!std::isfinite(seconds) || seconds < 0) return "?";
+    auto s = static_cast<long long>(seconds + 0.5);
+    std::ostringstream o;
+    if (s >= 3600) o << s / 3600 << "h";
+    if (s >= 60) o << (s % 3600) / 60 << "m";
+    o << s % 60 << "s";
+    return o.str();
+}
+
+} // namespace
+
+TrainingLoop::TrainingLoop(const LoopOptions& options, TrainStep& step, dist::Communicator& comm,
+                           prof::PhaseTimer& timer, Recorder* recorder,
+                           prof::ProfilerWindow* window, RunControl* control,
+                           Checkpointer* checkpointer)
+    : o_(options), step_(step), comm_(comm), timer_(timer), recorder_(recorder), window_(window),
+      control_(control), checkpointer_(checkpointer) {}
+
+void TrainingLoop::resolve_pending() {
+    if (pending_.empty()) return;
+    step_.resolve(pending_);
+    const std::vector<int> columns = step_.metric_columns();
+    for (const DeferredStep& d : pending_) {
+        if (recorder_) {
+            recorder_->set_loss(d.iteration, d.loss_value);
+            for (std::size_t k = 0; k < columns.size() && k < d.metric_values.size(); ++k)
+                recorder_->set_extra(d.iteration, columns[k], d.metric_values[k]);
+        }
+        if (d.epoch == current_epoch_) {
+            epoch_loss_sum_ += d.shared_loss;
+            ++epoch_resolved_;
+        }
+    }
+    last_resolved_ = pending_.back();
+    pending_.clear();
+}
+
+void TrainingLoop::flush() {
+    resolve_pending();
+    if (recorder_) recorder_->flush();
+}
+
+void TrainingLoop::progress_line(std::int64_t iteration, std::int64_t epoch) {
+    resolve_pending();
+    // Samples and tokens of every rank since the last line (a replica's stages count once).
+    std::vector<double> counts = {samples_since_log_, tokens_since_log_};
+    comm_.allreduce_host(counts, dist::ReduceOp::Sum);
+    const auto now = Clock::now();
+    const double dt = std::chrono::duration<double>(now - t_log_).count();
+    const double elapsed = std::chrono::duration<double>(now - t_begin_).count();
+    const std::int64_t total = step_.total_iterations();
+    const double done = static_cast<double>(iteration - first_iteration_);
+    const double eta = done > 0 ? elapsed / done * static_cast<double>(total - iteration) : kNaN;
+    std::ostringstream line;
+    line << "iter " << iteration << "/" << total << "  epoch " << epoch + 1 << "/" << step_.epochs()
+         << "  loss " << std::fixed << std::setprecision(4) << last_resolved_.shared_loss << "  lr "
+         << std::scientific << std::setprecision(2) << step_.schedule().at(iteration - 1)
+         << std::fixed << std::setprecision(1) << "  "
+         << (dt > 0 ? counts[0] / o_.ranks_per_replica / dt : 0.0) << " samples/s";
+    if (!std::isnan(counts[1]))
+        line << std::setprecision(0) << "  " << counts[1] / dt << " tokens/s";
+    line << "  ETA " << format_duration(eta) << step_.progress_suffix(last_resolved_);
+    core::log::info() << line.str();
+    t_log_ = now;
+    samples_since_log_ = 0;
+    tokens_since_log_ = 0;
+}
+
+void TrainingLoop::checkpoint(std::int64_t next_iteration) {
+    flush(); // the file holds every iteration the checkpoint covers
+    control_->begin_activity("checkpoint write");
+    const auto t0 = Clock::now();
+    const std::string dir = step_.save_checkpoint(*checkpointer_, next_iteration);
+    control_->checkpoint_written();
+    control_->idle();
+    core::log::info() << "checkpoint " << dir << " (resumes at iteration " << next_iteration
+                      << ", written in " << std::fixed << std::setprecision(2)
+                      << std::chrono::duration<double>(Clock::now() - t0).count() << " s)";
+}
+
+void TrainingLoop::run() {
+    const std::int64_t total = step_.total_iterations();
+    const std::int64_t per_epoch = step_.iterations_per_epoch();
+    std::int64_t iteration = step_.start_iteration();
+    first_iteration_ = iteration;
+    t_begin_ = t_log_ = Clock::now();
+    const std::int64_t first_epoch = per_epoch > 0 ? iteration / per_epoch : 0;
+    const bool checkpointing = checkpointer_ && checkpointer_->enabled();
+    for (std::int64_t epoch = first_epoch;
+         epoch < step_.epochs() && iteration < total && !interrupted_; ++epoch) {
+        const auto t_epoch = Clock::now();
+        current_epoch_ = epoch;
+        epoch_loss_sum_ = 0;
+        epoch_resolved_ = 0;
+        double epoch_samples = 0;
+        step_.begin_epoch(epoch, epoch == first_epoch ? iteration - epoch * per_epoch : 0);
+
+        while (iteration < total) {
+            timer_.begin_iteration(iteration);
+            if (window_) window_->begin_iteration(iteration);
+            if (control_) control_->begin_iteration(iteration);
+            bool have_batch = false;
+            {
+                prof::PhaseScope p(timer_, prof::Phase::Data);
+                have_batch = step_.next_batch();
+            }
+            if (!have_batch) {
+                timer_.cancel_iteration(); // end of epoch: nothing was trained
+                if (window_) window_->cancel_iteration();
+                if (control_) control_->idle();
+                break;
+            }
+            const double lr = step_.schedule().at(iteration);
+            step_.set_lr(lr);
+            StepResult r = step_.step(iteration, timer_, control_);
+
+            // The harness's own work, never folded into the phases it measures.
+            Verdict verdict;
+            if (control_) {
+                prof::PhaseScope p(timer_, prof::Phase::Control);
+                verdict = control_->agree(iteration, step_.local_nonfinite(r));
+            }
+            if (verdict.nonfinite && !control_->options().skip_nonfinite) {
+                flush();
+                throw_nonfinite(iteration);
+            }
+            double optimizer_peak = kNaN;
+            bool stepped = true;
+            {
+                prof::PhaseScope p(timer_, prof::Phase::Optimizer);
+                stepped = step_.apply(verdict.nonfinite, optimizer_peak);
+            }
+            timer_.end_iteration();
+            if (window_) window_->end_iteration(iteration);
+
+            epoch_samples += r.samples;
+            samples_since_log_ += r.samples;
+            tokens_since_log_ += r.tokens; // NaN for image workloads: the line leaves tokens out
+            if (recorder_) {
+                IterationValues v;
+                v.iteration = iteration;
+                v.epoch = epoch;
+                v.samples = r.samples;
+                v.tokens = r.tokens;
+                v.label_tokens = r.label_tokens;
+                v.lr = lr;
+                v.loss_scale = r.loss_scale;
+                v.step_skipped = stepped ? 0.0 : 1.0;
+                v.nonfinite_skipped = verdict.nonfinite ? 1.0 : 0.0;
+                v.extra = std::move(r.extra);
+                v.forward_peak_bytes = r.forward_peak;
+                v.backward_peak_bytes = r.backward_peak;
+                v.optimizer_peak_bytes = optimizer_peak;
+                if (o_.accounting) {
+                    step_.account(v);
+                    prof::fold_phase_peaks(v.memory, o_.cuda_index,
+                                           {r.forward_peak, r.backward_peak, optimizer_peak});
+                } else {
+                    v.comm_bytes = v.comm_collective_s = kNaN;
+                    v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;
+                    v.memory.host_rss_bytes = v.memory.host_peak_rss_bytes = kNaN;
+                }
+                recorder_->record_iteration(v);
+            }
+            pending_.push_back({iteration, epoch, r.loss, r.metrics, kNaN, kNaN, {}});
+            if (recorder_ && recorder_->flush_due()) flush();
+            ++iteration;
+
+            if (o_.log_every > 0 && (iteration % o_.log_every == 0 || iteration == total))
+                progress_line(iteration, epoch);
+            if (control_) control_->idle();
+            if (verdict.checkpoint && checkpointing) checkpoint(iteration);
+            if (verdict.stop) {
+                core::log::info() << "signal " << verdict.signal << " received: stopped after "
+                                  << "iteration " << iteration - 1
+                                  << (verdict.checkpoint && checkpointing
+                                          ? " with a checkpoint"
+                                          : " (no checkpoint.dir: nothing to resume from)");
+                interrupted_ = true;
+                break;
+            }
+        }
+        if (interrupted_) break; // the epoch is incomplete: neither evaluated nor recorded
+
+        resolve_pending();
+        EpochValues ev;
+        ev.epoch = epoch;
+        ev.samples = epoch_samples;
+        ev.train_loss =
+            epoch_resolved_ ? epoch_loss_sum_ / static_cast<double>(epoch_resolved_) : kNaN;
+        ev.val_loss = ev.val_accuracy = kNaN;
+        if (step_.evaluates()) {
+            if (control_) control_->begin_activity("evaluation");
+            std::tie(ev.val_loss, ev.val_accuracy) = step_.evaluate();
+            if (control_) control_->idle();
+            core::log::info() << "epoch " << epoch + 1 << "/" << step_.epochs() << "  train_loss "
+                              << ev.train_loss << "  val_loss " << ev.val_loss << "  val_accuracy "
+                              << std::setprecision(4) << 100.0 * ev.val_accuracy << "%";
+        }
+        ev.epoch_s = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+        if (recorder_) recorder_->record_epoch(ev);
+    }
+    flush();
+}
+
+} // namespace trainscope::train

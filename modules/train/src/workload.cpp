@@ -1,0 +1,134 @@
+// Workload (see workload.hpp): the enum parsing, the factory, and the training harness every
+// training workload runs around its TrainStep.
+#include "trainscope/train/workload.hpp"
+
+#include <chrono>
+#include <iomanip>
+#include <sstream>
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/prof/phase_timer.hpp"
+#include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/prof/telemetry.hpp"
+#include "trainscope/prof/telemetry_options.hpp"
+#include "trainscope/train/training_loop.hpp"
+#include "workloads_internal.hpp"
+
+namespace trainscope::train {
+
+WorkloadKind parse_workload(const std::string& name) {
+    if (name == "cv") return WorkloadKind::Cv;
+    if (name == "llm") return WorkloadKind::Llm;
+    if (name == "comm") return WorkloadKind::Comm;
+    throw core::ConfigError("option run.workload = '" + name +
+                            "' is invalid: expected cv, llm or comm");
+}
+
+Strategy parse_strategy(const std::string& name) {
+    if (name == "dp") return Strategy::Dp;
+    if (name == "ddp") return Strategy::Ddp;
+    if (name == "ddp-ds") return Strategy::DdpDs;
+    if (name == "pipeline") return Strategy::Pipeline;
+    throw core::ConfigError("option run.strategy = '" + name +
+                            "' is invalid: expected ddp-ds, ddp, dp or pipeline");
+}
+
+const char* to_string(WorkloadKind k) {
+    switch (k) {
+    case WorkloadKind::Cv:
+        return "cv";
+    case WorkloadKind::Llm:
+        return "llm";
+    case WorkloadKind::Comm:
+        return "comm";
+    }
+    return "?";
+}
+
+const char* to_string(Strategy s) {
+    switch (s) {
+    case Strategy::Dp:
+        return "dp";
+    case Strategy::Ddp:
+        return "ddp";
+    case Strategy::DdpDs:
+        return "ddp-ds";
+    case Strategy::Pipeline:
+        return "pipeline";
+    }
+    return "?";
+}
+
+std::string mib(double bytes) {
+    std::ostringstream o;
+    o << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024.0) << " MiB";
+    return o.str();
+}
+
+Workload::~Workload() = default;
+
+std::string Workload::precision() const {
+    return env_.cfg.get_string("run.precision");
+}
+
+std::unique_ptr<Workload> make_workload(const RunEnvironment& env) {
+    switch (parse_workload(env.cfg.get_string("run.workload"))) {
+    case WorkloadKind::Cv:
+        return make_cv_workload(env);
+    case WorkloadKind::Llm:
+        return make_llm_workload(env);
+    case WorkloadKind::Comm:
+        return make_comm_workload(env);
+    }
+    throw core::InternalError("make_workload: unknown workload");
+}
+
+void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
+    TrainStep* step = train_step();
+    if (!step) throw core::InternalError("Workload::run: no training step");
+    dist::Communicator& comm = *communicator();
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool cuda = env_.device.device.is_cuda();
+    const int cuda_index = cuda ? env_.device.device.index() : -1;
+    prof::PhaseTimer timer(cuda, /*cuda_stream=*/nullptr); // LibTorch's current stream
+    prof::TelemetrySampler telemetry(prof::telemetry_options(env_.cfg), cuda_index,
+                                     env_.device.pci_bus_id);
+    telemetry.declare(file);
+    prof::ProfilerWindow window(prof::ProfileOptions::from_config(env_.cfg), env_.topo.rank,
+                                env_.topo.world_size, cuda, env_.dist.backend);
+    Recorder recorder(file, env_.world, timer,
+                      static_cast<int>(env_.cfg.get_int("output.flush_every")),
+                      static_cast<int>(env_.cfg.get_int("profile.warmup_iters")), extra_columns());
+    recorder.set_telemetry(&telemetry);
+    recorder.declare_buckets(bucket_bytes());
+    comm.set_timeout(env_.cfg.get_float("dist.timeout"));
+    RunControl control(RunControlOptions::from_config(env_.cfg), env_.world, &timer, &comm);
+
+    LoopOptions lo;
+    lo.log_every = static_cast<int>(env_.cfg.get_int("log.every"));
+    lo.ranks_per_replica = ranks_per_replica();
+    lo.accounting = env_.cfg.get_bool("profile.accounting");
+    lo.cuda_index = cuda_index;
+    TrainingLoop loop(lo, *step, comm, timer, &recorder, &window, &control, checkpointer);
+    core::log::info() << start_message(file.path());
+    telemetry.start();
+    loop.run();
+    interrupted_ = loop.interrupted();
+    telemetry.stop();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    window.write(file);
+    telemetry.write(file, env_.world);
+    after_training(file);
+    Recorder::RunInfo info;
+    info.wall_seconds = wall;
+    info.device_name = env_.device.name;
+    info.precision = env_.precision;
+    info.telemetry = &telemetry;
+    describe_run(info);
+    recorder.finish(info);
+}
+
+} // namespace trainscope::train
