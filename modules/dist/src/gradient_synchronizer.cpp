@@ -94,10 +94,11 @@ struct GradientSynchronizer::Impl {
     }
 };
 
-// Makes parameter `index`'s bucket slice hold its gradient of this iteration, before the bucket is
-// launched. View members: nothing to do when .grad is still the view (the common case); a replaced
-// .grad is copied in once and .grad is pointed back at the slice (DDP does the same), an undefined
-// one counts as zeros. Copy-path members: their .grad is copied in, as before views existed.
+// Makes parameter `index`'s bucket slice hold its gradient of this iteration: from its hook, or
+// when finish() launches the bucket of a parameter that got none. View members: nothing to do when
+// .grad is still the view (the common case); a replaced .grad is copied in once and .grad is
+// pointed back at the slice (DDP does the same), an undefined one counts as zeros. Copy-path
+// members: their .grad is copied in, as before views existed.
 void GradientSynchronizer::Impl::gather_gradient(std::size_t index) {
     torch::Tensor& param = params[index];
     const torch::Tensor& slice = slices[index];
@@ -126,6 +127,9 @@ void GradientSynchronizer::Impl::on_gradient_ready(std::size_t index) {
             "begin_iteration() and finish()); its bucket may already be in flight. For gradient "
             "accumulation call begin_iteration() only before the last micro-batch's backward");
     ready[index] = 1;
+    // Its gradient is final for this iteration: into the bucket now (a no-op for an intact
+    // view), so a replaced .grad is freed as early as DDP frees it.
+    gather_gradient(index);
     Bucket& b = buckets[bucket_of[index]];
     if (--b.pending == 0) launch_ready_buckets(/*from_hook=*/true);
 }
@@ -138,7 +142,7 @@ void GradientSynchronizer::Impl::launch_ready_buckets(bool from_hook) {
 
 void GradientSynchronizer::Impl::launch(Bucket& b, bool from_hook) {
     for (std::size_t m : b.members)
-        gather_gradient(m);
+        if (!ready[m]) gather_gradient(m); // no gradient this iteration (launched by finish())
     if (communicate) {
         if (!b.wire.is_same(b.grads)) {
             torch::NoGradGuard no_grad;
@@ -234,9 +238,15 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
             // whatever its dimension order, so a view with the parameter's own strides fits the
             // slice [offset, offset + n); channels_last weights stay channels_last.
             s.as_view[i] = p.is_non_overlapping_and_dense();
-            s.slices[i] = s.as_view[i] ? b.grads.as_strided(p.sizes(), p.strides(), b.offsets[k])
-                                       : b.grads.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
-            if (!s.as_view[i]) continue;
+            if (!s.as_view[i]) {
+                s.slices[i] = b.grads.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+                continue;
+            }
+            // Not an autograd view (as_strided would make one) but a plain tensor on the bucket's
+            // storage: LibTorch's Optimizer::zero_grad calls .grad.detach_(), which throws for
+            // views ("Can't detach views in-place").
+            s.slices[i] = torch::empty({0}, b.grads.options())
+                              .set_(b.grads.storage(), b.offsets[k], p.sizes(), p.strides());
             torch::Tensor& grad = p.mutable_grad();
             if (grad.defined()) s.slices[i].copy_(grad); // keep an accumulated gradient
             grad = s.slices[i];

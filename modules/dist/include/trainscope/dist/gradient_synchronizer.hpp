@@ -27,7 +27,9 @@ namespace trainscope::dist {
 //
 // Gradients as bucket views: the constructor points every parameter's .grad at its slice of the
 // bucket buffer (copying a .grad that already existed), with the parameter's own strides (so a
-// channels_last weight gets a channels_last gradient, as autograd would make it). Zero gradients
+// channels_last weight gets a channels_last gradient, as autograd would make it). The slices share
+// the bucket's storage but are not autograd views, so LibTorch's Optimizer::zero_grad (which
+// calls detach_() on every .grad) accepts them. Zero gradients
 // in place (optimizer.zero_grad(/*set_to_none=*/false), LibTorch's default is true): that keeps
 // the views and no gradient is ever copied. Anything that replaces a .grad (set_to_none=true,
 // assigning .grad, backward with create_graph=true) detaches it from the bucket; the synchronizer
