@@ -3,11 +3,13 @@
 // including its progress thread), and the /comm tables that hold them.
 #include "trainscope/dist/comm_benchmark.hpp"
 
+#include <mpi.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
@@ -242,16 +244,24 @@ void CommBenchmark::write(io::RunFile& file, const std::vector<CommResult>& resu
 
 void declare_bucket_series(io::RunFile& file, const GradientSynchronizer& sync) {
     const auto bytes = sync.bucket_bytes();
-    if (bytes.empty()) return;
+    // Every rank must declare the same columns, but pipeline stages hold different parameters and
+    // so different bucket counts (the small first bucket makes that the rule): one column per
+    // bucket of the rank with the most; a rank's extra columns stay NaN.
+    unsigned long long mine = bytes.size(), most = 0;
+    MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, file.comm());
+    if (most == 0) return;
     std::vector<io::Column> columns;
-    for (std::size_t k = 0; k < bytes.size(); ++k)
+    for (std::size_t k = 0; k < most; ++k)
         columns.push_back({"bucket_" + std::to_string(k) + "_s", "s"});
     file.declare_series("/comm/buckets", columns);
     file.write_vector("/comm/buckets/bytes", std::vector<double>(bytes.begin(), bytes.end()), "B");
 }
 
 void append_bucket_row(io::RunFile& file, const IterationComm& iteration) {
-    if (!iteration.bucket_s.empty()) file.append("/comm/buckets", iteration.bucket_s);
+    if (iteration.bucket_s.empty()) return;
+    std::vector<double> row = iteration.bucket_s;
+    row.resize(file.columns("/comm/buckets"), std::numeric_limits<double>::quiet_NaN());
+    file.append("/comm/buckets", row);
 }
 
 } // namespace trainscope::dist

@@ -85,8 +85,9 @@ class CommBenchmark {
 // Per-bucket gradient communication of training runs (GradientSynchronizer::last_iteration()).
 // Collective, once after the RunFile exists: /comm/buckets/bytes [num_buckets] (B, payload per
 // bucket in launch order, rank 0's) and the series /comm/buckets with one column per bucket,
-// bucket_<k>_s [world_size, iterations] (s, that bucket's allreduce duration). No-op without
-// buckets.
+// bucket_<k>_s [world_size, iterations] (s, that bucket's allreduce duration); as many columns as
+// the rank with the most buckets has (pipeline stages differ), NaN where a rank has fewer. No-op
+// when no rank has buckets.
 void declare_bucket_series(io::RunFile& file, const GradientSynchronizer& sync);
 // Local: one row of /comm/buckets from an iteration's accounting (flushed with the others).
 void append_bucket_row(io::RunFile& file, const IterationComm& iteration);
