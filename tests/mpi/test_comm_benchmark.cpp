@@ -7,6 +7,7 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -290,6 +291,51 @@ TEST(GradientCommRecord, BucketTablesReadBack) {
         for (double v : s)
             EXPECT_GT(v, 0.0) << column; // n >= 2 here: every bucket was allreduced
         EXPECT_EQ(read_string_attr(f, column, "units"), "s");
+    }
+    H5Fclose(f);
+    std::filesystem::remove_all(dir);
+}
+
+TEST(GradientCommRecord, BucketColumnsCoverTheRankWithTheMostBuckets) {
+    // Pipeline stages hold different parameters, so ranks have different bucket counts; the
+    // series must still have the same columns everywhere (declare_series is collective). Rank r
+    // has r + 1 buckets here (one 8-byte parameter each).
+    const int r = world_rank(), n = world_size();
+    const std::string dir = trainscope::testing::shared_tmp_dir("comm");
+    const std::string path = dir + "/uneven_buckets.h5";
+    auto comm = mpi_communicator();
+    std::vector<torch::Tensor> params;
+    for (int k = 0; k <= r; ++k)
+        params.push_back(torch::zeros({2}, torch::TensorOptions().requires_grad(true)));
+    dist::GradientSynchronizer sync(*comm, params, /*bucket_cap_bytes=*/8);
+    ASSERT_EQ(sync.num_buckets(), std::size_t(r + 1));
+    {
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        prof::PhaseTimer timer;
+        train::Recorder recorder(file, MPI_COMM_WORLD, timer, /*flush_every=*/1,
+                                 /*warmup_iters=*/0);
+        recorder.declare_buckets(sync.bucket_bytes());
+        EXPECT_EQ(file.columns("/comm/buckets"), std::size_t(n));
+        timer.begin_iteration(0);
+        timer.end_iteration();
+        train::IterationValues v;
+        v.bucket_s.assign(r + 1, 1.0 + r);
+        recorder.record_iteration(v);
+        recorder.flush();
+        file.close();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r != 0) return;
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    for (int k = 0; k < n; ++k) {
+        const auto s = read_doubles(f, "/comm/buckets/bucket_" + std::to_string(k) + "_s");
+        ASSERT_EQ(s.size(), std::size_t(n)); // [n, 1]
+        for (int rank = 0; rank < n; ++rank)
+            if (k <= rank)
+                EXPECT_EQ(s[rank], 1.0 + rank) << "bucket " << k << " rank " << rank;
+            else
+                EXPECT_TRUE(std::isnan(s[rank])) << "bucket " << k << " rank " << rank;
     }
     H5Fclose(f);
     std::filesystem::remove_all(dir);

@@ -383,15 +383,20 @@ TEST(DistOptions, ResolvesAutoAndRejectsImpossibleCombinations) {
     EXPECT_EQ(o.device, "cpu");
     EXPECT_EQ(o.backend, "mpi");
     EXPECT_EQ(o.bucket_cap_bytes, 25u * 1024 * 1024);
+    EXPECT_EQ(o.first_bucket_cap_bytes, 1u << 20); // DDP's dist._DEFAULT_FIRST_BUCKET_BYTES
 
     o = dist::resolve_options(cfg({}), 4);
     EXPECT_EQ(o.device, TRAINSCOPE_HAVE_CUDA ? "cuda" : "cpu");
     if (TRAINSCOPE_HAVE_CUDA && TRAINSCOPE_HAVE_NCCL) EXPECT_EQ(o.backend, "nccl");
 
-    o = dist::resolve_options(
-        cfg({{"run.device", "cuda"}, {"dist.backend", "mpi"}, {"dist.bucket_mb", "0.5"}}), 0);
+    o = dist::resolve_options(cfg({{"run.device", "cuda"},
+                                   {"dist.backend", "mpi"},
+                                   {"dist.bucket_mb", "0.5"},
+                                   {"dist.first_bucket_mb", "0.25"}}),
+                              0);
     EXPECT_EQ(o.backend, "mpi");
     EXPECT_EQ(o.bucket_cap_bytes, 512u * 1024);
+    EXPECT_EQ(o.first_bucket_cap_bytes, 256u * 1024);
 
     try {
         dist::resolve_options(cfg({{"run.device", "cpu"}, {"dist.backend", "nccl"}}), 0);
@@ -403,6 +408,15 @@ TEST(DistOptions, ResolvesAutoAndRejectsImpossibleCombinations) {
     }
     EXPECT_THROW(dist::resolve_options(cfg({{"dist.bucket_mb", "0"}}), 0), core::ConfigError);
     EXPECT_THROW(cfg({{"dist.bucket_mb", "-1"}}), core::ConfigError);
+    try {
+        dist::resolve_options(cfg({{"dist.first_bucket_mb", "0"}}), 0);
+        ADD_FAILURE() << "dist.first_bucket_mb=0 must be rejected";
+    } catch (const core::ConfigError& e) { // names the option, the value and what is allowed
+        const std::string m = e.what();
+        EXPECT_NE(m.find("dist.first_bucket_mb = '0'"), std::string::npos) << m;
+        EXPECT_NE(m.find("> 0"), std::string::npos) << m;
+    }
+    EXPECT_THROW(cfg({{"dist.first_bucket_mb", "-1"}}), core::ConfigError);
     EXPECT_THROW(cfg({{"dist.backend", "gloo"}}), core::ConfigError);
 }
 

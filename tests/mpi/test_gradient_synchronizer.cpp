@@ -1,6 +1,8 @@
 // GradientSynchronizer under MPI (np 1, 2, 4): data-parallel training with bucketed, overlapped
 // gradient averaging must reproduce single-process training on the global batch (fp64, 1e-10),
-// for bucket caps from "one bucket" to "one parameter per bucket".
+// for bucket caps from "one bucket" to "one parameter per bucket", with a small first bucket, with
+// gradient accumulation and with .grad living in the bucket buffers (DDP's
+// gradient_as_bucket_view).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <torch/torch.h>
@@ -60,6 +62,7 @@ struct CapCase {
     std::size_t cap;
     std::vector<std::size_t> bytes;               // expected bucket payloads (fp64)
     std::vector<std::vector<std::size_t>> params; // expected parameter indices per bucket
+    std::size_t first = dist::GradientSynchronizer::kDefaultFirstBucketBytes; // first bucket cap
 };
 
 // Parameter bytes in reverse registration order: fc2.bias 24, fc2.weight 384, fc1.bias 128,
@@ -68,59 +71,349 @@ const std::vector<CapCase> kCaps = {
     {25u << 20, {19288}, {{5, 4, 3, 2, 1, 0}}},
     {1024, {536, 18432, 320}, {{5, 4, 3}, {2}, {1, 0}}},
     {16, {24, 384, 128, 18432, 32, 288}, {{5}, {4}, {3}, {2}, {1}, {0}}}, // cap < any parameter
+    // A first bucket smaller than the cap: fc2 only, then everything else.
+    {25u << 20, {408, 18880}, {{5, 4}, {3, 2, 1, 0}}, /*first=*/512},
+    // A first cap below any parameter: fc2.bias alone, then 1 KiB buckets.
+    {1024, {24, 512, 18432, 320}, {{5}, {4, 3}, {2}, {1, 0}}, /*first=*/16},
 };
+
+// Whether `grad` lies inside `buffer` (shares its storage and its bytes are within it).
+bool inside(const torch::Tensor& grad, const torch::Tensor& buffer) {
+    if (!grad.defined() || !grad.is_alias_of(buffer)) return false;
+    const char* g = static_cast<const char*>(grad.data_ptr());
+    const char* b = static_cast<const char*>(buffer.data_ptr());
+    return g >= b && g + grad.nbytes() <= b + buffer.nbytes();
+}
+
+// Every view parameter's .grad lies in its own bucket's buffer.
+void expect_gradients_in_buckets(const dist::GradientSynchronizer& sync,
+                                 const std::vector<torch::Tensor>& params) {
+    const auto members = sync.bucket_parameters();
+    for (std::size_t k = 0; k < members.size(); ++k)
+        for (std::size_t i : members[k])
+            if (sync.gradient_is_bucket_view(i))
+                EXPECT_TRUE(inside(params[i].grad(), sync.bucket_buffer(k)))
+                    << "parameter " << i << " bucket " << k;
+}
 
 } // namespace
 
 TEST(GradientSynchronizer, DataParallelEqualsGlobalBatchTraining) {
     const int r = world_rank(), w = world_size();
     const std::int64_t B = 3; // per rank
-    for (const CapCase& c : kCaps) {
-        SCOPED_TRACE("bucket cap " + std::to_string(c.cap) + " bytes");
-        auto comm = mpi_communicator();
-        Net reference = make_net(7);
-        Net model = make_net(7 + r); // ranks start different; broadcast_parameters fixes that
-        dist::GradientSynchronizer sync(*comm, model->parameters(), c.cap);
-        ASSERT_EQ(sync.num_buckets(), c.bytes.size());
-        EXPECT_EQ(sync.bucket_bytes(), c.bytes);
-        EXPECT_EQ(sync.bucket_parameters(), c.params);
-        EXPECT_EQ(sync.bytes_per_iteration(), w > 1 ? 19288u : 0u);
+    for (const CapCase& c : kCaps)
+        for (bool set_to_none : {false, true}) {
+            SCOPED_TRACE("bucket cap " + std::to_string(c.cap) + " bytes, first " +
+                         std::to_string(c.first) +
+                         ", zero_grad(set_to_none=" + std::to_string(set_to_none) + ")");
+            auto comm = mpi_communicator();
+            Net reference = make_net(7);
+            Net model = make_net(7 + r); // ranks start different; broadcast_parameters fixes that
+            dist::GradientSynchronizer sync(*comm, model->parameters(), c.cap, c.first);
+            ASSERT_EQ(sync.num_buckets(), c.bytes.size());
+            EXPECT_EQ(sync.bucket_bytes(), c.bytes);
+            EXPECT_EQ(sync.bucket_parameters(), c.params);
+            EXPECT_EQ(sync.bytes_per_iteration(), w > 1 ? 19288u : 0u);
 
-        sync.broadcast_parameters(0);
-        ASSERT_EQ(max_abs_diff(model, reference), 0.0);
+            sync.broadcast_parameters(0);
+            ASSERT_EQ(max_abs_diff(model, reference), 0.0);
 
-        torch::optim::SGD ref_opt(reference->parameters(),
-                                  torch::optim::SGDOptions(0.1).momentum(0.9));
-        torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-        for (int step = 0; step < 5; ++step) {
-            torch::manual_seed(1000 + step); // the same global batch on every rank
-            auto x = torch::randn({w * B, 1, 8, 8}, torch::kFloat64);
-            auto y = torch::randint(0, 3, {w * B}, torch::kInt64);
+            torch::optim::SGD ref_opt(reference->parameters(),
+                                      torch::optim::SGDOptions(0.1).momentum(0.9));
+            torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+            for (int step = 0; step < 5; ++step) {
+                torch::manual_seed(1000 + step); // the same global batch on every rank
+                auto x = torch::randn({w * B, 1, 8, 8}, torch::kFloat64);
+                auto y = torch::randint(0, 3, {w * B}, torch::kInt64);
 
-            ref_opt.zero_grad();
-            torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
-            ref_opt.step();
+                ref_opt.zero_grad();
+                torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+                ref_opt.step();
 
-            opt.zero_grad();
-            sync.begin_iteration();
-            auto loss = torch::nn::functional::cross_entropy(model->forward(x.narrow(0, r * B, B)),
-                                                             y.narrow(0, r * B, B));
-            loss.backward();
-            EXPECT_GE(sync.finish(), 0.0);
-            opt.step();
-            // Every bucket became ready during backward and was launched from a hook.
-            EXPECT_EQ(sync.buckets_launched_in_backward(), c.bytes.size());
-            EXPECT_EQ(sync.buckets_launched_in_finish(), 0u);
+                // set_to_none=true detaches .grad from the buckets; the synchronizer copies the
+                // new gradients in and points .grad back at its slices.
+                opt.zero_grad(set_to_none);
+                sync.begin_iteration();
+                auto loss = torch::nn::functional::cross_entropy(
+                    model->forward(x.narrow(0, r * B, B)), y.narrow(0, r * B, B));
+                loss.backward();
+                EXPECT_GE(sync.finish(), 0.0);
+                expect_gradients_in_buckets(sync, model->parameters());
+                opt.step();
+                // Every bucket became ready during backward and was launched from a hook.
+                EXPECT_EQ(sync.buckets_launched_in_backward(), c.bytes.size());
+                EXPECT_EQ(sync.buckets_launched_in_finish(), 0u);
+            }
+            EXPECT_LE(max_abs_diff(model, reference), 1e-10);
+            EXPECT_GT(max_abs_diff(model, make_net(7)), 1e-3); // it did train
+            auto stats = comm->stats();
+            if (w > 1) {
+                EXPECT_EQ(stats["allreduce"].calls, 5 * c.bytes.size());
+                EXPECT_EQ(stats["allreduce"].bytes, 5u * 19288);
+            } else {
+                EXPECT_EQ(stats.count("allreduce"), 0u); // one rank: no communication at all
+            }
         }
-        EXPECT_LE(max_abs_diff(model, reference), 1e-10);
-        EXPECT_GT(max_abs_diff(model, make_net(7)), 1e-3); // it did train
-        auto stats = comm->stats();
-        if (w > 1) {
-            EXPECT_EQ(stats["allreduce"].calls, 5 * c.bytes.size());
-            EXPECT_EQ(stats["allreduce"].bytes, 5u * 19288);
-        } else {
-            EXPECT_EQ(stats.count("allreduce"), 0u); // one rank: no communication at all
+}
+
+TEST(GradientSynchronizer, DataParallelWithAccumulationEqualsGlobalBatchTraining) {
+    // 2 micro-batches of B per rank and step; the hooks stay idle for the first one, whose
+    // gradients accumulate in the bucket views, and reduce the sum after the second.
+    const int r = world_rank(), w = world_size();
+    const std::int64_t B = 2, A = 2;
+    auto comm = mpi_communicator();
+    Net reference = make_net(5);
+    Net model = make_net(5 + r);
+    // A tiny first cap and a 1 KiB cap: buckets {fc2.bias}, {fc2.weight, fc1.bias}, {fc1.weight},
+    // {conv.bias, conv.weight}.
+    dist::GradientSynchronizer sync(*comm, model->parameters(), 1024, /*first_bucket_cap=*/16);
+    ASSERT_EQ(sync.num_buckets(), 4u);
+    sync.broadcast_parameters(0);
+    torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    std::vector<const void*> first_ptrs;
+    for (int step = 0; step < 4; ++step) {
+        torch::manual_seed(2000 + step);
+        auto x = torch::randn({w * A * B, 1, 8, 8}, torch::kFloat64);
+        auto y = torch::randint(0, 3, {w * A * B}, torch::kInt64);
+
+        ref_opt.zero_grad(/*set_to_none=*/false);
+        torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+        ref_opt.step();
+
+        opt.zero_grad(/*set_to_none=*/false);
+        for (std::int64_t a = 0; a < A; ++a) {
+            const std::int64_t at = (r * A + a) * B; // this rank's a-th micro-batch
+            if (a == A - 1) sync.begin_iteration();
+            (torch::nn::functional::cross_entropy(model->forward(x.narrow(0, at, B)),
+                                                  y.narrow(0, at, B)) /
+             static_cast<double>(A))
+                .backward();
         }
+        sync.finish();
+        EXPECT_EQ(sync.buckets_launched_in_backward(), 4u);
+        expect_gradients_in_buckets(sync, model->parameters());
+        // zero_grad(false) keeps the views: the same addresses every step, nothing re-pointed.
+        std::vector<const void*> ptrs;
+        for (const auto& p : model->parameters())
+            ptrs.push_back(p.grad().data_ptr());
+        if (step == 0)
+            first_ptrs = ptrs;
+        else
+            EXPECT_EQ(ptrs, first_ptrs);
+        opt.step();
+    }
+    EXPECT_LE(max_abs_diff(model, reference), 1e-10);
+    EXPECT_GT(max_abs_diff(model, make_net(5)), 1e-3);
+}
+
+TEST(GradientSynchronizer, FirstBucketIsSmallAndHoldsTheLastParameters) {
+    // float32 parameters of 300, 700, 500, 900, 400, 600, 200, 100 KiB in registration order;
+    // caps 1 MiB (first, the default) and 2 MiB. In reverse order: {100, 200, 600} = 900 KiB
+    // (adding 400 would pass 1 MiB), {400, 900, 500} = 1800 KiB, {700, 300} = 1000 KiB. Without
+    // the small first bucket the first one would be {100, 200, 600, 400} = 1300 KiB.
+    const int r = world_rank(), w = world_size();
+    const std::vector<std::int64_t> kib = {300, 700, 500, 900, 400, 600, 200, 100};
+    std::vector<torch::Tensor> params;
+    for (std::int64_t k : kib)
+        params.push_back(torch::zeros(
+            {k * 256}, torch::TensorOptions().dtype(torch::kFloat32).requires_grad(true)));
+    auto comm = mpi_communicator();
+    const std::size_t cap = 2u << 20, first = 1u << 20;
+    {
+        dist::GradientSynchronizer same(*comm, params, cap, /*first_bucket_cap=*/cap);
+        EXPECT_EQ(same.bucket_parameters().front(), (std::vector<std::size_t>{7, 6, 5, 4}));
+    }
+    dist::GradientSynchronizer sync(*comm, params, cap); // default first cap: 1 MiB
+    const auto members = sync.bucket_parameters();
+    const auto bytes = sync.bucket_bytes();
+    EXPECT_EQ(members, (std::vector<std::vector<std::size_t>>{{7, 6, 5}, {4, 3, 2}, {1, 0}}));
+    EXPECT_EQ(bytes, (std::vector<std::size_t>{900u << 10, 1800u << 10, 1000u << 10}));
+    ASSERT_FALSE(bytes.empty());
+    EXPECT_LE(bytes[0], first);
+    for (std::size_t k = 1; k < bytes.size(); ++k)
+        EXPECT_LE(bytes[k], cap) << "bucket " << k;
+    // The first bucket holds a suffix of the registration order, the last parameter included.
+    for (std::size_t j = 0; j < members[0].size(); ++j)
+        EXPECT_EQ(members[0][j], params.size() - 1 - j);
+
+    // One iteration: parameter i's gradient is (r + 1) * (i + 1) on rank r; averaged
+    // (w + 1) / 2 * (i + 1), in place in the buckets.
+    sync.begin_iteration();
+    torch::Tensor loss = torch::zeros({}, torch::kFloat32);
+    for (std::size_t i = 0; i < params.size(); ++i)
+        loss = loss + float((r + 1) * (i + 1)) * params[i].sum();
+    loss.backward();
+    sync.finish();
+    EXPECT_EQ(sync.buckets_launched_in_backward(), 3u);
+    expect_gradients_in_buckets(sync, params);
+    for (std::size_t i = 0; i < params.size(); ++i)
+        EXPECT_TRUE(torch::equal(params[i].grad(),
+                                 torch::full_like(params[i], (w + 1) / 2.0f * float(i + 1))))
+            << "parameter " << i;
+}
+
+TEST(GradientSynchronizer, GradientsAreBucketViewsAcrossIterations) {
+    const int r = world_rank(), w = world_size();
+    auto comm = mpi_communicator();
+    Net model = make_net(3);
+    auto params = model->parameters();
+    params[2].mutable_grad() = torch::full_like(params[2], 4.0); // an existing gradient is kept
+    dist::GradientSynchronizer sync(*comm, params, 1024, /*first_bucket_cap=*/16);
+    // Views from construction on, before any backward: zeros, or the gradient that was there.
+    expect_gradients_in_buckets(sync, params);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        EXPECT_TRUE(sync.gradient_is_bucket_view(i));
+        EXPECT_EQ(params[i].grad().strides(), params[i].strides());
+    }
+    EXPECT_TRUE(torch::equal(params[2].grad(), torch::full_like(params[2], 4.0)));
+    EXPECT_TRUE(torch::equal(params[0].grad(), torch::zeros_like(params[0])));
+    std::vector<const void*> ptrs;
+    for (const auto& p : params)
+        ptrs.push_back(p.grad().data_ptr());
+
+    torch::optim::SGD opt(params, torch::optim::SGDOptions(0.01));
+    for (int it = 0; it < 4; ++it) {
+        opt.zero_grad(/*set_to_none=*/false);
+        torch::manual_seed(it);
+        auto x = torch::randn({2, 1, 8, 8}, torch::kFloat64) * (r + 1);
+        sync.begin_iteration();
+        model->forward(x).sum().backward();
+        sync.finish();
+        expect_gradients_in_buckets(sync, params);
+        for (std::size_t i = 0; i < params.size(); ++i)
+            EXPECT_EQ(params[i].grad().data_ptr(), ptrs[i]) << "iteration " << it << " param " << i;
+        opt.step();
+    }
+
+    // set_to_none=true: autograd makes new gradient tensors; each hook copies its parameter's into
+    // the bucket and points .grad back at its slice (same address as before); parameters without
+    // a gradient stay undefined until finish() zeroes their slices. Every rank's gradient of this
+    // bias-only loss is (r + 1), the average (w + 1) / 2.
+    opt.zero_grad(/*set_to_none=*/true);
+    EXPECT_FALSE(params[0].grad().defined());
+    sync.begin_iteration();
+    torch::Tensor loss = torch::zeros({}, torch::kFloat64);
+    for (std::size_t i : {std::size_t{1}, std::size_t{3}, std::size_t{5}}) // the biases
+        loss = loss + double(r + 1) * params[i].sum();
+    loss.backward();
+    for (std::size_t i = 0; i < params.size(); ++i)
+        if (i % 2 == 1)
+            EXPECT_EQ(params[i].grad().data_ptr(), ptrs[i]) << "re-pointed by the hook: " << i;
+        else
+            EXPECT_FALSE(params[i].grad().defined()) << "weight " << i;
+    sync.finish();
+    expect_gradients_in_buckets(sync, params);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+        EXPECT_EQ(params[i].grad().data_ptr(), ptrs[i]) << "param " << i;
+        const double expect = i % 2 == 1 ? (w + 1) / 2.0 : 0.0; // weights got no gradient
+        EXPECT_TRUE(torch::equal(params[i].grad(), torch::full_like(params[i], expect)))
+            << "param " << i;
+    }
+}
+
+// Conv2d(2 -> 3, 3x3) on [B, 2, 6, 6], then a linear layer: a weight with more than one input
+// channel, so channels_last strides differ from contiguous ones.
+struct ConvNetImpl : torch::nn::Module {
+    ConvNetImpl() {
+        conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(2, 3, 3)));
+        fc = register_module("fc", torch::nn::Linear(3 * 4 * 4, 2));
+    }
+    torch::Tensor forward(torch::Tensor x) {        // x: [B, 2, 6, 6]
+        return fc(torch::relu(conv(x)).flatten(1)); // [B, 2]
+    }
+    torch::nn::Conv2d conv{nullptr};
+    torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(ConvNet);
+
+TEST(GradientSynchronizer, ChannelsLastAndNonDenseParameters) {
+    const int r = world_rank(), w = world_size();
+    const std::int64_t B = 2;
+    auto make = [](bool channels_last) {
+        torch::manual_seed(9);
+        ConvNet net;
+        net->to(torch::kFloat64);
+        if (channels_last) {
+            torch::NoGradGuard no_grad;
+            net->conv->weight.set_data(
+                net->conv->weight.contiguous(torch::MemoryFormat::ChannelsLast));
+        }
+        return net;
+    };
+    ConvNet reference = make(false);
+    ConvNet model = make(true);
+    ASSERT_FALSE(model->conv->weight.is_contiguous());
+    // A leaf that is a strided slice (not dense: every other element of its storage) cannot be a
+    // view with its own strides: it takes the copy path.
+    torch::Tensor storage = torch::zeros({4, 8}, torch::kFloat64);
+    torch::Tensor sliced = storage.narrow(1, 0, 4);
+    sliced.requires_grad_(true);
+    ASSERT_TRUE(sliced.is_leaf());
+    ASSERT_FALSE(sliced.is_non_overlapping_and_dense());
+
+    auto params = model->parameters();
+    params.push_back(sliced);
+    auto comm = mpi_communicator();
+    dist::GradientSynchronizer sync(*comm, params, 1 << 20);
+    const std::size_t conv_w = 0, slice_i = params.size() - 1;
+    EXPECT_TRUE(sync.gradient_is_bucket_view(conv_w));
+    EXPECT_FALSE(sync.gradient_is_bucket_view(slice_i));
+    EXPECT_EQ(params[conv_w].grad().strides(), params[conv_w].strides()); // channels_last grad
+    sync.broadcast_parameters(0);
+
+    torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    for (int step = 0; step < 3; ++step) {
+        torch::manual_seed(3000 + step);
+        auto x = torch::randn({w * B, 2, 6, 6}, torch::kFloat64);
+        auto y = torch::randint(0, 2, {w * B}, torch::kInt64);
+        ref_opt.zero_grad(false);
+        torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
+        ref_opt.step();
+
+        opt.zero_grad(false);
+        if (sliced.grad().defined()) sliced.mutable_grad().zero_();
+        sync.begin_iteration();
+        auto loss = torch::nn::functional::cross_entropy(model->forward(x.narrow(0, r * B, B)),
+                                                         y.narrow(0, r * B, B)) +
+                    double(r + 1) * sliced.sum();
+        loss.backward();
+        sync.finish();
+        expect_gradients_in_buckets(sync, params);
+        EXPECT_EQ(params[conv_w].grad().strides(), params[conv_w].strides());
+        EXPECT_FALSE(inside(sliced.grad(), sync.bucket_buffer(0)));
+        EXPECT_TRUE(
+            torch::equal(sliced.grad(), torch::full({4, 4}, (w + 1) / 2.0, torch::kFloat64)));
+        opt.step();
+    }
+    auto pa = model->parameters(), pb = reference->parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i)
+        EXPECT_LE((pa[i] - pb[i]).abs().max().item<double>(), 1e-10) << "parameter " << i;
+}
+
+TEST(GradientSynchronizer, SixteenBitBucketsAreViewsAndAveraged) {
+    // bfloat16 travels as float32 over MPI (a separate wire buffer); .grad is still a bf16 view.
+    const int r = world_rank(), w = world_size();
+    auto comm = mpi_communicator();
+    auto opts = torch::TensorOptions().requires_grad(true);
+    auto h = torch::zeros({8}, opts.dtype(torch::kBFloat16));
+    auto f = torch::zeros({4}, opts.dtype(torch::kFloat32));
+    dist::GradientSynchronizer sync(*comm, {h, f}, 1 << 20);
+    ASSERT_EQ(sync.num_buckets(), 2u); // one per dtype, each its dtype's (small) first bucket
+    EXPECT_EQ(sync.bucket_bytes(),
+              (std::vector<std::size_t>{16, w > 1 ? std::size_t{32} : std::size_t{16}}));
+    for (int it = 0; it < 2; ++it) {
+        h.mutable_grad().zero_();
+        f.mutable_grad().zero_();
+        sync.begin_iteration();
+        (double(r + 1) * (h.to(torch::kFloat32).sum() + 2.0 * f.sum())).backward();
+        sync.finish();
+        expect_gradients_in_buckets(sync, {h, f});
+        EXPECT_EQ(h.grad().scalar_type(), torch::kBFloat16);
+        // 1, 1.5 and 2.5 are exact in bfloat16.
+        EXPECT_TRUE(torch::equal(h.grad(), torch::full({8}, (w + 1) / 2.0, torch::kBFloat16)));
+        EXPECT_TRUE(torch::equal(f.grad(), torch::full({4}, double(w + 1), torch::kFloat32)));
     }
 }
 

@@ -3,11 +3,13 @@
 // including its progress thread), and the /comm tables that hold them.
 #include "trainscope/dist/comm_benchmark.hpp"
 
+#include <mpi.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "trainscope/core/error.hpp"

@@ -1,6 +1,8 @@
-// Bucketed, overlapped gradient averaging (what DDP's Reducer does, without its unused-parameter
-// search and bucket rebuilding). Buckets are launched strictly in bucket order, whatever order the
-// hooks fire in, so every rank issues the same collectives in the same sequence.
+// Bucketed, overlapped gradient averaging (what DDP's Reducer does with gradient_as_bucket_view,
+// without its unused-parameter search and bucket rebuilding). Buckets are launched strictly in
+// bucket order, whatever order the hooks fire in, so every rank issues the same collectives in the
+// same sequence; .grad tensors are views into the bucket buffers, so the allreduce runs in place
+// on what backward wrote and no per-step copy exists unless a .grad was replaced.
 #include "trainscope/dist/gradient_synchronizer.hpp"
 
 #include <torch/csrc/autograd/function_hook.h>
@@ -20,11 +22,16 @@ namespace trainscope::dist {
 struct GradientSynchronizer::Impl {
     struct Bucket {
         std::vector<std::size_t> members;  // parameter indices, in packing order
-        std::vector<std::int64_t> offsets; // element offset of each member in `buffer`
+        std::vector<std::int64_t> offsets; // element offset of each member in `grads`
         std::int64_t numel = 0;
-        std::size_t bytes = 0;
+        std::size_t bytes = 0; // payload: numel x the wire element size
+        std::size_t cap = 0;   // packing cap in bytes (the first bucket of a dtype is smaller)
         torch::ScalarType dtype = torch::kFloat32;
-        torch::Tensor buffer; // [numel] flat, on the parameters' device (only when communicating)
+        // [numel] flat, in `dtype`, on the parameters' device: the members' .grad are views of it.
+        torch::Tensor grads;
+        // [numel] what the allreduce runs on: `grads` itself, except on MPI for 16-bit dtypes
+        // (widened to float32, copied in at launch and back in finish()). Undefined at world 1.
+        torch::Tensor wire;
         std::size_t pending = 0; // members whose gradient has not arrived in this iteration
         bool launched = false;
         std::shared_ptr<Work> work;
@@ -38,7 +45,11 @@ struct GradientSynchronizer::Impl {
     std::vector<torch::Tensor> params;
     std::vector<Bucket> buckets;
     std::vector<std::size_t> bucket_of; // parameter index -> bucket index
-    bool communicate = false;           // world size > 1
+    // Parameter index -> its slice of the bucket's `grads`: with the parameter's sizes and strides
+    // when it is a view member (`as_view`), else contiguous (copy path).
+    std::vector<torch::Tensor> slices;
+    std::vector<char> as_view;
+    bool communicate = false; // world size > 1
 
     // Iteration state, guarded by `mutex` (hooks may run on autograd's device threads).
     std::mutex mutex;
@@ -59,6 +70,7 @@ struct GradientSynchronizer::Impl {
     void on_gradient_ready(std::size_t index);
     void launch_ready_buckets(bool from_hook);
     void launch(Bucket& bucket, bool from_hook);
+    void gather_gradient(std::size_t index);
     // Runs after AccumulateGrad has written a parameter's .grad.
     class BucketReadyHook final : public torch::autograd::PostAccumulateGradHook {
       public:
@@ -73,11 +85,37 @@ struct GradientSynchronizer::Impl {
         std::size_t index_;
     };
 
-    torch::Tensor slice(const Bucket& b, std::size_t k) const {
-        const torch::Tensor& p = params[b.members[k]];
-        return b.buffer.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+    // Whether .grad still writes into the parameter's bucket slice: same address, same layout.
+    bool grad_is_slice(const torch::Tensor& grad, std::size_t index) const {
+        const torch::Tensor& s = slices[index];
+        return grad.defined() && !grad.is_sparse() && grad.data_ptr() == s.data_ptr() &&
+               grad.sizes() == s.sizes() && grad.strides() == s.strides() &&
+               grad.scalar_type() == s.scalar_type();
     }
 };
+
+// Makes parameter `index`'s bucket slice hold its gradient of this iteration: from its hook, or
+// when finish() launches the bucket of a parameter that got none. View members: nothing to do when
+// .grad is still the view (the common case); a replaced .grad is copied in once and .grad is
+// pointed back at the slice (DDP does the same), an undefined one counts as zeros. Copy-path
+// members: their .grad is copied in, as before views existed.
+void GradientSynchronizer::Impl::gather_gradient(std::size_t index) {
+    torch::Tensor& param = params[index];
+    const torch::Tensor& slice = slices[index];
+    torch::Tensor& grad = param.mutable_grad();
+    if (as_view[index] && grad_is_slice(grad, index)) return;
+    if (grad.defined() && grad.is_sparse())
+        throw core::InternalError("GradientSynchronizer: sparse gradients are not supported "
+                                  "(parameter " +
+                                  std::to_string(index) + ")");
+    if (!as_view[index] && !communicate) return; // finish() creates a missing one
+    torch::NoGradGuard no_grad;
+    if (grad.defined())
+        torch::Tensor(slice).copy_(grad);
+    else
+        torch::Tensor(slice).zero_(); // parameter got no gradient this iteration on this rank
+    if (as_view[index]) grad = slice;
+}
 
 void GradientSynchronizer::Impl::on_gradient_ready(std::size_t index) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -89,6 +127,9 @@ void GradientSynchronizer::Impl::on_gradient_ready(std::size_t index) {
             "begin_iteration() and finish()); its bucket may already be in flight. For gradient "
             "accumulation call begin_iteration() only before the last micro-batch's backward");
     ready[index] = 1;
+    // Its gradient is final for this iteration: into the bucket now (a no-op for an intact
+    // view), so a replaced .grad is freed as early as DDP frees it.
+    gather_gradient(index);
     Bucket& b = buckets[bucket_of[index]];
     if (--b.pending == 0) launch_ready_buckets(/*from_hook=*/true);
 }
@@ -100,23 +141,16 @@ void GradientSynchronizer::Impl::launch_ready_buckets(bool from_hook) {
 }
 
 void GradientSynchronizer::Impl::launch(Bucket& b, bool from_hook) {
+    for (std::size_t m : b.members)
+        if (!ready[m]) gather_gradient(m); // no gradient this iteration (launched by finish())
     if (communicate) {
-        torch::NoGradGuard no_grad;
-        for (std::size_t k = 0; k < b.members.size(); ++k) {
-            const torch::Tensor& grad = params[b.members[k]].grad();
-            torch::Tensor dst = slice(b, k);
-            if (!grad.defined()) {
-                dst.zero_(); // parameter got no gradient this iteration on this rank
-            } else {
-                if (grad.is_sparse())
-                    throw core::InternalError("GradientSynchronizer: sparse gradients are not "
-                                              "supported (parameter " +
-                                              std::to_string(b.members[k]) + ")");
-                dst.copy_(grad);
-            }
+        if (!b.wire.is_same(b.grads)) {
+            torch::NoGradGuard no_grad;
+            b.wire.copy_(b.grads); // MPI, 16-bit dtype: widen to float32
         }
         b.range = nvtx::Range(b.label.c_str());
-        b.work = comm.allreduce_async(b.buffer, ReduceOp::Average);
+        // ReduceOp::Average: the mean over ranks, in place, as DDP's division by world size.
+        b.work = comm.allreduce_async(b.wire, ReduceOp::Average);
     }
     b.launched = true;
     (from_hook ? in_backward : in_finish) += 1;
@@ -124,10 +158,13 @@ void GradientSynchronizer::Impl::launch(Bucket& b, bool from_hook) {
 
 GradientSynchronizer::GradientSynchronizer(Communicator& comm,
                                            std::vector<torch::Tensor> parameters,
-                                           std::size_t bucket_cap_bytes)
+                                           std::size_t bucket_cap_bytes,
+                                           std::size_t first_bucket_cap_bytes)
     : impl_(std::make_unique<Impl>(comm, std::move(parameters))) {
     Impl& s = *impl_;
     if (bucket_cap_bytes == 0) throw core::InternalError("GradientSynchronizer: bucket cap is 0");
+    if (first_bucket_cap_bytes == 0)
+        throw core::InternalError("GradientSynchronizer: first bucket cap is 0");
     std::set<const void*> seen;
     for (std::size_t i = 0; i < s.params.size(); ++i) {
         const torch::Tensor& p = s.params[i];
@@ -143,24 +180,32 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
         if (torch::autograd::impl::post_acc_grad_hooks(p))
             throw core::InternalError(which + " already has a post-accumulate-grad hook (two "
                                               "GradientSynchronizers on one model?)");
+        if (p.grad().defined() && p.grad().is_sparse())
+            throw core::InternalError(which + " has a sparse gradient (not supported)");
     }
 
     // Bucketing: reverse registration order (gradients arrive roughly so), one open bucket per
-    // dtype; a bucket is closed when the next parameter would overflow the cap, so no bucket
-    // exceeds the cap unless it holds a single larger parameter.
+    // dtype; a bucket is closed when the next parameter would overflow its cap, so no bucket
+    // exceeds its cap unless it holds a single larger parameter. As in DDP, the first bucket of
+    // each dtype gets the small cap (DDP keeps one size-limit sequence per dtype and device), and
+    // it is never larger than the others.
+    const std::size_t first_cap = std::min(first_bucket_cap_bytes, bucket_cap_bytes);
     s.bucket_of.assign(s.params.size(), 0);
     std::map<torch::ScalarType, std::size_t> open;
+    std::set<torch::ScalarType> started; // dtypes that have a bucket already
     for (std::size_t n = s.params.size(); n-- > 0;) {
         const torch::Tensor& p = s.params[n];
         const std::size_t bytes = p.numel() * p.element_size();
         auto it = open.find(p.scalar_type());
-        if (it != open.end() && s.buckets[it->second].bytes + bytes > bucket_cap_bytes) {
+        if (it != open.end() && s.buckets[it->second].bytes + bytes > s.buckets[it->second].cap) {
             open.erase(it);
             it = open.end();
         }
         if (it == open.end()) {
             s.buckets.emplace_back();
             s.buckets.back().dtype = p.scalar_type();
+            s.buckets.back().cap =
+                started.insert(p.scalar_type()).second ? first_cap : bucket_cap_bytes;
             it = open.emplace(p.scalar_type(), s.buckets.size() - 1).first;
         }
         Impl::Bucket& b = s.buckets[it->second];
@@ -169,7 +214,7 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
         b.numel += p.numel();
         b.bytes += bytes;
         s.bucket_of[n] = it->second;
-        if (b.bytes >= bucket_cap_bytes) open.erase(it);
+        if (b.bytes >= b.cap) open.erase(it);
     }
 
     for (std::size_t k = 0; k < s.buckets.size(); ++k)
@@ -178,14 +223,43 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
     // MPI has no 16-bit floating-point types: half and bfloat16 gradients travel as float32
     // (exact for the values, summed in float32; twice the bytes, which the accounting shows).
     const bool widen = comm.backend() == "mpi";
-    if (s.communicate)
-        for (auto& b : s.buckets) {
-            const bool narrow = b.dtype == torch::kHalf || b.dtype == torch::kBFloat16;
-            const torch::ScalarType wire = widen && narrow ? torch::kFloat32 : b.dtype;
-            b.bytes = static_cast<std::size_t>(b.numel) * c10::elementSize(wire);
-            b.buffer =
-                torch::zeros({b.numel}, torch::TensorOptions().dtype(wire).device(comm.device()));
+    s.slices.resize(s.params.size());
+    s.as_view.assign(s.params.size(), 0);
+    torch::NoGradGuard no_grad;
+    for (auto& b : s.buckets) {
+        // Allocated at every world size: the buffers replace the gradients autograd would
+        // allocate, so behaviour (and memory) does not depend on the number of ranks.
+        b.grads =
+            torch::zeros({b.numel}, torch::TensorOptions().dtype(b.dtype).device(comm.device()));
+        for (std::size_t k = 0; k < b.members.size(); ++k) {
+            const std::size_t i = b.members[k];
+            torch::Tensor& p = s.params[i];
+            // A non-overlapping, dense tensor of numel n spans exactly n consecutive elements
+            // whatever its dimension order, so a view with the parameter's own strides fits the
+            // slice [offset, offset + n); channels_last weights stay channels_last.
+            s.as_view[i] = p.is_non_overlapping_and_dense();
+            if (!s.as_view[i]) {
+                s.slices[i] = b.grads.narrow(0, b.offsets[k], p.numel()).view(p.sizes());
+                continue;
+            }
+            // Not an autograd view (as_strided would make one) but a plain tensor on the bucket's
+            // storage: LibTorch's Optimizer::zero_grad calls .grad.detach_(), which throws for
+            // views ("Can't detach views in-place").
+            s.slices[i] = torch::empty({0}, b.grads.options())
+                              .set_(b.grads.storage(), b.offsets[k], p.sizes(), p.strides());
+            torch::Tensor& grad = p.mutable_grad();
+            if (grad.defined()) s.slices[i].copy_(grad); // keep an accumulated gradient
+            grad = s.slices[i];
         }
+        if (!s.communicate) continue;
+        const bool narrow = b.dtype == torch::kHalf || b.dtype == torch::kBFloat16;
+        const torch::ScalarType wire = widen && narrow ? torch::kFloat32 : b.dtype;
+        b.bytes = static_cast<std::size_t>(b.numel) * c10::elementSize(wire);
+        b.wire =
+            wire == b.dtype
+                ? b.grads
+                : torch::zeros({b.numel}, torch::TensorOptions().dtype(wire).device(comm.device()));
+    }
     s.ready.assign(s.params.size(), 0);
     for (std::size_t i = 0; i < s.params.size(); ++i)
         torch::autograd::impl::set_post_acc_grad_hooks(
@@ -193,7 +267,8 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
 }
 
 GradientSynchronizer::~GradientSynchronizer() {
-    // Unfinished collectives (if any, e.g. during error unwinding) keep their buffers alive.
+    // Unfinished collectives (if any, e.g. during error unwinding) keep their buffers alive; the
+    // .grad views keep their bucket's storage alive after we are gone.
     for (auto& p : impl_->params) {
         auto& slot = torch::autograd::impl::post_acc_grad_hooks(p);
         auto* hook = dynamic_cast<Impl::BucketReadyHook*>(slot.get());
@@ -206,13 +281,19 @@ void GradientSynchronizer::broadcast_parameters(int root,
     Impl& s = *impl_;
     if (!s.communicate) return;
     torch::NoGradGuard no_grad;
-    // Parameters travel packed in their gradient buckets' buffers: few, large messages.
+    // Parameters travel packed per gradient bucket: few, large messages. The staging buffer is a
+    // temporary of the bucket's wire type, not the bucket itself, whose contents are .grad.
     for (auto& b : s.buckets) {
-        for (std::size_t k = 0; k < b.members.size(); ++k)
-            s.slice(b, k).copy_(s.params[b.members[k]]);
-        s.comm.broadcast(b.buffer, root);
-        for (std::size_t k = 0; k < b.members.size(); ++k)
-            s.params[b.members[k]].copy_(s.slice(b, k));
+        torch::Tensor staging = torch::empty({b.numel}, b.wire.options());
+        for (std::size_t k = 0; k < b.members.size(); ++k) {
+            torch::Tensor& p = s.params[b.members[k]];
+            staging.narrow(0, b.offsets[k], p.numel()).view(p.sizes()).copy_(p);
+        }
+        s.comm.broadcast(staging, root);
+        for (std::size_t k = 0; k < b.members.size(); ++k) {
+            torch::Tensor& p = s.params[b.members[k]];
+            p.copy_(staging.narrow(0, b.offsets[k], p.numel()).view(p.sizes()));
+        }
     }
     for (const torch::Tensor& buffer : buffers) {
         if (!buffer.defined() || buffer.numel() == 0) continue;
@@ -269,18 +350,21 @@ double GradientSynchronizer::finish() {
         s.last_resolved = false;
     }
 
+    // The averages are in place in the buckets, so view members are done. Left to do: narrowing
+    // the MPI float32 wire copy back to 16 bits, and the copy-path members.
     for (auto& b : s.buckets) {
-        for (std::size_t k = 0; k < b.members.size(); ++k) {
-            torch::Tensor& p = s.params[b.members[k]];
+        if (s.communicate && !b.wire.is_same(b.grads)) b.grads.copy_(b.wire);
+        for (std::size_t m : b.members) {
+            if (s.as_view[m]) continue;
+            torch::Tensor& p = s.params[m];
             torch::Tensor& grad = p.mutable_grad();
             if (!s.communicate) {
                 if (!grad.defined()) grad = torch::zeros_like(p);
-                continue;
+            } else if (grad.defined()) {
+                grad.copy_(s.slices[m]);
+            } else {
+                grad = s.slices[m].clone();
             }
-            if (grad.defined())
-                grad.copy_(s.slice(b, k));
-            else
-                grad = s.slice(b, k).clone();
         }
         b.work.reset();
     }
@@ -328,6 +412,22 @@ std::vector<std::vector<std::size_t>> GradientSynchronizer::bucket_parameters() 
     for (const auto& b : impl_->buckets)
         out.push_back(b.members);
     return out;
+}
+
+const torch::Tensor& GradientSynchronizer::bucket_buffer(std::size_t k) const {
+    if (k >= impl_->buckets.size())
+        throw core::InternalError("GradientSynchronizer::bucket_buffer(" + std::to_string(k) +
+                                  "): there are " + std::to_string(impl_->buckets.size()) +
+                                  " buckets");
+    return impl_->buckets[k].grads;
+}
+
+bool GradientSynchronizer::gradient_is_bucket_view(std::size_t i) const {
+    if (i >= impl_->params.size())
+        throw core::InternalError("GradientSynchronizer::gradient_is_bucket_view(" +
+                                  std::to_string(i) + "): there are " +
+                                  std::to_string(impl_->params.size()) + " parameters");
+    return impl_->as_view[i] != 0;
 }
 
 std::uint64_t GradientSynchronizer::bytes_per_iteration() const {

@@ -20,6 +20,10 @@ void declare_options(core::OptionRegistry& registry) {
                         "gradient communication; auto = nccl for cuda devices, mpi for cpu");
     registry.add_float("dist.bucket_mb", 25.0,
                        "gradient bucket cap in MiB (as DDP's bucket_cap_mb); must be > 0", 0.0);
+    registry.add_float("dist.first_bucket_mb", 1.0,
+                       "cap in MiB of the first gradient bucket reduced (the last parameters; as "
+                       "DDP's 1 MiB first bucket), at most dist.bucket_mb; must be > 0",
+                       0.0);
     // run.workload=comm: the communication benchmark (dist/comm_benchmark.hpp).
     registry.add_float("dist.timeout", 600,
                        "seconds an NCCL collective may stay pending before the communicator is "
@@ -67,15 +71,21 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
                                 "auto) for CPU runs, or run.device=cuda");
     }
 
-    o.bucket_mb = config.get_float("dist.bucket_mb");
-    if (!(o.bucket_mb > 0)) {
-        std::ostringstream v;
-        v << o.bucket_mb;
-        throw core::ConfigError("option dist.bucket_mb = '" + v.str() +
-                                "' is invalid: expected a number > 0 (MiB per gradient bucket)");
-    }
-    const double bytes = std::round(o.bucket_mb * 1024.0 * 1024.0);
-    o.bucket_cap_bytes = bytes < 1 ? 1 : static_cast<std::size_t>(bytes);
+    // MiB -> bytes, rounded, at least 1; the message names the option, its value and the rule.
+    auto cap_bytes = [&](const char* key, const char* what, double& mb) {
+        mb = config.get_float(key);
+        if (!(mb > 0)) {
+            std::ostringstream v;
+            v << mb;
+            throw core::ConfigError("option " + std::string(key) + " = '" + v.str() +
+                                    "' is invalid: expected a number > 0 (" + what + ")");
+        }
+        const double bytes = std::round(mb * 1024.0 * 1024.0);
+        return bytes < 1 ? std::size_t{1} : static_cast<std::size_t>(bytes);
+    };
+    o.bucket_cap_bytes = cap_bytes("dist.bucket_mb", "MiB per gradient bucket", o.bucket_mb);
+    o.first_bucket_cap_bytes =
+        cap_bytes("dist.first_bucket_mb", "MiB of the first gradient bucket", o.first_bucket_mb);
     return o;
 }
 

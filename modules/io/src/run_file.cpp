@@ -701,6 +701,14 @@ std::size_t RunFile::rows(const std::string& group) const {
     return static_cast<std::size_t>(s.written + s.pending[0].size());
 }
 
+std::size_t RunFile::columns(const std::string& group) const {
+    return checked("columns").find_series(group, "columns").columns.size();
+}
+
+MPI_Comm RunFile::comm() const {
+    return checked("comm").comm;
+}
+
 void RunFile::flush() {
     Impl& m = checked("flush");
     m.write_pending();

@@ -238,7 +238,8 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     s.scaler = std::make_unique<GradScaler>(scaler_options, s.o.device);
 
     s.sync = std::make_unique<dist::GradientSynchronizer>(
-        *s.dpcomm, params, static_cast<std::size_t>(s.o.bucket_bytes));
+        *s.dpcomm, params, static_cast<std::size_t>(s.o.bucket_bytes),
+        static_cast<std::size_t>(s.o.first_bucket_bytes));
     s.sync->broadcast_parameters(0);
     s.sync_buffers();
 

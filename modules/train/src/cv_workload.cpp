@@ -146,6 +146,7 @@ void CvWorkload::build() {
     t.workers = static_cast<int>(c.get_int("data.workers"));
     t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
     t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
+    t.first_bucket_bytes = static_cast<double>(env_.dist.first_bucket_cap_bytes);
 
     const std::int64_t train_samples = data_.size(data::Split::Train);
     dist::agree_on_errors(env_.world, [&] {
@@ -238,7 +239,8 @@ std::string CvWorkload::plan_text() const {
       << "  model         MobileNetV2, " << num_classes_ << " classes, " << parameters_
       << " parameters, " << std::fixed << std::setprecision(1) << macs_per_sample_ / 1e6
       << " MMAC per sample (forward)\n"
-      << "  gradients     buckets of " << env_.dist.bucket_mb << " MiB, allreduce of "
+      << "  gradients     buckets of " << env_.dist.bucket_mb << " MiB (the first "
+      << std::min(env_.dist.first_bucket_mb, env_.dist.bucket_mb) << " MiB), allreduce of "
       << mib(static_cast<double>(parameters_) *
              static_cast<double>(c10::elementSize(env_.policy.param_dtype)))
       << " per iteration\n"

@@ -218,7 +218,8 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
             s.optimizer = std::make_unique<torch::optim::SGD>(
                 s.m.trainable, torch::optim::SGDOptions(l.lr).weight_decay(l.weight_decay));
         s.sync = std::make_unique<dist::GradientSynchronizer>(
-            comm, s.m.trainable, static_cast<std::size_t>(s.o.bucket_bytes));
+            comm, s.m.trainable, static_cast<std::size_t>(s.o.bucket_bytes),
+            static_cast<std::size_t>(s.o.first_bucket_bytes));
         s.sync->broadcast_parameters(0);
     }
     GradScaler::Options so;

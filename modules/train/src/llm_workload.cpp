@@ -208,6 +208,7 @@ void LlmWorkload::build() {
     t.workers = static_cast<int>(c.get_int("data.workers"));
     t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
     t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
+    t.first_bucket_bytes = static_cast<double>(env_.dist.first_bucket_cap_bytes);
     t.accounting = c.get_bool("profile.accounting");
     dist::agree_on_errors(env_.world, [&] {
         trainer_ = std::make_unique<LlmTrainer>(t, std::move(model), *text_, *tokenizer_, *comm_,

@@ -101,10 +101,15 @@ void Recorder::record_iteration(const IterationValues& v) {
 }
 
 void Recorder::declare_buckets(const std::vector<std::size_t>& bytes) {
-    buckets_ = bytes.size();
-    if (bytes.empty()) return;
+    // Every rank must declare the same columns, but pipeline stages hold different parameters and
+    // so different bucket counts (the small first bucket makes that the rule): one column per
+    // bucket of the rank with the most; a rank's extra columns stay NaN.
+    unsigned long long mine = bytes.size(), most = 0;
+    MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm_);
+    buckets_ = static_cast<std::size_t>(most);
+    if (most == 0) return;
     std::vector<io::Column> columns;
-    for (std::size_t k = 0; k < bytes.size(); ++k)
+    for (std::size_t k = 0; k < buckets_; ++k)
         columns.push_back({"bucket_" + std::to_string(k) + "_s", "s"});
     file_.declare_series("/comm/buckets", columns);
     file_.write_vector("/comm/buckets/bytes", std::vector<double>(bytes.begin(), bytes.end()), "B");
@@ -177,8 +182,11 @@ void Recorder::flush() {
                                v.label_tokens});
         row.insert(row.end(), v.extra.begin(), v.extra.end());
         file_.append("iterations", row);
-        if (buckets_ > 0 && v.bucket_s.size() == buckets_)
-            file_.append("/comm/buckets", v.bucket_s);
+        if (buckets_ > 0 && !v.bucket_s.empty()) {
+            std::vector<double> buckets = v.bucket_s;
+            buckets.resize(buckets_, kNaN); // fewer buckets than the rank with the most
+            file_.append("/comm/buckets", buckets);
+        }
         nonfinite_skipped_ += v.nonfinite_skipped;
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
         if (!std::isnan(m.host_tensor_peak_bytes))

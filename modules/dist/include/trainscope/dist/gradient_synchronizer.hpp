@@ -1,8 +1,9 @@
 // GradientSynchronizer: data-parallel gradient averaging as DDP does it. Parameters are packed into
-// buckets (reverse registration order, one dtype per bucket, capped in bytes); a post-accumulate-
-// grad hook per parameter launches a bucket's asynchronous allreduce as soon as all its gradients
-// exist, so communication overlaps the rest of backward; finish() waits and writes the averages
-// back into .grad.
+// buckets (reverse registration order, one dtype per bucket, a small first bucket, then capped in
+// bytes); each parameter's .grad is a view into its bucket's flat buffer (DDP's
+// gradient_as_bucket_view), so backward accumulates straight into the bucket; a post-accumulate-
+// grad hook per parameter launches a bucket's asynchronous in-place allreduce as soon as all its
+// gradients exist, so communication overlaps the rest of backward; finish() waits for them.
 #pragma once
 
 #include <torch/types.h>
@@ -21,8 +22,25 @@ namespace trainscope::dist {
 // (hooks are idle then, gradients just accumulate locally), and call begin_iteration() before the
 // last micro-batch's backward: the hooks then reduce the accumulated .grad.
 // Running backward twice inside one iteration (between begin_iteration() and finish()) is an
-// error: the second gradient of a parameter whose bucket is already in flight would be lost, so
+// error: the second gradient of a parameter lands in a bucket that may already be in flight, so
 // the hook throws core::InternalError, which surfaces from backward().
+//
+// Gradients as bucket views: the constructor points every parameter's .grad at its slice of the
+// bucket buffer (copying a .grad that already existed), with the parameter's own strides (so a
+// channels_last weight gets a channels_last gradient, as autograd would make it). The slices share
+// the bucket's storage but are not autograd views, so LibTorch's Optimizer::zero_grad (which
+// calls detach_() on every .grad) accepts them. Zero gradients
+// in place (optimizer.zero_grad(/*set_to_none=*/false), LibTorch's default is true): that keeps
+// the views and no gradient is ever copied. Anything that replaces a .grad (set_to_none=true,
+// assigning .grad, backward with create_graph=true) detaches it from the bucket; the synchronizer
+// notices when the parameter's gradient is ready (its data pointer is not its slice's), copies it
+// into the bucket once and points .grad back at the slice, as DDP does; an undefined .grad counts
+// as zeros and is re-pointed too. So set_to_none=true stays correct but costs one copy per
+// parameter per iteration, the copy this design exists to avoid. Parameters that are not
+// non-overlapping and dense (e.g. a strided slice made a leaf) cannot be viewed with their own
+// strides: they keep the copy path (their .grad is separate, copied into the bucket at launch and
+// back after the allreduce).
+
 // Communication of one iteration, as this rank saw it. Bytes are payload bytes allreduced (the
 // bucket buffers); bus bandwidth = bytes / collective time x 2(n-1)/n (dist/bandwidth.hpp).
 struct IterationComm {
@@ -35,10 +53,18 @@ struct IterationComm {
 
 class GradientSynchronizer {
   public:
+    // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
+    static constexpr std::size_t kDefaultFirstBucketBytes = std::size_t{1} << 20;
+
     // parameters: leaves that require grad, all on comm.device()'s device type. Keeps references
-    // (the tensors share storage with the model's parameters).
+    // (the tensors share storage with the model's parameters) and sets their .grad to bucket views.
+    // Caps in bytes: the first bucket of each dtype (the first reduced, holding the last-registered
+    // parameters, whose gradients backward produces first) is capped at
+    // min(first_bucket_cap_bytes, bucket_cap_bytes), so communication starts early in backward;
+    // the others at bucket_cap_bytes. A bucket exceeds its cap only when one parameter does.
     GradientSynchronizer(Communicator& comm, std::vector<torch::Tensor> parameters,
-                         std::size_t bucket_cap_bytes);
+                         std::size_t bucket_cap_bytes,
+                         std::size_t first_bucket_cap_bytes = kDefaultFirstBucketBytes);
     ~GradientSynchronizer(); // removes its hooks
     GradientSynchronizer(const GradientSynchronizer&) = delete;
     GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
@@ -49,14 +75,21 @@ class GradientSynchronizer {
 
     void begin_iteration(); // before backward: arms the hooks
     // After backward: launches the buckets not yet launched (a parameter without .grad contributes
-    // zeros; afterwards every parameter has a .grad), waits for all, writes the averaged gradients
-    // into .grad. Returns the seconds spent waiting (exposed communication; with NCCL the wait is
-    // stream-ordered, so this is only host overhead and the GPU wait shows in the CUDA timeline).
+    // zeros; afterwards every parameter has a .grad), waits for all; the averages are then in the
+    // bucket buffers, i.e. in .grad (copy-path parameters get them copied). Returns the seconds
+    // spent waiting (exposed communication; with NCCL the wait is stream-ordered, so this is only
+    // host overhead and the GPU wait shows in the CUDA timeline).
     double finish();
 
     std::size_t num_buckets() const;
     std::vector<std::size_t> bucket_bytes() const; // payload per bucket, launch order
     std::vector<std::vector<std::size_t>> bucket_parameters() const; // parameter indices per bucket
+    // Bucket k's flat gradient buffer [numel] in the parameters' dtype (launch order); the .grad
+    // of its members are views into it. For tests and memory accounting; do not resize it.
+    const torch::Tensor& bucket_buffer(std::size_t k) const;
+    // Whether parameter i's .grad is meant to be a view into its bucket (false: copy path, see
+    // above).
+    bool gradient_is_bucket_view(std::size_t i) const;
     // Bytes allreduced per iteration (sum of bucket_bytes(); 0 when world size is 1: no traffic).
     std::uint64_t bytes_per_iteration() const;
     // Of the last finished iteration: buckets launched from hooks during backward vs in finish().

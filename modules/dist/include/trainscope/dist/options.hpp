@@ -1,7 +1,7 @@
-// Options owned by the dist module (run.device, dist.backend, dist.bucket_mb; comm.* of the
-// communication benchmark, read by CommBenchmarkOptions::from_config) and their resolution
-// into concrete choices: "auto" becomes cpu/cuda and mpi/nccl, impossible combinations are
-// ConfigErrors naming both keys.
+// Options owned by the dist module (run.device, dist.backend, dist.bucket_mb,
+// dist.first_bucket_mb; comm.* of the communication benchmark, read by
+// CommBenchmarkOptions::from_config) and their resolution into concrete choices: "auto" becomes
+// cpu/cuda and mpi/nccl, impossible combinations are ConfigErrors naming both keys.
 #pragma once
 
 #include <cstddef>
@@ -21,11 +21,16 @@ struct DistOptions {
     std::string backend;              // "mpi" | "nccl"
     double bucket_mb = 25;            // MiB, as DDP's bucket_cap_mb
     std::size_t bucket_cap_bytes = 0; // bucket_mb * 2^20, at least 1
+    // The first bucket reduced (GradientSynchronizer's first_bucket_cap_bytes; it applies
+    // min(first, bucket cap)), as DDP's dist._DEFAULT_FIRST_BUCKET_BYTES.
+    double first_bucket_mb = 1;
+    std::size_t first_bucket_cap_bytes = 0; // first_bucket_mb * 2^20, at least 1
 };
 
 // Resolves the "auto" values. `visible_cuda_devices` is what this process sees (pass
 // dist::cuda_device_count(); tests pass any number). Throws ConfigError for dist.backend=nccl with
-// a CPU device, for NCCL in a build without NCCL, and for dist.bucket_mb <= 0.
+// a CPU device, for NCCL in a build without NCCL, and for dist.bucket_mb or dist.first_bucket_mb
+// <= 0.
 DistOptions resolve_options(const core::Config& config, int visible_cuda_devices);
 
 // Launch mistakes a batch job makes before any training, as a message (empty = none):

@@ -79,6 +79,11 @@ class RunFile {
     void append(const std::string& group, const std::vector<double>& row);
     // Local. Rows of `group` appended by this rank so far (flushed + buffered).
     std::size_t rows(const std::string& group) const;
+    // Local. Columns `group` was declared with.
+    std::size_t columns(const std::string& group) const;
+    // Local. The communicator the file was created on: the ranks that must agree on every
+    // collective call (e.g. on a series' columns).
+    MPI_Comm comm() const;
 
     // Collective. Writes every rank's buffered rows: the extent of each series becomes the longest
     // rank's row count (shorter rows stay NaN), root attribute flushed_utc and the group attributes

@@ -71,8 +71,9 @@ class Recorder {
              int warmup_iters, std::vector<io::Column> extra_columns = {});
 
     void record_iteration(const IterationValues& v);
-    // Collective: declares /comm/buckets (one column bucket_<k>_s per gradient bucket, and the
-    // buckets' payload bytes), filled from IterationValues::bucket_s. No-op for no buckets.
+    // Collective: declares /comm/buckets (one column bucket_<k>_s per gradient bucket of the rank
+    // with the most buckets, NaN where a rank has fewer; /comm/buckets/bytes: rank 0's payload per
+    // bucket), filled from IterationValues::bucket_s. No-op when no rank has buckets.
     void declare_buckets(const std::vector<std::size_t>& bucket_bytes);
     // Values resolved after the fact (losses stay on the device until a flush).
     void set_loss(std::int64_t iteration, double loss);
