@@ -16,7 +16,7 @@ trainscope_add_test(NAME comm_mpi_tests MPI TORCH
   MPI NP 2 4)
 
 add_executable(comm_bench_driver bench/comm_bench_driver.cpp)
-target_link_libraries(comm_bench_driver PRIVATE trainscope::dist trainscope::io)
+target_link_libraries(comm_bench_driver PRIVATE trainscope::dist trainscope::io trainscope::train)
 trainscope_use_torch_pch(comm_bench_driver)
 
 add_executable(mpi_allreduce_ref bench/mpi_allreduce_ref.cpp)

@@ -1,6 +1,6 @@
 # prof telemetry and statistics (issue 3): serial unit tests (statistics, sampler, memory
 # counters) with a fake NVML library standing in for the driver, and MPI tests that write
-# /telemetry from 1 and 2 ranks and read it back.
+# /telemetry from 1 and 2 ranks (through train's run-file writers) and read it back.
 add_library(trainscope_fake_nvml SHARED unit/fake_nvml.cpp)
 
 trainscope_add_test(NAME prof_unit_tests
@@ -13,6 +13,6 @@ add_dependencies(prof_unit_tests trainscope_fake_nvml)
 
 trainscope_add_test(NAME telemetry_mpi_tests
   SOURCES mpi/test_telemetry_write.cpp
-  LIBS trainscope::prof trainscope_hdf5
+  LIBS trainscope::prof trainscope::train trainscope_hdf5
   LABELS prof
   MPI NP 1 2)

@@ -1,7 +1,7 @@
 // Driver for scripts/bench comm_mpi (a benchmark program, not a test) until run.workload=comm is
 // wired into the application: runs dist::CommBenchmark over the MPI communicator with comm.*
 // options given as key=value arguments, prints rank 0's table and, with out=<file.h5>, writes /comm
-// into a run file exactly as the application will.
+// into a run file with the application's writer (train/run_file_tables.hpp).
 //   comm_bench_driver comm.min_bytes=8 comm.max_bytes=67108864 comm.ops=allreduce [out=comm.h5]
 // Prints "op bytes count time_s time_max_s algbw_GBps busbw_GBps" per size on rank 0.
 #include <mpi.h>
@@ -18,10 +18,12 @@
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/dist/options.hpp"
 #include "trainscope/io/run_file.hpp"
+#include "trainscope/train/run_file_tables.hpp"
 
 namespace dist = trainscope::dist;
 namespace core = trainscope::core;
 namespace io = trainscope::io;
+namespace train = trainscope::train;
 
 int main(int argc, char** argv) {
     int provided = 0;
@@ -63,7 +65,8 @@ int main(int argc, char** argv) {
             if (!out.empty()) {
                 auto file = io::RunFile::create(MPI_COMM_WORLD, out, /*overwrite=*/true,
                                                 {{"workload", std::string("comm")}});
-                bench.write(file, results, comm->backend(), comm->size());
+                train::write_comm_benchmark(file, bench.options(), results, comm->backend(),
+                                            comm->size());
                 file.set_status("completed");
                 file.close();
             }

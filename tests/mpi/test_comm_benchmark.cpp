@@ -24,6 +24,7 @@
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/train/recorder.hpp"
+#include "trainscope/train/run_file_tables.hpp"
 
 namespace dist = trainscope::dist;
 namespace core = trainscope::core;
@@ -209,7 +210,7 @@ TEST(CommBenchmark, WritesCommTablesWithUnits) {
     const auto results = bench.run(*comm);
     {
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
-        bench.write(file, results, comm->backend(), comm->size());
+        train::write_comm_benchmark(file, bench.options(), results, comm->backend(), comm->size());
         file.close();
     }
     MPI_Barrier(MPI_COMM_WORLD);

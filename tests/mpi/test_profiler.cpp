@@ -11,6 +11,7 @@
 #include "trainscope/prof/options.hpp"
 #include "trainscope/prof/profile_summary.hpp"
 #include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/train/run_file_tables.hpp"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -370,7 +371,7 @@ TEST_F(ProfilerWindowTest, CpuWindowHoldsConvolutionsForwardAndBackwardAndReadsB
     const std::string path = dir_ + "/run.h5";
     {
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
-        window.write(file);
+        trainscope::train::write_profile(file, window);
         file.close();
     }
     EXPECT_EQ(window.summarise().trace_path,
@@ -458,7 +459,7 @@ TEST_F(ProfilerWindowTest, DisabledWindowRecordsNothingAndWritesOnlyTheFlag) {
     const std::string path = dir_ + "/off.h5";
     {
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
-        window.write(file);
+        trainscope::train::write_profile(file, window);
         file.close();
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -478,7 +479,7 @@ TEST_F(ProfilerWindowTest, RunEndingInsideTheWindowIsIncompleteAndNeverReachedIs
         prof::ProfilerWindow window(options, r, n, /*cuda=*/false);
         train(window, 3); // iteration 2 only
         EXPECT_TRUE(window.active());
-        window.finish();
+        window.finish(dir_ + "/incomplete.h5"); // profile.trace is off: nothing is saved
         EXPECT_FALSE(window.active());
         EXPECT_FALSE(torch::profiler::impl::profilerEnabled());
         const auto& s = window.summarise();
@@ -490,7 +491,7 @@ TEST_F(ProfilerWindowTest, RunEndingInsideTheWindowIsIncompleteAndNeverReachedIs
     prof::ProfilerWindow never(options, r, n, /*cuda=*/false);
     never.begin_iteration(0);
     never.cancel_iteration(); // e.g. the loader was exhausted
-    never.finish();
+    never.finish(dir_ + "/never.h5");
     EXPECT_EQ(never.summarise().status, "not_reached");
     EXPECT_TRUE(std::isnan(never.summarise().window_s));
 }

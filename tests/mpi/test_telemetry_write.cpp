@@ -1,11 +1,13 @@
 // MPI test of /telemetry at 1 and 2 ranks: each rank samples at its own rate (so the ranks hold
-// different sample counts) while a PhaseTimer times a few iterations of busy work; the series is
-// written collectively, and rank 0 reads the closed file back with the serial HDF5 C API: shapes,
-// rank_rows, NaN padding, units, the NVML-absent attributes, and t_s on the clock of t_start.
+// different sample counts) while a PhaseTimer times a few iterations of busy work; train's
+// run-file writers (run_file_tables.hpp) write the series collectively, and rank 0 reads the closed
+// file back with the serial HDF5 C API: shapes, rank_rows, NaN padding, units, the NVML-absent
+// attributes, and t_s on the clock of t_start.
 #include "mpi_test_util.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/prof/telemetry.hpp"
+#include "trainscope/train/run_file_tables.hpp"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -20,6 +22,7 @@
 
 namespace io = trainscope::io;
 namespace prof = trainscope::prof;
+namespace train = trainscope::train;
 namespace fs = std::filesystem;
 using trainscope::testing::world_rank;
 using trainscope::testing::world_size;
@@ -82,7 +85,7 @@ TEST(TelemetryMpi, WritesSeriesWithUnitsAndSaysNvmlIsAbsent) {
         // Rank 1 claims a GPU (so it tries NVML and fails), rank 0 is a CPU rank.
         prof::TelemetrySampler sampler(o, rank == 1 ? 0 : -1, "");
         prof::PhaseTimer timer;
-        sampler.declare(file);
+        train::declare_telemetry(file, sampler);
         sampler.start();
         for (int it = 0; it < 4; ++it) {
             timer.begin_iteration(it);
@@ -92,12 +95,12 @@ TEST(TelemetryMpi, WritesSeriesWithUnitsAndSaysNvmlIsAbsent) {
             }
             timer.end_iteration();
             if (it == 1) { // mid-run flush, as the recorder does every output.flush_every
-                sampler.append_pending(file);
+                train::append_telemetry(file, sampler);
                 file.flush();
             }
         }
         sampler.stop();
-        sampler.write(file, MPI_COMM_WORLD);
+        train::write_telemetry(file, sampler, MPI_COMM_WORLD);
         for (const auto& t : timer.collect(true))
             t_start.push_back(t.t_start);
         sampler_span = {sampler.started_at(), sampler.stopped_at()};
@@ -169,11 +172,11 @@ TEST(TelemetryMpi, DisabledWritesNoGroup) {
         prof::TelemetryOptions o;
         o.enabled = false;
         prof::TelemetrySampler sampler(o, -1, "");
-        sampler.declare(file);
+        train::declare_telemetry(file, sampler);
         sampler.start();
         sampler.stop();
-        sampler.append_pending(file);
-        sampler.write(file, MPI_COMM_WORLD);
+        train::append_telemetry(file, sampler);
+        train::write_telemetry(file, sampler, MPI_COMM_WORLD);
         file.close();
     }
     if (rank == 0) {

@@ -1,6 +1,6 @@
 // The communication benchmark (run.workload=comm): nccl-tests' measurement loop over trainscope's
 // Communicator, so the figures characterise the path training really uses (for the MPI backend
-// including its progress thread), and the /comm tables that hold them.
+// including its progress thread). The results are plain structs; train writes them to /comm.
 #include "trainscope/dist/comm_benchmark.hpp"
 
 #include <mpi.h>
@@ -13,7 +13,6 @@
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
-#include "trainscope/io/run_file.hpp"
 
 namespace trainscope::dist {
 
@@ -28,21 +27,6 @@ torch::ScalarType parse_dtype(const std::string& name) {
                             "': use float32, float64, bfloat16 or float16");
 }
 
-std::string dtype_name(torch::ScalarType t) {
-    switch (t) {
-    case torch::kFloat32:
-        return "float32";
-    case torch::kFloat64:
-        return "float64";
-    case torch::kBFloat16:
-        return "bfloat16";
-    case torch::kFloat16:
-        return "float16";
-    default:
-        return c10::toString(t);
-    }
-}
-
 std::string trim(const std::string& s) {
     const auto b = s.find_first_not_of(" \t");
     if (b == std::string::npos) return "";
@@ -54,6 +38,21 @@ bool reduces(Collective op) {
 }
 
 } // namespace
+
+std::string comm_dtype_name(torch::ScalarType dtype) {
+    switch (dtype) {
+    case torch::kFloat32:
+        return "float32";
+    case torch::kFloat64:
+        return "float64";
+    case torch::kBFloat16:
+        return "bfloat16";
+    case torch::kFloat16:
+        return "float16";
+    default:
+        return c10::toString(dtype);
+    }
+}
 
 CommBenchmarkOptions CommBenchmarkOptions::from_config(const core::Config& config) {
     CommBenchmarkOptions o;
@@ -111,7 +110,7 @@ std::vector<CommResult> CommBenchmark::run(Communicator& comm) const {
     if (comm.backend() == "mpi" && o.dtype != torch::kFloat32 && o.dtype != torch::kFloat64)
         for (Collective op : o.ops)
             if (reduces(op))
-                throw core::ConfigError("comm.dtype=" + dtype_name(o.dtype) + " but the MPI " +
+                throw core::ConfigError("comm.dtype=" + comm_dtype_name(o.dtype) + " but the MPI " +
                                         "backend cannot reduce it (" + to_string(op) +
                                         "): use comm.dtype=float32 or float64, or drop " +
                                         to_string(op) + " from comm.ops");
@@ -203,43 +202,6 @@ std::vector<CommResult> CommBenchmark::run(Communicator& comm) const {
         }
     }
     return results;
-}
-
-void CommBenchmark::write(io::RunFile& file, const std::vector<CommResult>& results,
-                          const std::string& backend, int world_size) const {
-    const CommBenchmarkOptions& o = options_;
-    file.set_attributes(
-        "/comm", {{"backend", backend},
-                  {"world_size", std::int64_t{world_size}},
-                  {"dtype", dtype_name(o.dtype)},
-                  {"warmup", std::int64_t{o.warmup}},
-                  {"iters", std::int64_t{o.iters}},
-                  {"time", std::string("seconds per operation: each rank's mean over the timed "
-                                       "iterations, averaged over ranks (time_max_s: slowest "
-                                       "rank)")},
-                  {"bytes", std::string("whole array as nccl-tests count it: allreduce and "
-                                        "broadcast the buffer, allgather the output, "
-                                        "reduce_scatter the input")}});
-    for (Collective op : o.ops) {
-        const std::string group = std::string("/comm/") + to_string(op);
-        std::vector<double> bytes, count, time, time_max, algbw, busbw;
-        for (const CommResult& r : results) {
-            if (r.op != op) continue;
-            bytes.push_back(static_cast<double>(r.bytes));
-            count.push_back(static_cast<double>(r.count));
-            time.push_back(r.time_s);
-            time_max.push_back(r.time_max_s);
-            algbw.push_back(r.algbw_GBps);
-            busbw.push_back(r.busbw_GBps);
-        }
-        file.write_vector(group + "/bytes", bytes, "B");
-        file.write_vector(group + "/count", count, "1");
-        file.write_vector(group + "/time_s", time, "s");
-        file.write_vector(group + "/time_max_s", time_max, "s");
-        file.write_vector(group + "/algbw_GBps", algbw, "GB/s");
-        file.write_vector(group + "/busbw_GBps", busbw, "GB/s");
-        file.set_attributes(group, {{"busbw_factor", busbw_factor(op, world_size)}});
-    }
 }
 
 } // namespace trainscope::dist

@@ -1,6 +1,6 @@
 // Summary of a profiler window: per-category statistics, top-N operators and kernels with
-// self time from per-thread nesting, HTA's temporal breakdown by a sweep over device intervals,
-// and the collective /profile writer. No LibTorch here, so it is tested with synthetic events.
+// self time from per-thread nesting and HTA's temporal breakdown by a sweep over device intervals.
+// No LibTorch here, so it is tested with synthetic events.
 #include "trainscope/prof/profile_summary.hpp"
 
 #include <algorithm>
@@ -8,8 +8,6 @@
 #include <map>
 #include <tuple>
 #include <utility>
-
-#include "trainscope/io/run_file.hpp"
 
 namespace trainscope::prof {
 
@@ -56,15 +54,6 @@ std::vector<TopEntry> top(std::map<std::string, TopEntry>& by_name, std::size_t 
     });
     if (rows.size() > n) rows.resize(n);
     return rows;
-}
-
-std::string json_string(const std::string& text) {
-    std::string out = "\"";
-    for (char c : text) {
-        if (c == '"' || c == '\\') out += '\\';
-        out += c;
-    }
-    return out + "\"";
 }
 
 } // namespace
@@ -228,80 +217,6 @@ std::string trace_path_for(const std::string& run_file_path, int rank) {
     const std::filesystem::path p(run_file_path);
     const std::string name = p.stem().string() + ".rank" + std::to_string(rank) + ".trace.json";
     return (p.parent_path() / name).string();
-}
-
-void write_profile(io::RunFile& file, const ProfileOptions& options, const ProfileSummary& mine,
-                   int world_size) {
-    if (!options.enabled) {
-        file.set_attributes("/profile", {{"enabled", std::int64_t{0}}});
-        return;
-    }
-    // Attributes carry rank 0's values; ranks run the same iterations, so status agrees (the
-    // per-rank `iterations` dataset shows it if not).
-    std::string traces = "[";
-    if (options.trace && mine.status != "not_reached")
-        for (int r = 0; r < world_size; ++r)
-            traces += (r ? ", " : "") + json_string(trace_path_for(file.path(), r));
-    traces += "]";
-    file.set_attributes(
-        "/profile",
-        {{"enabled", std::int64_t{1}},
-         {"start_iter", options.start_iter},
-         {"iters", options.iters},
-         {"top_n", options.top_n},
-         {"trace", std::int64_t{options.trace ? 1 : 0}},
-         {"status", mine.status},
-         {"first_iteration", mine.first_iteration},
-         {"trace_files", traces},
-         {"threads", std::string("operators of the thread that runs the training loop (and "
-                                 "autograd's device threads); data-loader workers are not "
-                                 "profiled")}});
-    file.write_per_rank("/profile/window_s", mine.window_s, "s");
-    file.write_per_rank("/profile/iterations", static_cast<double>(mine.iterations), "iterations");
-
-    auto write_table = [&](const std::string& group, const auto& rows, bool with_self,
-                           bool with_min_max) {
-        std::vector<std::string> names;
-        std::vector<double> count, total, self, min, max;
-        for (const auto& row : rows) {
-            names.push_back(row.name);
-            count.push_back(static_cast<double>(row.count));
-            total.push_back(row.total_s);
-            if constexpr (requires { row.self_s; }) self.push_back(row.self_s);
-            if constexpr (requires { row.min_s; }) {
-                min.push_back(row.min_s);
-                max.push_back(row.max_s);
-            }
-        }
-        file.write_ragged_strings(group + "/name", names);
-        file.write_ragged(group + "/count", count, "events");
-        file.write_ragged(group + "/total_s", total, "s");
-        if (with_self) file.write_ragged(group + "/self_s", self, "s");
-        if (with_min_max) {
-            file.write_ragged(group + "/min_s", min, "s");
-            file.write_ragged(group + "/max_s", max, "s");
-        }
-    };
-    write_table("/profile/categories", mine.categories, false, true);
-    write_table("/profile/top_ops", mine.top_ops, true, false);
-    write_table("/profile/top_kernels", mine.top_kernels, false, false);
-
-    const TemporalBreakdown& b = mine.breakdown;
-    file.write_per_rank("/profile/breakdown/gpu_kernels", static_cast<double>(b.gpu_kernels),
-                        "kernels");
-    file.write_per_rank("/profile/breakdown/compute_s", b.compute_s, "s");
-    file.write_per_rank("/profile/breakdown/communication_s", b.communication_s, "s");
-    file.write_per_rank("/profile/breakdown/memory_s", b.memory_s, "s");
-    file.write_per_rank("/profile/breakdown/idle_s", b.idle_s, "s");
-    file.write_per_rank("/profile/breakdown/span_s", b.span_s, "s");
-    file.write_per_rank("/profile/breakdown/overlap_ratio", b.overlap_ratio, "1");
-    file.set_attributes(
-        "/profile/breakdown",
-        {{"gpu_kernels", b.gpu_kernels}, // rank 0's; per rank in the dataset gpu_kernels
-         {"definition",
-          std::string("Holistic Trace Analysis temporal breakdown over the device intervals of the "
-                      "window: compute + communication + memory + idle = span; NaN when a rank "
-                      "has no GPU kernels (CPU runs)")}});
 }
 
 } // namespace trainscope::prof

@@ -19,7 +19,6 @@
 #include <utility>
 
 #include "trainscope/core/log.hpp"
-#include "trainscope/io/run_file.hpp"
 
 // KinetoEvent's timestamps became nanoseconds (startNs/durationNs); older releases have
 // startUs/durationUs. The CUDA sync activity and ExperimentalConfig::enable_cuda_sync_events came
@@ -178,13 +177,6 @@ void ProfilerWindow::cancel_iteration() {
     kineto_->step.reset();
 }
 
-void ProfilerWindow::finish() {
-    Kineto& k = *kineto_;
-    if (!k.active) return;
-    k.step.reset();
-    stop();
-}
-
 void ProfilerWindow::stop() {
     Kineto& k = *kineto_;
     // Kernels still queued belong to the window: wait for them before the profiler stops.
@@ -210,12 +202,16 @@ const ProfileSummary& ProfilerWindow::summarise() {
     return summary_;
 }
 
-void ProfilerWindow::write(io::RunFile& file) {
-    finish();
-    summarise();
+const ProfileSummary& ProfilerWindow::finish(const std::string& run_file_path) {
     Kineto& k = *kineto_;
-    if (options_.enabled && options_.trace && k.result) {
-        const std::string path = trace_path_for(file.path(), rank_);
+    if (k.active) {
+        k.step.reset();
+        stop();
+    }
+    summarise();
+    if (options_.enabled && options_.trace && k.result && !trace_attempted_) {
+        trace_attempted_ = true;
+        const std::string path = trace_path_for(run_file_path, rank_);
         try {
             k.result->save(path);
             summary_.trace_path = path;
@@ -225,7 +221,7 @@ void ProfilerWindow::write(io::RunFile& file) {
                               << "': " << e.what();
         }
     }
-    write_profile(file, options_, summary_, world_size_);
+    return summary_;
 }
 
 } // namespace trainscope::prof

@@ -359,7 +359,7 @@ double TelemetrySampler::energy_joules_between(double t0, double t1) const {
     return at(t1) - at(t0);
 }
 
-std::vector<io::Column> TelemetrySampler::columns() {
+std::vector<TelemetryColumn> TelemetrySampler::columns() {
     return {{"t_s", "s"},
             {"cpu_percent", "percent"},
             {"rss_bytes", "B"},
@@ -378,34 +378,34 @@ std::vector<io::Column> TelemetrySampler::columns() {
             {"nvlink_rx_bytes_per_s", "B/s"}};
 }
 
-void TelemetrySampler::declare(io::RunFile& file) {
-    if (declared_ || !options_.enabled) return;
-    // Samples are few (2 per second by default): small chunks keep a short run's file small.
-    file.declare_series("telemetry", columns(), 256);
-    declared_ = true;
+std::vector<double> TelemetrySampler::values(const TelemetrySample& s) {
+    return {s.t_s,
+            s.cpu_percent,
+            s.rss_bytes,
+            s.load1,
+            s.power_w,
+            s.power_instant_w,
+            s.energy_j,
+            s.gpu_util_percent,
+            s.mem_util_percent,
+            s.sm_clock_mhz,
+            s.temperature_c,
+            s.gpu_mem_used_bytes,
+            s.pcie_tx_bytes_per_s,
+            s.pcie_rx_bytes_per_s,
+            s.nvlink_tx_bytes_per_s,
+            s.nvlink_rx_bytes_per_s};
 }
 
-void TelemetrySampler::append_pending(io::RunFile& file) {
-    if (!declared_) return; // disabled, or nothing declared to append to
-    std::vector<TelemetrySample> fresh;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        fresh.assign(samples_.begin() + static_cast<std::ptrdiff_t>(appended_), samples_.end());
-        appended_ = samples_.size();
-    }
-    for (const TelemetrySample& s : fresh)
-        file.append("telemetry",
-                    {s.t_s, s.cpu_percent, s.rss_bytes, s.load1, s.power_w, s.power_instant_w,
-                     s.energy_j, s.gpu_util_percent, s.mem_util_percent, s.sm_clock_mhz,
-                     s.temperature_c, s.gpu_mem_used_bytes, s.pcie_tx_bytes_per_s,
-                     s.pcie_rx_bytes_per_s, s.nvlink_tx_bytes_per_s, s.nvlink_rx_bytes_per_s});
+std::vector<TelemetrySample> TelemetrySampler::take_new_samples() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<TelemetrySample> fresh(samples_.begin() + static_cast<std::ptrdiff_t>(taken_),
+                                       samples_.end());
+    taken_ = samples_.size();
+    return fresh;
 }
 
-void TelemetrySampler::write(io::RunFile& file, MPI_Comm comm) {
-    if (!options_.enabled) return;
-    declare(file);
-    append_pending(file);
-
+TelemetryStatus TelemetrySampler::status(MPI_Comm comm) const {
     int rank = 0, size = 1;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
@@ -415,21 +415,16 @@ void TelemetrySampler::write(io::RunFile& file, MPI_Comm comm) {
     MPI_Allreduce(&mine, &count, 1, MPI_INT, MPI_SUM, comm);
     const int candidate = mine ? size : rank;
     MPI_Allreduce(&candidate, &first_bad, 1, MPI_INT, MPI_MIN, comm);
-    // The reason of the lowest rank without GPU telemetry, so the file says why on every run.
-    std::string reason;
+    TelemetryStatus st;
+    st.gpu_available = all == 1;
+    st.gpu_available_ranks = count;
     if (first_bad < size)
-        reason = "rank " + std::to_string(first_bad) + ": " +
-                 core::broadcast_string(comm, reason_, first_bad);
-    file.set_attributes(
-        "/telemetry",
-        {{"gpu_available", static_cast<std::int64_t>(all)},
-         {"gpu_available_ranks", static_cast<std::int64_t>(count)},
-         {"reason", reason},
-         {"interval_ms", static_cast<std::int64_t>(options_.interval_ms)},
-         {"gpu_name", gpu_name_},
-         {"nvml_device_match", device_match_},
-         {"clock", "t_s: seconds on the run clock of /iterations/t_start (per rank, steady)"}});
-    file.flush();
+        st.reason = "rank " + std::to_string(first_bad) + ": " +
+                    core::broadcast_string(comm, reason_, first_bad);
+    st.interval_ms = options_.interval_ms;
+    st.gpu_name = gpu_name_;
+    st.nvml_device_match = device_match_;
+    return st;
 }
 
 } // namespace trainscope::prof

@@ -7,6 +7,7 @@
 #include "trainscope/dist/comm_benchmark.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/train/run_file_tables.hpp"
 #include "workloads_internal.hpp"
 
 namespace trainscope::train {
@@ -49,7 +50,7 @@ class CommWorkload final : public Workload {
         core::log::info() << "communication benchmark (" << comm_->backend() << ", "
                           << comm_->size() << " ranks), writing " << file.path();
         const auto results = bench.run(*comm_);
-        bench.write(file, results, comm_->backend(), comm_->size());
+        write_comm_benchmark(file, bench.options(), results, comm_->backend(), comm_->size());
         std::ostringstream table;
         table << "op              bytes      time [us]   algbw [GB/s]   busbw [GB/s]\n";
         for (const auto& r : results)

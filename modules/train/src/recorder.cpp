@@ -9,6 +9,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/prof/statistics.hpp"
+#include "trainscope/train/run_file_tables.hpp"
 
 namespace trainscope::train {
 namespace {
@@ -207,7 +208,7 @@ void Recorder::flush() {
         ++recorded_;
         pending_.erase(it);
     }
-    if (telemetry_) telemetry_->append_pending(file_);
+    if (telemetry_) append_telemetry(file_, *telemetry_);
     file_.flush();
     since_flush_ = 0;
 }

@@ -13,6 +13,7 @@
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/prof/telemetry.hpp"
 #include "trainscope/prof/telemetry_options.hpp"
+#include "trainscope/train/run_file_tables.hpp"
 #include "trainscope/train/training_loop.hpp"
 #include "workloads_internal.hpp"
 
@@ -95,7 +96,7 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
     prof::PhaseTimer timer(cuda, /*cuda_stream=*/nullptr); // LibTorch's current stream
     prof::TelemetrySampler telemetry(prof::telemetry_options(env_.cfg), cuda_index,
                                      env_.device.pci_bus_id);
-    telemetry.declare(file);
+    declare_telemetry(file, telemetry);
     prof::ProfilerWindow window(prof::ProfileOptions::from_config(env_.cfg), env_.topo.rank,
                                 env_.topo.world_size, cuda, env_.dist.backend);
     Recorder recorder(file, env_.world, timer,
@@ -119,8 +120,8 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
     telemetry.stop();
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    window.write(file);
-    telemetry.write(file, env_.world);
+    write_profile(file, window);
+    write_telemetry(file, telemetry, env_.world);
     after_training(file);
     Recorder::RunInfo info;
     info.wall_seconds = wall;

@@ -1,7 +1,8 @@
 // CommBenchmark: what nccl-tests measure, over trainscope's own Communicator (run.workload=comm):
 // allreduce, allgather, reduce_scatter and broadcast over a size sweep, warm-up then timed
-// iterations, time per operation and algbw/busbw (dist/bandwidth.hpp), written to /comm so a
-// scaling study characterises its interconnect in the same file as its training runs.
+// iterations, time per operation and algbw/busbw (dist/bandwidth.hpp), handed over as CommResults
+// that train/run_file_tables.hpp writes to /comm, so a scaling study characterises its
+// interconnect in the same file as its training runs.
 #pragma once
 
 #include <torch/types.h>
@@ -14,10 +15,6 @@
 #include "trainscope/dist/bandwidth.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
-
-namespace trainscope::io {
-class RunFile;
-}
 
 namespace trainscope::dist {
 
@@ -37,6 +34,10 @@ struct CommBenchmarkOptions {
     // The requested sweep: min_bytes, round(min_bytes x factor), ... up to max_bytes.
     std::vector<std::int64_t> sizes() const;
 };
+
+// The comm.dtype spelling of `dtype` (float32, float64, bfloat16, float16; LibTorch's name for any
+// other type).
+std::string comm_dtype_name(torch::ScalarType dtype);
 
 // One (operation, size) measurement; identical on every rank after run().
 struct CommResult {
@@ -70,13 +71,6 @@ class CommBenchmark {
     // waits on a reduction while others are still timing. Buffers are zeros on comm.device(),
     // reductions Sum. Throws ConfigError for a dtype the backend cannot reduce.
     std::vector<CommResult> run(Communicator& comm) const;
-
-    // Collective over the file's ranks. Writes /comm/<op>/{bytes, count, time_s, time_max_s,
-    // algbw_GBps, busbw_GBps} (1-D float64 [sizes], units B, 1, s, s, GB/s, GB/s; rank 0's
-    // values) with attributes busbw_factor on /comm/<op>, and on /comm: backend, world_size,
-    // dtype, warmup, iters, time ("mean over iterations, averaged over ranks").
-    void write(io::RunFile& file, const std::vector<CommResult>& results,
-               const std::string& backend, int world_size) const;
 
   private:
     CommBenchmarkOptions options_;

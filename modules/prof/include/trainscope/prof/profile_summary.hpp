@@ -1,6 +1,7 @@
-// Per-rank summary of a profiler window and its /profile layout in the run file. Kept free of
-// LibTorch: ProfilerWindow turns Kineto's events into ProfileEvents, and everything here (the
-// categories, top-N tables and Holistic Trace Analysis' temporal breakdown) is plain arithmetic.
+// Per-rank summary of a profiler window as plain structs (train/run_file_tables.hpp writes them to
+// /profile). Kept free of LibTorch: ProfilerWindow turns Kineto's events into ProfileEvents, and
+// everything here (the categories, top-N tables and Holistic Trace Analysis' temporal breakdown)
+// is plain arithmetic.
 #pragma once
 
 #include <cstddef>
@@ -8,12 +9,6 @@
 #include <limits>
 #include <string>
 #include <vector>
-
-#include "trainscope/prof/options.hpp"
-
-namespace trainscope::io {
-class RunFile;
-}
 
 namespace trainscope::prof {
 
@@ -101,10 +96,5 @@ ProfileSummary summarise_events(const std::vector<ProfileEvent>& events, std::si
 
 // "<dir>/<stem>.rank<R>.trace.json" beside run file `run_file_path`.
 std::string trace_path_for(const std::string& run_file_path, int rank);
-
-// Collective on every rank of the run file: writes /profile (docs/run_file_schema.md). A disabled
-// window writes only the group attribute enabled=0.
-void write_profile(io::RunFile& file, const ProfileOptions& options, const ProfileSummary& mine,
-                   int world_size);
 
 } // namespace trainscope::prof

@@ -1,9 +1,9 @@
 // ProfilerWindow: LibTorch's Kineto profiler over iterations [start_iter, start_iter + iters), each
-// inside a ProfilerStep#N user scope, summarised per rank into /profile (profile_summary.hpp).
-// The trainer calls begin_iteration/end_iteration around every iteration; when profile.enabled is
-// false both return at once. Profiler state is thread-local: operators run by the thread that
-// calls begin_iteration (and autograd's device threads) are recorded, the data loader's worker
-// threads are not.
+// inside a ProfilerStep#N user scope, summarised per rank (profile_summary.hpp); finish() hands the
+// summary over and train/run_file_tables.hpp writes it to /profile. The trainer calls
+// begin_iteration/end_iteration around every iteration; when profile.enabled is false both return
+// at once. Profiler state is thread-local: operators run by the thread that calls begin_iteration
+// (and autograd's device threads) are recorded, the data loader's worker threads are not.
 #pragma once
 
 #include <cstdint>
@@ -12,10 +12,6 @@
 
 #include "trainscope/prof/options.hpp"
 #include "trainscope/prof/profile_summary.hpp"
-
-namespace trainscope::io {
-class RunFile;
-}
 
 namespace trainscope::prof {
 
@@ -30,6 +26,8 @@ class ProfilerWindow {
     ProfilerWindow& operator=(const ProfilerWindow&) = delete;
 
     bool enabled() const { return options_.enabled; }
+    const ProfileOptions& options() const { return options_; }
+    int world_size() const { return world_size_; }
     // True between enabling and disabling the profiler.
     bool active() const;
 
@@ -42,17 +40,15 @@ class ProfilerWindow {
     // The iteration begun last did not happen (e.g. the loader was exhausted): closes its scope
     // without counting it.
     void cancel_iteration();
-    // Ends a window the run did not finish (fewer iterations than start_iter + iters); idempotent.
-    // write() calls it.
-    void finish();
-
     // Summary of this rank's window (computed once, after the window closed; a window never
     // reached or disabled gives status "not_reached"/"disabled" and empty tables).
     const ProfileSummary& summarise();
 
-    // Collective on every rank of `file`: saves this rank's Chrome trace beside the run file when
-    // profile.trace is set, then writes /profile.
-    void write(io::RunFile& file);
+    // Local; call once the run is over. Ends a window the run did not finish (fewer iterations
+    // than start_iter + iters), summarises it and, when profile.trace is set, saves this rank's
+    // Chrome trace beside the run file `run_file_path` (trace_path_for; a failed save is logged
+    // and leaves trace_path ""). Idempotent: the trace is saved once.
+    const ProfileSummary& finish(const std::string& run_file_path);
 
   private:
     struct Kineto; // LibTorch state, only in the .cpp
@@ -66,6 +62,7 @@ class ProfilerWindow {
     std::unique_ptr<Kineto> kineto_;
     ProfileSummary summary_;
     bool summarised_ = false;
+    bool trace_attempted_ = false;
 };
 
 } // namespace trainscope::prof

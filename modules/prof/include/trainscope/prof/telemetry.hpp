@@ -2,19 +2,21 @@
 // load average) and, through NVML loaded at run time, the rank's GPU (power, energy, utilisation,
 // SM clock, temperature, memory, PCIe/NVLink throughput) every telemetry.interval_ms. Without NVML
 // (no driver, CPU run) the host columns are still sampled and the file says why the GPU ones are
-// NaN. Timestamps use the run clock (phase_timer.hpp), the clock of /iterations/t_start.
+// NaN. Timestamps use the run clock (phase_timer.hpp), the clock of /iterations/t_start. The
+// sampler hands its samples and cross-rank status over as plain data; train/run_file_tables.hpp
+// writes them to /telemetry.
 #pragma once
 
 #include <mpi.h>
 
 #include <condition_variable>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "trainscope/io/run_file.hpp"
 #include "trainscope/prof/telemetry_options.hpp"
 
 namespace trainscope::prof {
@@ -38,6 +40,23 @@ struct TelemetrySample {
     double pcie_rx_bytes_per_s = 0;
     double nvlink_tx_bytes_per_s = 0; // NVLink data throughput over all links since last sample
     double nvlink_rx_bytes_per_s = 0;
+};
+
+// One column of the telemetry table, e.g. {"power_w", "W"}.
+struct TelemetryColumn {
+    std::string name;
+    std::string units;
+};
+
+// What the ranks' samplers could measure, agreed over a communicator (TelemetrySampler::status).
+struct TelemetryStatus {
+    bool gpu_available = false;  // every rank samples its GPU
+    int gpu_available_ranks = 0; // ranks that do
+    // "rank R: <why>" for the lowest rank R without GPU telemetry, "" when every rank has it.
+    std::string reason;
+    int interval_ms = 0;
+    std::string gpu_name;          // this rank's NVML device name ("" when unavailable)
+    std::string nvml_device_match; // this rank's: "pci_bus_id" | "index" | "" (unavailable)
 };
 
 class TelemetrySampler {
@@ -75,19 +94,18 @@ class TelemetrySampler {
     // when [t0, t1] is not inside the sampled span.
     double energy_joules_between(double t0, double t1) const;
 
-    // Columns of /telemetry with their units.
-    static std::vector<io::Column> columns();
+    // Columns of a sample with their units, in TelemetrySample's field order.
+    static std::vector<TelemetryColumn> columns();
+    // A sample's values in columns() order.
+    static std::vector<double> values(const TelemetrySample& sample);
 
-    // Collective: declares /telemetry (first call only; nothing when telemetry.enabled is false,
-    // which is the same on every rank).
-    void declare(io::RunFile& file);
-    // Local: hands the samples taken since the last call to the file's buffer (written by the next
-    // collective RunFile::flush, e.g. the recorder's). Does nothing before declare().
-    void append_pending(io::RunFile& file);
-    // Collective over `comm` (the run file's communicator): declare, append the pending samples,
-    // write the /telemetry attributes (gpu_available, reason, ...) and flush. Call after stop().
-    // Does nothing when telemetry.enabled is false (on every rank alike).
-    void write(io::RunFile& file, MPI_Comm comm);
+    // Local, thread-safe: the samples taken since the previous call (every sample at the first
+    // call), so that each sample is handed over exactly once.
+    std::vector<TelemetrySample> take_new_samples();
+
+    // Collective over `comm`: whether every rank samples its GPU and, if not, why the lowest rank
+    // without it does not (so a file says why on every run).
+    TelemetryStatus status(MPI_Comm comm) const;
 
   private:
     struct Nvml;
@@ -107,8 +125,7 @@ class TelemetrySampler {
     bool stop_requested_ = false;
     std::thread thread_;
     std::vector<TelemetrySample> samples_;
-    std::size_t appended_ = 0; // samples already handed to the run file
-    bool declared_ = false;
+    std::size_t taken_ = 0; // samples already handed over by take_new_samples()
     double started_at_;
     double stopped_at_;
 

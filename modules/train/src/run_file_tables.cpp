@@ -1,0 +1,177 @@
+// The /telemetry, /profile and /comm writers (run_file_tables.hpp): the layout, attribute values
+// and units of docs/run_file_schema.md, from the plain data prof and dist hand over.
+#include "trainscope/train/run_file_tables.hpp"
+
+#include <cstdint>
+
+#include "trainscope/dist/bandwidth.hpp"
+#include "trainscope/dist/comm_benchmark.hpp"
+#include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/prof/telemetry.hpp"
+
+namespace trainscope::train {
+
+namespace {
+
+constexpr const char* kTelemetry = "telemetry";
+
+std::string json_string(const std::string& text) {
+    std::string out = "\"";
+    for (char c : text) {
+        if (c == '"' || c == '\\') out += '\\';
+        out += c;
+    }
+    return out + "\"";
+}
+
+// /profile from one rank's summary (docs/run_file_schema.md); collective.
+void write_profile_tables(io::RunFile& file, const prof::ProfileOptions& options,
+                          const prof::ProfileSummary& mine, int world_size) {
+    if (!options.enabled) {
+        file.set_attributes("/profile", {{"enabled", std::int64_t{0}}});
+        return;
+    }
+    // Attributes carry rank 0's values; ranks run the same iterations, so status agrees (the
+    // per-rank `iterations` dataset shows it if not).
+    std::string traces = "[";
+    if (options.trace && mine.status != "not_reached")
+        for (int r = 0; r < world_size; ++r)
+            traces += (r ? ", " : "") + json_string(prof::trace_path_for(file.path(), r));
+    traces += "]";
+    file.set_attributes(
+        "/profile",
+        {{"enabled", std::int64_t{1}},
+         {"start_iter", options.start_iter},
+         {"iters", options.iters},
+         {"top_n", options.top_n},
+         {"trace", std::int64_t{options.trace ? 1 : 0}},
+         {"status", mine.status},
+         {"first_iteration", mine.first_iteration},
+         {"trace_files", traces},
+         {"threads", std::string("operators of the thread that runs the training loop (and "
+                                 "autograd's device threads); data-loader workers are not "
+                                 "profiled")}});
+    file.write_per_rank("/profile/window_s", mine.window_s, "s");
+    file.write_per_rank("/profile/iterations", static_cast<double>(mine.iterations), "iterations");
+
+    auto write_table = [&](const std::string& group, const auto& rows, bool with_self,
+                           bool with_min_max) {
+        std::vector<std::string> names;
+        std::vector<double> count, total, self, min, max;
+        for (const auto& row : rows) {
+            names.push_back(row.name);
+            count.push_back(static_cast<double>(row.count));
+            total.push_back(row.total_s);
+            if constexpr (requires { row.self_s; }) self.push_back(row.self_s);
+            if constexpr (requires { row.min_s; }) {
+                min.push_back(row.min_s);
+                max.push_back(row.max_s);
+            }
+        }
+        file.write_ragged_strings(group + "/name", names);
+        file.write_ragged(group + "/count", count, "events");
+        file.write_ragged(group + "/total_s", total, "s");
+        if (with_self) file.write_ragged(group + "/self_s", self, "s");
+        if (with_min_max) {
+            file.write_ragged(group + "/min_s", min, "s");
+            file.write_ragged(group + "/max_s", max, "s");
+        }
+    };
+    write_table("/profile/categories", mine.categories, false, true);
+    write_table("/profile/top_ops", mine.top_ops, true, false);
+    write_table("/profile/top_kernels", mine.top_kernels, false, false);
+
+    const prof::TemporalBreakdown& b = mine.breakdown;
+    file.write_per_rank("/profile/breakdown/gpu_kernels", static_cast<double>(b.gpu_kernels),
+                        "kernels");
+    file.write_per_rank("/profile/breakdown/compute_s", b.compute_s, "s");
+    file.write_per_rank("/profile/breakdown/communication_s", b.communication_s, "s");
+    file.write_per_rank("/profile/breakdown/memory_s", b.memory_s, "s");
+    file.write_per_rank("/profile/breakdown/idle_s", b.idle_s, "s");
+    file.write_per_rank("/profile/breakdown/span_s", b.span_s, "s");
+    file.write_per_rank("/profile/breakdown/overlap_ratio", b.overlap_ratio, "1");
+    file.set_attributes(
+        "/profile/breakdown",
+        {{"gpu_kernels", b.gpu_kernels}, // rank 0's; per rank in the dataset gpu_kernels
+         {"definition",
+          std::string("Holistic Trace Analysis temporal breakdown over the device intervals of the "
+                      "window: compute + communication + memory + idle = span; NaN when a rank "
+                      "has no GPU kernels (CPU runs)")}});
+}
+
+} // namespace
+
+void declare_telemetry(io::RunFile& file, const prof::TelemetrySampler& sampler) {
+    if (!sampler.enabled()) return;
+    std::vector<io::Column> columns;
+    for (const prof::TelemetryColumn& c : prof::TelemetrySampler::columns())
+        columns.push_back({c.name, c.units});
+    // Samples are few (2 per second by default): small chunks keep a short run's file small.
+    file.declare_series(kTelemetry, columns, 256);
+}
+
+void append_telemetry(io::RunFile& file, prof::TelemetrySampler& sampler) {
+    if (!sampler.enabled()) return;
+    for (const prof::TelemetrySample& s : sampler.take_new_samples())
+        file.append(kTelemetry, prof::TelemetrySampler::values(s));
+}
+
+void write_telemetry(io::RunFile& file, prof::TelemetrySampler& sampler, MPI_Comm comm) {
+    if (!sampler.enabled()) return;
+    append_telemetry(file, sampler);
+    const prof::TelemetryStatus st = sampler.status(comm);
+    file.set_attributes(
+        "/telemetry",
+        {{"gpu_available", static_cast<std::int64_t>(st.gpu_available ? 1 : 0)},
+         {"gpu_available_ranks", static_cast<std::int64_t>(st.gpu_available_ranks)},
+         {"reason", st.reason},
+         {"interval_ms", static_cast<std::int64_t>(st.interval_ms)},
+         {"gpu_name", st.gpu_name},
+         {"nvml_device_match", st.nvml_device_match},
+         {"clock", "t_s: seconds on the run clock of /iterations/t_start (per rank, steady)"}});
+    file.flush();
+}
+
+void write_profile(io::RunFile& file, prof::ProfilerWindow& window) {
+    const prof::ProfileSummary& mine = window.finish(file.path());
+    write_profile_tables(file, window.options(), mine, window.world_size());
+}
+
+void write_comm_benchmark(io::RunFile& file, const dist::CommBenchmarkOptions& o,
+                          const std::vector<dist::CommResult>& results, const std::string& backend,
+                          int world_size) {
+    file.set_attributes(
+        "/comm", {{"backend", backend},
+                  {"world_size", std::int64_t{world_size}},
+                  {"dtype", dist::comm_dtype_name(o.dtype)},
+                  {"warmup", std::int64_t{o.warmup}},
+                  {"iters", std::int64_t{o.iters}},
+                  {"time", std::string("seconds per operation: each rank's mean over the timed "
+                                       "iterations, averaged over ranks (time_max_s: slowest "
+                                       "rank)")},
+                  {"bytes", std::string("whole array as nccl-tests count it: allreduce and "
+                                        "broadcast the buffer, allgather the output, "
+                                        "reduce_scatter the input")}});
+    for (dist::Collective op : o.ops) {
+        const std::string group = std::string("/comm/") + dist::to_string(op);
+        std::vector<double> bytes, count, time, time_max, algbw, busbw;
+        for (const dist::CommResult& r : results) {
+            if (r.op != op) continue;
+            bytes.push_back(static_cast<double>(r.bytes));
+            count.push_back(static_cast<double>(r.count));
+            time.push_back(r.time_s);
+            time_max.push_back(r.time_max_s);
+            algbw.push_back(r.algbw_GBps);
+            busbw.push_back(r.busbw_GBps);
+        }
+        file.write_vector(group + "/bytes", bytes, "B");
+        file.write_vector(group + "/count", count, "1");
+        file.write_vector(group + "/time_s", time, "s");
+        file.write_vector(group + "/time_max_s", time_max, "s");
+        file.write_vector(group + "/algbw_GBps", algbw, "GB/s");
+        file.write_vector(group + "/busbw_GBps", busbw, "GB/s");
+        file.set_attributes(group, {{"busbw_factor", dist::busbw_factor(op, world_size)}});
+    }
+}
+
+} // namespace trainscope::train
