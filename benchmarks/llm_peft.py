@@ -11,6 +11,10 @@ Fairness rules (printed with the results):
   MPI rank, OMP_NUM_THREADS=1 for everything else.
 - Same clock: the median step time after --warmup steps; tokens/s = batch x seq / median step.
   The two sides alternate --repeats times and the best (lowest) median of each side is compared.
+- --profile (an extra run of each side, after the timed ones): the operators that take the step's
+  time, side by side in ms per step: trainscope's Kineto window over the measured steps
+  (/profile/top_ops of the run file, self time) and torch.profiler's key_averages (self CPU time)
+  around the same steps on the HF side.
 """
 
 import argparse
@@ -50,6 +54,9 @@ def parse():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--profile", action="store_true",
+                   help="also profile one run of each side and print the top operators")
+    p.add_argument("--profile-top", type=int, default=15)
     p.add_argument("--memory-steps", type=int, default=3,
                    help="steps of each method's run for the memory table (0 = skip it)")
     p.add_argument("--mem-hidden", type=int, default=1024)
@@ -77,7 +84,7 @@ def make_model_dir(a, where):
     model.save_pretrained(where, safe_serialization=True)
 
 
-def hf_step_times(a, model_dir):
+def hf_step_times(a, model_dir, profile=False):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
@@ -91,8 +98,12 @@ def hf_step_times(a, model_dir):
     opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01)
     g = torch.Generator().manual_seed(1)
     times = []
+    prof = None
     for i in range(a.warmup + a.steps):
         ids = torch.randint(0, 1000, (a.batch, a.seq), generator=g)
+        if profile and i == a.warmup:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            prof.__enter__()
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -100,6 +111,10 @@ def hf_step_times(a, model_dir):
         opt.zero_grad(set_to_none=False)
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        return [(e.key, e.self_cpu_time_total / 1e6 / a.steps, e.count / a.steps) for e in rows]
     return float(np.median(times))
 
 
@@ -138,7 +153,8 @@ def mpirun(*args):
     return mpirun_command(1, BINARY, *args, mpirun_args=["--bind-to", "none"])
 
 
-def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="checkpoint"):
+def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="checkpoint",
+                   profile=False):
     fmt = "preference" if method == "dpo" else "text"
     args = ["--run.workload=llm", "--run.device=cpu", "--run.precision=fp32",
             f"--run.threads={a.threads}", f"--llm.model={model_dir}", f"--llm.init={init}",
@@ -151,12 +167,21 @@ def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="che
             f"--train.max_iters={steps}", f"--profile.warmup_iters={min(a.warmup, steps - 1)}",
             "--llm.save_adapters=none", "--log.every=0", f"--output.file={out}",
             "--output.overwrite=true"]
+    if profile:
+        args += ["--profile.enabled=true", f"--profile.start_iter={a.warmup}",
+                 f"--profile.iters={a.steps}", "--profile.top_n=60"]
     proc = subprocess.run(mpirun(*args), capture_output=True, text=True,
                           env=launch_env(OMP_NUM_THREADS="1"))
     if proc.returncode != 0:
         sys.exit(f"trainscope failed:\n{proc.stdout}\n{proc.stderr}")
     with RunFile(out) as run:
         s = run.require_completed().summary
+        if profile:
+            names = run.ragged("/profile/top_ops/name", 0)
+            self_s = run.ragged("/profile/top_ops/self_s", 0)
+            count = run.ragged("/profile/top_ops/count", 0)
+            return [(str(n), float(t) / a.steps, float(c) / a.steps)
+                    for n, t, c in sorted(zip(names, self_s, count), key=lambda x: -x[1])]
         it = run.recorded  # a column over the recorded iterations, [ranks, n]
         return {"median_step_s": float(s["median_step_s"]),
                 "padding": float(np.max(it("padding_fraction"))),
@@ -198,6 +223,19 @@ def main():
         print(f"  trainscope      {ts_tps:10.0f} tokens/s  ({min(ts) * 1e3:.1f} ms/step)")
         print(f"  HF + peft       {hf_tps:10.0f} tokens/s  ({min(hf) * 1e3:.1f} ms/step)")
         print(f"  ratio trainscope / HF = {ts_tps / hf_tps:.3f} (target >= 1.0)", flush=True)
+
+        if a.profile:
+            top_ts = trainscope_run(a, model_dir, data, Path(tmp) / "ts_prof.h5", "lora",
+                                    a.warmup + a.steps, a.batch, a.seq, profile=True)
+            top_hf = hf_step_times(a, model_dir, profile=True)
+            print(f"\nwhere the step goes (self time per step, top {a.profile_top}; profiled "
+                  f"runs, so slower than the timed ones)")
+            for label, rows in (("trainscope (Kineto window, /profile/top_ops)", top_ts),
+                                ("HF + peft (torch.profiler key_averages)", top_hf)):
+                total = sum(r[1] for r in rows)
+                print(f"  {label}: {total * 1e3:.1f} ms self time per step in all operators")
+                for name, t, c in rows[:a.profile_top]:
+                    print(f"    {name[:48]:48} {t * 1e3:9.2f} ms  {c:7.1f} calls")
 
         if a.memory_steps > 0:
             # A larger model (weights and optimizer state dominate the runtime's own memory),

@@ -165,6 +165,18 @@ class RunFile:
             n = min(n, int(np.min(g.attrs["rank_rows"])))
         return np.asarray(ds[:, :n], dtype=np.float64)
 
+    def ragged(self, path: str, rank: int) -> np.ndarray:
+        """Rank `rank`'s values of a variable-length per-rank table column (e.g.
+        /profile/top_ops/self_s): path[path_offset[rank] : + path_count[rank]]. KeyError naming
+        the file when the column does not exist."""
+        if path not in self._h5:
+            raise KeyError(f"{self.path}: no dataset {path}")
+        off = int(self._h5[f"{path}_offset"][rank])
+        cnt = int(self._h5[f"{path}_count"][rank])
+        values = self._h5[path][off:off + cnt]
+        return np.array([_text(v) for v in values]) if values.dtype.kind in "OS" else \
+            np.asarray(values, dtype=np.float64)
+
     def units(self, name: str, group: str = "iterations") -> str:
         g = self._h5.get(group)
         if g is None or name not in g:
