@@ -223,12 +223,7 @@ std::string CvWorkload::plan_text() const {
     o << "trainscope plan (dry run: nothing is trained or written)\n"
       << "  workload      cv, strategy " << to_string(env_.strategy) << ", precision "
       << env_.precision << "\n"
-      << "  ranks         " << l.world_size << " on " << env_.topo.num_nodes << " node(s), "
-      << env_.threads_per_rank << " CPU thread(s) per rank, communicator " << env_.dist.backend
-      << "\n";
-    for (int r = 0; r < l.world_size; ++r)
-        o << "    rank " << r << "  host " << env_.topo.hostnames.at(r) << "  device "
-          << env_.devices.at(r) << "\n";
+      << ranks_text();
     o << "  data          " << data_.description << "; network input " << channels_ << "x"
       << image_size << "x" << image_size << "\n"
       << "  batch         " << l.batch_per_rank << (pipe ? " per replica x " : " per rank x ")

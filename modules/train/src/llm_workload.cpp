@@ -151,12 +151,7 @@ void LlmWorkload::build() {
     o << "trainscope plan (dry run: nothing is trained or written)\n"
       << "  workload      llm, method " << to_string(l_.method) << ", precision " << env_.precision
       << ", dist.zero " << l_.zero << "\n"
-      << "  ranks         " << layout.world_size << " on " << env_.topo.num_nodes << " node(s), "
-      << env_.threads_per_rank << " CPU thread(s) per rank, communicator " << env_.dist.backend
-      << "\n";
-    for (int r = 0; r < layout.world_size; ++r)
-        o << "    rank " << r << "  host " << env_.topo.hostnames.at(r) << "  device "
-          << env_.devices.at(r) << "\n";
+      << ranks_text();
     o << "  model         Llama " << llama_.name << ": " << llama_.num_hidden_layers
       << " layers, hidden " << llama_.hidden_size << ", FFN " << llama_.intermediate_size
       << ", heads " << llama_.num_attention_heads << "/" << llama_.num_key_value_heads

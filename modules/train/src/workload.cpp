@@ -70,6 +70,17 @@ std::string mib(double bytes) {
 
 Workload::~Workload() = default;
 
+std::string Workload::ranks_text() const {
+    std::ostringstream o;
+    o << "  ranks         " << env_.topo.world_size << " on " << env_.topo.num_nodes << " node(s), "
+      << env_.threads_per_rank << " CPU thread(s) per rank, communicator " << env_.dist.backend
+      << "\n";
+    for (int r = 0; r < env_.topo.world_size; ++r)
+        o << "    rank " << r << "  host " << env_.topo.hostnames.at(r) << "  device "
+          << env_.devices.at(r) << "\n";
+    return o.str();
+}
+
 std::string Workload::precision() const {
     return env_.cfg.get_string("run.precision");
 }

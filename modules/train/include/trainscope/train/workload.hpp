@@ -100,6 +100,8 @@ class Workload {
     virtual std::string start_message(const std::string& file) const = 0;
     virtual void after_training(io::RunFile&) {}
     virtual int ranks_per_replica() const { return 1; }
+    // The plan's "ranks" line and one line per rank (host, device), for the --dry-run texts.
+    std::string ranks_text() const;
 
     const RunEnvironment& env_;
     bool interrupted_ = false;
