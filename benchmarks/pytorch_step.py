@@ -25,6 +25,11 @@ Fairness rules (both sides get the same work; the output repeats them):
             DistributedDataParallel with its defaults (bucket_cap_mb=25, broadcast_buffers=True),
             also on 1 rank (a world of 1) unless --pytorch-1rank=plain; trainscope: strategy ddp-ds,
             MPI backend, dist.bucket_mb=25 (it broadcasts batch-norm buffers every step like DDP)
+  malloc    trainscope runs with its default run.host_memory=retain (glibc keeps freed blocks up
+            to 32 MiB, no heap trimming: an iteration's tensors reuse the previous iteration's
+            pages instead of faulting in fresh ones); PyTorch with glibc's defaults, as it runs
+            out of the box, or with --pytorch-malloc=retain the same policy via GLIBC_TUNABLES.
+            Run both to see how much of the ratio is the allocator and how much is the loop
   timing    per iteration wall time (time.perf_counter around the whole step; trainscope's steady
             clock around data..optimizer), mean over ranks per iteration, median over the measured
             iterations after the same warm-up: trainscope's /summary median_step_s
@@ -164,15 +169,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def child_env() -> dict:
-    return launch_env(OMP_NUM_THREADS="1")
+# trainscope's run.host_memory=retain as glibc tunables: the same malloc policy for a PyTorch
+# process, which cannot call mallopt itself before its first allocations.
+GLIBC_RETAIN = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=2147483647"
 
 
-def run_logged(cmd: list[str], log: Path, timeout: float) -> str:
+def child_env(malloc: str = "default") -> dict:
+    extra = {"GLIBC_TUNABLES": GLIBC_RETAIN} if malloc == "retain" else {}
+    return launch_env(OMP_NUM_THREADS="1", **extra)
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float, malloc: str = "default") -> str:
     """Runs cmd, keeps its output in log; raises with the output's tail on failure."""
     t0 = time.monotonic()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=child_env(), timeout=timeout, cwd=REPO)
+                       env=child_env(malloc), timeout=timeout, cwd=REPO)
     log.write_text("$ " + shlex.join(cmd) + "\n" + p.stdout)
     if p.returncode != 0:
         tail = "\n".join(p.stdout.splitlines()[-25:])
@@ -186,7 +197,7 @@ def run_pytorch(a: argparse.Namespace, ranks: int, tmp: Path, tag: str) -> dict:
                          "--port", free_port(), "--batch", a.batch, "--image-size", a.image_size,
                          "--iters", a.iters, "--warmup", a.warmup, "--pytorch-1rank",
                          a.pytorch_1rank, "--pytorch-zero-grad", a.pytorch_zero_grad)
-    out = run_logged(cmd, tmp / f"pytorch_np{ranks}_{tag}.log", a.timeout)
+    out = run_logged(cmd, tmp / f"pytorch_np{ranks}_{tag}.log", a.timeout, a.pytorch_malloc)
     for line in out.splitlines():
         if line.startswith(RESULT_TAG):
             r = json.loads(line[len(RESULT_TAG):])
@@ -203,6 +214,7 @@ def trainscope_command(a: argparse.Namespace, ranks: int, out: Path) -> list[str
     opts = {
         "run.workload": "cv", "run.strategy": "ddp-ds", "run.device": "cpu",
         "run.precision": "fp32", "run.threads": 1, "dist.bucket_mb": 25,
+        "run.host_memory": a.trainscope_malloc,
         "data.dataset": "synthetic", "data.workers": 0, "data.drop_last": "true",
         # ddp-ds gives each rank 1/ranks of the set: enough for every iteration in one epoch.
         "data.synthetic_samples": total * a.batch * ranks, "data.synthetic_classes": NUM_CLASSES,
@@ -265,7 +277,10 @@ def settings_line(a: argparse.Namespace) -> str:
             f"PyTorch {'DDP' if a.pytorch_1rank == 'ddp' else 'plain model'} on 1 rank, DDP "
             f"(gloo, bucket 25 MiB) on more; zero_grad(set_to_none="
             f"{a.pytorch_zero_grad == 'none'}); trainscope: MPI backend, bucket 25 MiB, "
-            f"zero_grad(set_to_none=False); step = mean over ranks, median over iterations")
+            f"zero_grad(set_to_none=False); host malloc: trainscope run.host_memory="
+            f"{a.trainscope_malloc}, PyTorch "
+            f"{'the same (GLIBC_TUNABLES)' if a.pytorch_malloc == 'retain' else 'glibc defaults'}"
+            f"; step = mean over ranks, median over iterations")
 
 
 def driver(a: argparse.Namespace) -> int:
@@ -367,6 +382,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pytorch-zero-grad", choices=("none", "zero"), default="none",
                    help="PyTorch zero_grad: set_to_none=True (default, PyTorch's own default) "
                         "or zero the tensors like trainscope")
+    p.add_argument("--trainscope-malloc", choices=("retain", "release"), default="retain",
+                   help="trainscope's run.host_memory (default retain, trainscope's default)")
+    p.add_argument("--pytorch-malloc", choices=("default", "retain"), default="default",
+                   help="PyTorch's host malloc: glibc defaults (default, as PyTorch runs out of "
+                        "the box) or trainscope's retain policy through GLIBC_TUNABLES, to "
+                        "separate the allocator's share of the ratio from the loop's")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     p.add_argument("--keep-tmp", action="store_true", help="keep logs and run files")
     p.add_argument("--pytorch-worker", action="store_true", help=argparse.SUPPRESS)

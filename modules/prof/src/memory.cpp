@@ -11,6 +11,10 @@
 #include <mutex>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -94,6 +98,22 @@ void install_host_tensor_counter() {
                                  "allocator has priority; host_tensor_* columns will be NaN";
         }
     });
+}
+
+std::string apply_host_memory_policy(HostMemoryPolicy policy) {
+#if defined(__GLIBC__)
+    if (policy == HostMemoryPolicy::Release) return "glibc malloc defaults";
+    // Setting either threshold turns off glibc's dynamic mmap threshold, so both are set: the
+    // mmap threshold at its maximum (glibc refuses more than 32 MiB on 64-bit), trimming off.
+    constexpr int kMmapThreshold = 32 << 20;
+    const bool ok = mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1 &&
+                    mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max()) == 1;
+    if (!ok) return {};
+    return "glibc malloc retains freed memory (mmap threshold 32 MiB, no trimming)";
+#else
+    (void)policy;
+    return {};
+#endif
 }
 
 bool host_tensor_counter_installed() {

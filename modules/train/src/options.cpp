@@ -38,6 +38,10 @@ void declare_options(core::OptionRegistry& r) {
               0, 64);
     r.add_bool("cv.channels_last", false, "NHWC (channels-last) weights and inputs");
     r.add_int("run.seed", 42, "seed for initialisation, shuffling and dropout", 0);
+    r.add_choice("run.host_memory", "retain", {"retain", "release"},
+                 "host malloc policy (glibc): retain = freed blocks up to 32 MiB stay in the heap "
+                 "for the next iteration (no page faults on reuse); release = glibc defaults "
+                 "(freed memory goes back to the OS, so every iteration faults it in again)");
     r.add_int("run.threads", 0,
               "intra-op CPU threads per rank; 0 = the CPUs the rank is bound to, or for an unbound "
               "rank the node's cores divided by its ranks (min 1)",

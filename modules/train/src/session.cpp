@@ -20,6 +20,7 @@
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/io/run_file.hpp"
+#include "trainscope/prof/memory.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/run_control.hpp"
 #include "trainscope/train/workload.hpp"
@@ -105,6 +106,11 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
     const bool named = !env.device.name.empty() && env.device.name != env.device.device.str();
     env.devices = core::allgather_strings(world, env.device.device.str() +
                                                      (named ? " (" + env.device.name + ")" : ""));
+    const std::string malloc_policy = prof::apply_host_memory_policy(
+        c.get_string("run.host_memory") == "release" ? prof::HostMemoryPolicy::Release
+                                                     : prof::HostMemoryPolicy::Retain);
+    core::log::debug() << "run.host_memory=" << c.get_string("run.host_memory") << ": "
+                       << (malloc_policy.empty() ? "not glibc, nothing changed" : malloc_policy);
     at::set_num_threads(env.threads_per_rank);
     try {
         at::set_num_interop_threads(1);
