@@ -84,7 +84,8 @@ LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
         const models::LoadReport r = models::load_hf_weights(*m.model, o.checkpoint);
         core::log::info() << "loaded " << r.tensors_loaded << " tensors ("
                           << r.bytes_read / (1024.0 * 1024.0) << " MiB) from " << o.checkpoint
-                          << (r.tensors_ignored ? ", ignored " + std::to_string(r.tensors_ignored)
+                          << (r.tensors_derived ? ", skipped " + std::to_string(r.tensors_derived) +
+                                                      " derivable (rotary caches, a tied head)"
                                                 : std::string());
     }
     m.model->set_activation_checkpointing(o.activation_checkpointing);
