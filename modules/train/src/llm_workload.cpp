@@ -216,7 +216,8 @@ void LlmWorkload::build() {
     sched.gamma = c.get_float("train.gamma");
     sched.min_lr = c.get_float("train.min_lr");
     sched.total_iters = trainer_->total_iterations();
-    sched.step_iters = std::max<std::int64_t>(1, trainer_->iterations_per_epoch());
+    sched.step_iters = c.get_int("train.step_epochs") *
+                       std::max<std::int64_t>(1, trainer_->iterations_per_epoch());
     trainer_->set_schedule(sched);
     if (env_.resumed) trainer_->restore(*env_.resumed);
 }
