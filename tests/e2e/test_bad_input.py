@@ -424,11 +424,11 @@ CASES = [
          setup=lambda tmp, m: [write(tmp, "keep.h5", b"precious") and "--log.every=0"],
          check=lambda tmp: (tmp / "keep.h5").read_bytes() == b"precious" or pytest.fail(
              "the existing output file was changed")),
-    Case("adapters-file-exists", O, ("LoRA adapters file '{tmp}/out.h5.adapters.safetensors' "
+    Case("adapters-file-exists", O, ("LoRA adapter directory '{tmp}/out.h5.adapter' "
                                      "exists", "output.overwrite=true"), base=tuple(LLM),
-         setup=lambda tmp, m: [write(tmp, "out.h5.adapters.safetensors", b"older adapters")
+         setup=lambda tmp, m: [write(tmp, "out.h5.adapter", b"older adapters")
                                and "--log.every=0"],
-         check=lambda tmp: (tmp / "out.h5.adapters.safetensors").read_bytes() == b"older adapters"
+         check=lambda tmp: (tmp / "out.h5.adapter").read_bytes() == b"older adapters"
          or pytest.fail("the existing adapters file was changed")),
     Case("output-directory-missing", O, ("directory '{tmp}/missing/dir' does not exist",
                                          "mkdir -p {tmp}/missing/dir"),

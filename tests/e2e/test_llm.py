@@ -81,8 +81,10 @@ def test_lora_trains_adapters_only_and_saves_them(run_ts, tmp_path):
         assert np.all(it["comm_bytes"][...] == trainable * 4)
         loss = it["loss"][0]
         assert loss[-3:].mean() < loss[:3].mean()  # over-fitting a small dataset
-        adapters = text(plan["adapters_file"])
-    header = safetensors_header(adapters)
+        adapters = text(plan["adapters_dir"])
+    header = safetensors_header(f"{adapters}/adapter_model.safetensors")
+    config = json.loads(open(f"{adapters}/adapter_config.json").read())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 8, 16)
     names = [k for k in header if k != "__metadata__"]
     assert any(k.endswith("layers.0.self_attn.q_proj.lora_A.weight") for k in names)
     assert all(k.startswith("base_model.model.") for k in names)

@@ -226,7 +226,7 @@ TEST(Llama, ConfigJsonPresetsAndParameterCounts) {
     }
     EXPECT_THROW(tm_::LlamaConfig::from_hf_json_text(
                      R"({"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
-                         "num_attention_heads": 2, "vocab_size": 9,
+                         "num_attention_heads": 2, "vocab_size": 9, "rope_theta": 10000,
                          "rope_scaling": {"rope_type": "yarn", "factor": 4}})",
                      "c.json"),
                  trainscope::core::ConfigError);
@@ -256,7 +256,7 @@ TEST(Llama, LoadsHuggingFaceSafetensorsAndNamesShapeMismatches) {
     tm_::save_safetensors((dir / "model.safetensors").string(), tensors);
     auto dst = build(small(true), 99);
     const auto r = tm_::load_hf_weights(*dst, dir.string());
-    EXPECT_EQ(r.tensors_ignored, 1);
+    EXPECT_EQ(r.tensors_derived, 1); // the rotary cache, computed from the config
     EXPECT_EQ(r.tensors_loaded, static_cast<std::int64_t>(tensors.size()) - 1);
     const torch::Tensor ids = torch::randint(0, 50, {1, 5}, torch::kInt64);
     // fp32 storage: equal to the source rounded to fp32.
@@ -275,4 +275,164 @@ TEST(Llama, LoadsHuggingFaceSafetensorsAndNamesShapeMismatches) {
         EXPECT_NE(msg.find("[44, 32]"), std::string::npos) << msg;
     }
     fs::remove_all(dir);
+}
+
+namespace {
+
+// A small config.json with `extra` members appended ("" = none).
+std::string config_json(const std::string& extra) {
+    return R"({"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 50)" +
+           (extra.empty() ? std::string() : ", " + extra) + "}";
+}
+
+// The message of the ConfigError that parsing `text` throws ("" = none thrown).
+std::string config_error(const std::string& text) {
+    try {
+        tm_::LlamaConfig::from_hf_json_text(text, "dir/config.json");
+    } catch (const trainscope::core::ConfigError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+bool has(const std::string& text, const std::string& needle) {
+    return text.find(needle) != std::string::npos;
+}
+
+} // namespace
+
+TEST(Llama, ConfigJsonRopeFormsOfOldAndNewTransformersAgree) {
+    const std::string scaling = R"("factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 64)";
+    const auto old_form = tm_::LlamaConfig::from_hf_json_text(
+        config_json(R"("rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", )" +
+                    scaling + "}"),
+        "old");
+    const auto new_form = tm_::LlamaConfig::from_hf_json_text(
+        config_json(R"("rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, )" +
+                    scaling + "}"),
+        "new");
+    EXPECT_EQ(new_form.rope_theta, 500000.0);
+    EXPECT_TRUE(new_form.rope_scaling.enabled);
+    EXPECT_EQ(new_form.rope_scaling.original_max_position_embeddings, 64);
+    EXPECT_TRUE(torch::equal(tm_::rope_inverse_frequencies(old_form),
+                             tm_::rope_inverse_frequencies(new_form)));
+    const auto plain = tm_::LlamaConfig::from_hf_json_text(
+        config_json(R"("rope_parameters": {"rope_type": "default", "rope_theta": 10000.0})"), "p");
+    EXPECT_EQ(plain.rope_theta, 10000.0);
+    EXPECT_FALSE(plain.rope_scaling.enabled);
+    // Both forms in one file: accepted when equal, refused when not.
+    EXPECT_EQ(config_error(config_json(R"("rope_theta": 10000.0,
+                                          "rope_parameters": {"rope_theta": 10000.0})")),
+              "");
+    EXPECT_TRUE(has(config_error(config_json(R"("rope_theta": 10000.0,
+                                               "rope_parameters": {"rope_theta": 500000.0})")),
+                    "rope_parameters\".rope_theta = 500000 but the top-level \"rope_theta\" = "
+                    "10000"));
+    EXPECT_TRUE(has(config_error(config_json(
+                        R"("rope_parameters": {"rope_theta": 10.0, "rope_type": "default"},
+                           "rope_scaling": {"rope_type": "llama3", )" +
+                        scaling + "}")),
+                    "describe different rotary scalings"));
+    // Nothing defaulted: no theta at all, or a llama3 scaling without one of its keys.
+    const std::string none = config_error(config_json(""));
+    EXPECT_TRUE(has(none, "'dir/config.json': no rotary base found")) << none;
+    EXPECT_TRUE(has(none, "\"rope_parameters\": {\"rope_theta\": ...}")) << none;
+    EXPECT_TRUE(has(none, "top-level \"rope_theta\"")) << none;
+    EXPECT_TRUE(has(config_error(config_json(
+                        R"("rope_theta": 1e4, "rope_scaling": {"rope_type": "llama3",
+                           "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})")),
+                    "needs a number \"original_max_position_embeddings\""));
+    // Nothing ignored: keys of other rope types, other rope types, per-layer-type parameters.
+    EXPECT_TRUE(has(config_error(config_json(R"("rope_parameters": {"rope_theta": 1e4,
+                                                "attention_factor": 2.0})")),
+                    "has \"attention_factor\""));
+    EXPECT_TRUE(has(config_error(config_json(R"("rope_parameters": {"rope_theta": 1e4,
+                                                "rope_type": "linear", "factor": 2.0})")),
+                    "rope type 'linear'"));
+    EXPECT_TRUE(has(config_error(config_json(R"("rope_parameters": {"full_attention":
+                                                {"rope_theta": 1e4}})")),
+                    "one entry per layer type"));
+}
+
+TEST(Llama, ConfigJsonRefusesWhatTheModelCannotExpress) {
+    const std::string theta = R"("rope_theta": 10000.0)";
+    EXPECT_EQ(config_error(config_json(theta + R"(, "attention_bias": false, "mlp_bias": false,
+                                                 "model_type": "llama", "hidden_act": "silu",
+                                                 "attention_dropout": 0.0)")),
+              "");
+    const std::string bias = config_error(config_json(theta + R"(, "attention_bias": true)"));
+    EXPECT_TRUE(has(bias, "'dir/config.json': attention_bias=true")) << bias;
+    EXPECT_TRUE(has(bias, "has no attention biases")) << bias;
+    EXPECT_TRUE(has(config_error(config_json(theta + R"(, "mlp_bias": true)")), "mlp_bias=true"));
+    EXPECT_TRUE(has(config_error(config_json(theta + R"(, "model_type": "qwen2")")),
+                    "model_type = \"qwen2\""));
+    EXPECT_TRUE(has(config_error(config_json(theta + R"(, "hidden_act": "gelu")")),
+                    "hidden_act = \"gelu\""));
+    EXPECT_TRUE(has(config_error(config_json(theta + R"(, "attention_dropout": 0.1)")),
+                    "attention_dropout = 0.1"));
+    // hidden_size 66 over 4 heads: HF would silently use head_dim 16 (q_proj 64 x 66).
+    const std::string odd = R"({"hidden_size": 66, "intermediate_size": 96, "num_hidden_layers": 1,
+                               "num_attention_heads": 4, "vocab_size": 50, "rope_theta": 1e4)";
+    EXPECT_TRUE(has(config_error(odd + "}"),
+                    "hidden_size = 66 is not a multiple of num_attention_heads = 4"));
+    EXPECT_EQ(tm_::LlamaConfig::from_hf_json_text(odd + R"(, "head_dim": 16})", "c").head_dim, 16);
+    const std::string kv3 = config_error(
+        R"({"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "num_key_value_heads": 3, "vocab_size": 50,
+            "rope_theta": 1e4})");
+    EXPECT_TRUE(has(kv3, "'dir/config.json': num_attention_heads = 4 is not a multiple of "
+                         "num_key_value_heads = 3"))
+        << kv3;
+}
+
+TEST(Llama, LoaderRefusesUnusedTensorsAndAcceptsOnlyAnEqualTiedHead) {
+    for (bool tied : {false, true}) {
+        auto cfg = small(false);
+        cfg.tie_word_embeddings = tied;
+        auto src = build(cfg, 5);
+        std::vector<std::pair<std::string, torch::Tensor>> tensors;
+        for (auto& item : src->named_parameters()) {
+            const std::string& k = item.key();
+            tensors.emplace_back(k.rfind("lm_head", 0) == 0 ? k : "model." + k,
+                                 item.value().to(torch::kFloat32));
+        }
+        const fs::path dir = temp_dir(tied ? "tied" : "untied");
+        auto save_with = [&](const std::vector<std::pair<std::string, torch::Tensor>>& more) {
+            auto all = tensors;
+            all.insert(all.end(), more.begin(), more.end());
+            tm_::save_safetensors((dir / "model.safetensors").string(), all);
+        };
+        auto dst = build(cfg, 6);
+        // A bias the model has no place for, and one more stray tensor: named, counted, refused.
+        save_with({{"model.layers.0.self_attn.q_proj.bias", torch::zeros({cfg.hidden_size})},
+                   {"model.extra.weight", torch::ones({2})}});
+        try {
+            tm_::load_hf_weights(*dst, dir.string());
+            FAIL() << "stray tensors were accepted";
+        } catch (const trainscope::core::InputError& e) {
+            const std::string msg = e.what();
+            EXPECT_TRUE(has(msg, "holds 2 tensor(s) trainscope's Llama does not use")) << msg;
+            EXPECT_TRUE(has(msg, "'model.extra.weight', 'model.layers.0.self_attn.q_proj.bias'"))
+                << msg;
+            EXPECT_TRUE(has(msg, "has no biases")) << msg;
+        }
+        if (!tied) continue;
+        // Tied: a stored head equal to the embedding is the same model; a different one is not.
+        const torch::Tensor emb = src->embed_tokens->weight.to(torch::kFloat32);
+        save_with({{"lm_head.weight", emb}});
+        const auto r = tm_::load_hf_weights(*dst, dir.string());
+        EXPECT_EQ(r.tensors_derived, 1);
+        save_with({{"lm_head.weight", emb + 1}});
+        try {
+            tm_::load_hf_weights(*dst, dir.string());
+            FAIL() << "a tied head different from the embedding was accepted";
+        } catch (const trainscope::core::InputError& e) {
+            EXPECT_TRUE(has(e.what(), "tie_word_embeddings=true but the stored 'lm_head.weight' "
+                                      "differs"))
+                << e.what();
+        }
+        fs::remove_all(dir);
+    }
 }

@@ -1,9 +1,12 @@
 // Llama: configuration (HF config.json, presets), modules, activation checkpointing, HF weights.
 #include "trainscope/models/llama.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
@@ -16,30 +19,200 @@ namespace F = torch::nn::functional;
 
 // ---- configuration ------------------------------------------------------------------------------
 
+namespace {
+
+// Rotary settings of a config.json. transformers < 5 writes a top-level "rope_theta" and an
+// optional "rope_scaling" object; transformers 5 writes one "rope_parameters" object
+// {"rope_type", "rope_theta", and the scaling keys}. Both forms are read; where a file carries
+// both they must agree. Nothing is defaulted: a wrong theta or a dropped scaling trains a
+// different position code without any error.
+class RopeReader {
+  public:
+    RopeReader(const json& config, const std::string& origin) : j_(config), origin_(origin) {}
+
+    void read(LlamaConfig& c) const {
+        const json* params = object_or_null("rope_parameters");
+        const json* scaling = object_or_null("rope_scaling");
+        const std::optional<double> top_theta = number_at(j_, "rope_theta", "\"rope_theta\"");
+        std::optional<double> theta = top_theta;
+        if (params) {
+            const std::string where = "\"rope_parameters\"";
+            if (!params->contains("rope_theta") && !params->contains("rope_type"))
+                for (const auto& item : params->items())
+                    if (item.value().is_object())
+                        fail(where + " holds one entry per layer type (\"" + item.key() +
+                             "\", ...): that is not a Llama configuration (every Llama layer "
+                             "uses the same rotary embedding); use a Llama config.json");
+            const std::optional<double> own =
+                number_at(*params, "rope_theta", where + ".rope_theta");
+            if (own && top_theta && *own != *top_theta)
+                fail(where + ".rope_theta = " + num(*own) + " but the top-level \"rope_theta\" = " +
+                     num(*top_theta) + ": remove one of them or make them equal");
+            if (own) theta = own;
+            c.rope_scaling = scaling_of(*params, where, /*may_hold_theta=*/true);
+            if (scaling) {
+                const RopeScaling old = scaling_of(*scaling, "\"rope_scaling\"", false);
+                if (!same(old, c.rope_scaling))
+                    fail("\"rope_scaling\" and \"rope_parameters\" describe different rotary "
+                         "scalings: remove \"rope_scaling\" (transformers 5 reads only "
+                         "\"rope_parameters\") or make them equal");
+            }
+        } else if (scaling) {
+            c.rope_scaling = scaling_of(*scaling, "\"rope_scaling\"", /*may_hold_theta=*/false);
+        }
+        if (!theta)
+            fail("no rotary base found: looked for \"rope_parameters\": {\"rope_theta\": ...} "
+                 "(transformers >= 5) and a top-level \"rope_theta\" (older versions); add the "
+                 "model's value (Llama-3: 500000, Llama-2: 10000) instead of relying on a default");
+        c.rope_theta = *theta;
+    }
+
+  private:
+    [[noreturn]] void fail(const std::string& what) const {
+        throw core::ConfigError("'" + origin_ + "': " + what);
+    }
+    static std::string num(double v) {
+        std::ostringstream o;
+        o << v;
+        return o.str();
+    }
+    const json* object_or_null(const char* key) const {
+        if (!j_.contains(key) || j_[key].is_null()) return nullptr;
+        if (!j_[key].is_object()) fail(std::string("\"") + key + "\" must be an object (or null)");
+        return &j_[key];
+    }
+    std::optional<double> number_at(const json& o, const char* key, const std::string& name) const {
+        if (!o.contains(key) || o[key].is_null()) return std::nullopt;
+        if (!o[key].is_number()) fail(name + " must be a number");
+        return o[key].get<double>();
+    }
+
+    // The scaling of a rope_scaling / rope_parameters object: rope_type "default" (none) or
+    // "llama3" (Llama-3.1) with all four of its keys, as transformers requires. Unknown keys are
+    // refused: each one changes the frequencies in some other rope type.
+    RopeScaling scaling_of(const json& r, const std::string& where, bool may_hold_theta) const {
+        static const std::vector<std::string> llama3_keys = {
+            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+        std::string type = "default";
+        for (const char* k : {"rope_type", "type"})
+            if (r.contains(k)) {
+                if (!r[k].is_string()) fail(where + "." + k + " must be a string");
+                type = r[k].get<std::string>();
+                break;
+            }
+        if (type != "default" && type != "llama3")
+            fail(where + " has rope type '" + type +
+                 "', which trainscope does not implement (only \"default\" and Llama-3.1's "
+                 "\"llama3\"); use a Llama-3 / 3.1 / 3.2 model");
+        for (const auto& item : r.items()) {
+            const std::string& k = item.key();
+            const bool known =
+                k == "rope_type" || k == "type" || (may_hold_theta && k == "rope_theta") ||
+                (type == "llama3" &&
+                 std::find(llama3_keys.begin(), llama3_keys.end(), k) != llama3_keys.end());
+            if (k == "partial_rotary_factor" && item.value().is_number() &&
+                item.value().get<double>() == 1.0)
+                continue; // the whole head rotates: what trainscope does
+            if (!known)
+                fail(where + " has \"" + k + "\", which rope type '" + type +
+                     "' does not use in trainscope: remove it if it is unused, or use a model "
+                     "trainscope supports (it would otherwise be ignored silently)");
+        }
+        RopeScaling s;
+        if (type == "default") return s;
+        s.enabled = true;
+        for (const auto& k : llama3_keys)
+            if (!r.contains(k) || !r[k].is_number())
+                fail(where + " (rope type \"llama3\") needs a number \"" + k +
+                     "\" (factor, low_freq_factor, high_freq_factor and "
+                     "original_max_position_embeddings)");
+        s.factor = r["factor"].get<double>();
+        s.low_freq_factor = r["low_freq_factor"].get<double>();
+        s.high_freq_factor = r["high_freq_factor"].get<double>();
+        if (!r["original_max_position_embeddings"].is_number_integer())
+            fail(where + ".original_max_position_embeddings must be an integer");
+        s.original_max_position_embeddings =
+            r["original_max_position_embeddings"].get<std::int64_t>();
+        if (!(s.factor > 0) || !(s.low_freq_factor > 0) ||
+            !(s.high_freq_factor > s.low_freq_factor) || s.original_max_position_embeddings <= 0)
+            fail(where + ": llama3 scaling needs factor > 0, 0 < low_freq_factor < "
+                         "high_freq_factor and original_max_position_embeddings > 0 (Llama-3.1: "
+                         "8, 1, 4, 8192)");
+        return s;
+    }
+    static bool same(const RopeScaling& a, const RopeScaling& b) {
+        return a.enabled == b.enabled &&
+               (!a.enabled ||
+                (a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+                 a.high_freq_factor == b.high_freq_factor &&
+                 a.original_max_position_embeddings == b.original_max_position_embeddings));
+    }
+
+    const json& j_;
+    const std::string& origin_;
+};
+
+} // namespace
+
 LlamaConfig LlamaConfig::from_hf_json_text(const std::string& text, const std::string& origin) {
     json j;
     try {
         j = json::parse(text);
     } catch (const json::exception& e) {
-        throw core::ConfigError("'" + origin + "' is not valid JSON: " + e.what());
+        throw core::ConfigError("'" + origin + "' is not valid JSON (" + e.what() +
+                                "): llm.model needs the model's Hugging Face config.json; fix "
+                                "or replace the file");
     }
-    if (!j.is_object()) throw core::ConfigError("'" + origin + "' is not a JSON object");
+    if (!j.is_object())
+        throw core::ConfigError("'" + origin +
+                                "' is not a JSON object: llm.model needs the model's Hugging "
+                                "Face config.json");
+    auto fail = [&](const std::string& what) {
+        throw core::ConfigError("'" + origin + "': " + what);
+    };
     auto need_int = [&](const char* key) -> std::int64_t {
         if (!j.contains(key))
             throw core::ConfigError("'" + origin + "' lacks \"" + key +
                                     "\": a Llama config.json needs hidden_size, "
                                     "intermediate_size, num_hidden_layers, num_attention_heads "
                                     "and vocab_size");
-        if (!j[key].is_number_integer())
-            throw core::ConfigError("'" + origin + "': \"" + key + "\" must be an integer");
+        if (!j[key].is_number_integer()) fail(std::string("\"") + key + "\" must be an integer");
         return j[key].get<std::int64_t>();
     };
     auto opt_num = [&](const char* key, double def) -> double {
         if (!j.contains(key) || j[key].is_null()) return def;
-        if (!j[key].is_number())
-            throw core::ConfigError("'" + origin + "': \"" + key + "\" must be a number");
+        if (!j[key].is_number()) fail(std::string("\"") + key + "\" must be a number");
         return j[key].get<double>();
     };
+    auto opt_bool = [&](const char* key, bool def) -> bool {
+        if (!j.contains(key) || j[key].is_null()) return def;
+        if (!j[key].is_boolean()) fail(std::string("\"") + key + "\" must be true/false");
+        return j[key].get<bool>();
+    };
+    // What trainscope's Llama cannot express is refused, never ignored: a model trained without
+    // its biases (or with another activation) is a different model, and the run would still
+    // finish with a plausible loss.
+    if (j.contains("model_type") && !j["model_type"].is_null() &&
+        (!j["model_type"].is_string() || j["model_type"].get<std::string>() != "llama"))
+        fail("model_type = " + j["model_type"].dump() +
+             ": trainscope builds Llama models only (model_type \"llama\"); use a Llama-3 / 3.1 "
+             "/ 3.2 checkpoint");
+    if (opt_bool("attention_bias", false))
+        fail("attention_bias=true: trainscope's Llama has no attention biases (q/k/v/o_proj.bias) "
+             "and would train a different model without them; use a checkpoint without "
+             "attention biases (Llama-3 / 3.1 / 3.2)");
+    if (opt_bool("mlp_bias", false))
+        fail("mlp_bias=true: trainscope's Llama has no MLP biases (gate/up/down_proj.bias) and "
+             "would train a different model without them; use a checkpoint without MLP biases "
+             "(Llama-3 / 3.1 / 3.2)");
+    if (j.contains("hidden_act") && !j["hidden_act"].is_null() &&
+        (!j["hidden_act"].is_string() || j["hidden_act"].get<std::string>() != "silu"))
+        fail("hidden_act = " + j["hidden_act"].dump() +
+             ": trainscope's Llama MLP is SwiGLU (\"silu\"); use a Llama checkpoint");
+    if (opt_num("attention_dropout", 0.0) != 0.0)
+        fail("attention_dropout = " + j["attention_dropout"].dump() +
+             ": trainscope does not apply dropout to attention probabilities; set it to 0.0 (as "
+             "every Llama-3 config.json does)");
     LlamaConfig c;
     c.name = origin;
     c.hidden_size = need_int("hidden_size");
@@ -50,33 +223,25 @@ LlamaConfig LlamaConfig::from_hf_json_text(const std::string& text, const std::s
     c.num_key_value_heads = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
                                 ? need_int("num_key_value_heads")
                                 : c.num_attention_heads;
-    c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null()
-                     ? need_int("head_dim")
-                     : (c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0);
+    if (j.contains("head_dim") && !j["head_dim"].is_null()) {
+        c.head_dim = need_int("head_dim");
+    } else {
+        // Hugging Face derives it by integer division; a remainder would silently shrink the
+        // attention (q_proj [heads * head_dim, hidden] no longer square).
+        if (c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads != 0)
+            fail("hidden_size = " + std::to_string(c.hidden_size) +
+                 " is not a multiple of num_attention_heads = " +
+                 std::to_string(c.num_attention_heads) +
+                 " and there is no \"head_dim\": fix the sizes, or give head_dim explicitly");
+        c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+    }
     c.rms_norm_eps = opt_num("rms_norm_eps", 1e-6);
-    c.rope_theta = opt_num("rope_theta", 10000.0);
-    c.max_position_embeddings = static_cast<std::int64_t>(opt_num("max_position_embeddings", 2048));
-    if (j.contains("tie_word_embeddings")) {
-        if (!j["tie_word_embeddings"].is_boolean())
-            throw core::ConfigError("'" + origin + "': \"tie_word_embeddings\" must be true/false");
-        c.tie_word_embeddings = j["tie_word_embeddings"].get<bool>();
-    }
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-        const json& r = j["rope_scaling"];
-        const std::string type = r.contains("rope_type") ? r["rope_type"].get<std::string>()
-                                 : r.contains("type")    ? r["type"].get<std::string>()
-                                                         : std::string("?");
-        if (type != "llama3")
-            throw core::ConfigError("'" + origin + "': rope_scaling type '" + type +
-                                    "' is not supported (only Llama-3.1's \"llama3\"); remove "
-                                    "rope_scaling or use a Llama-3 model");
-        c.rope_scaling.enabled = true;
-        c.rope_scaling.factor = r.value("factor", 8.0);
-        c.rope_scaling.low_freq_factor = r.value("low_freq_factor", 1.0);
-        c.rope_scaling.high_freq_factor = r.value("high_freq_factor", 4.0);
-        c.rope_scaling.original_max_position_embeddings =
-            r.value("original_max_position_embeddings", std::int64_t{8192});
-    }
+    c.max_position_embeddings =
+        j.contains("max_position_embeddings") && !j["max_position_embeddings"].is_null()
+            ? need_int("max_position_embeddings")
+            : 2048;
+    c.tie_word_embeddings = opt_bool("tie_word_embeddings", false);
+    RopeReader(j, origin).read(c);
     try {
         c.validate();
     } catch (const core::ConfigError& e) {
@@ -87,7 +252,10 @@ LlamaConfig LlamaConfig::from_hf_json_text(const std::string& text, const std::s
 
 LlamaConfig LlamaConfig::from_hf_json_file(const std::string& path) {
     std::ifstream in(path);
-    if (!in) throw core::ConfigError("cannot read the model configuration '" + path + "'");
+    if (!in)
+        throw core::ConfigError("cannot read the model configuration '" + path +
+                                "': llm.model must be a Hugging Face model directory holding "
+                                "config.json, or that config.json itself");
     std::stringstream s;
     s << in.rdbuf();
     return from_hf_json_text(s.str(), path);
@@ -150,7 +318,7 @@ void LlamaConfig::validate() const {
             "num_attention_heads = " + std::to_string(num_attention_heads) +
             " is not a multiple of num_key_value_heads = " + std::to_string(num_key_value_heads) +
             " (grouped-query attention shares each KV head among a whole "
-            "number of query heads)");
+            "number of query heads): fix num_key_value_heads or num_attention_heads");
     if (head_dim % 2 != 0)
         throw core::ConfigError("head_dim = " + std::to_string(head_dim) +
                                 " must be even (rotary embeddings rotate pairs)");
@@ -425,34 +593,102 @@ torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids,
 
 // ---- Hugging Face weights -----------------------------------------------------------------------
 
+namespace {
+
+// Checkpoint tensors that are no weights of the model and may be skipped without changing it.
+// Older transformers saved each layer's rotary cache "self_attn.rotary_emb.inv_freq" as a
+// persistent buffer: it is a function of rope_theta and head_dim, which trainscope computes from
+// config.json itself.
+bool derived_from_config(const std::string& name) {
+    const std::string suffix = ".self_attn.rotary_emb.inv_freq";
+    return name.size() > suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+} // namespace
+
 LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& checkpoint) {
     const SafetensorsCheckpoint ckpt(checkpoint);
     LoadReport r;
-    std::int64_t used = 0;
     torch::NoGradGuard no_grad;
+    // Checkpoint name of every parameter: "model.X" ("lm_head.weight" as is), or "X" for
+    // checkpoints saved without the "model." prefix.
+    std::vector<std::pair<std::string, torch::Tensor>> plan; // handles sharing the parameters
+    std::set<std::string> used;
     for (auto& item : model.named_parameters(/*recurse=*/true)) {
         const std::string& name = item.key();
-        torch::Tensor& param = item.value();
         std::string hf = name.rfind("lm_head.", 0) == 0 ? name : "model." + name;
-        if (!ckpt.contains(hf) && ckpt.contains(name)) hf = name; // checkpoints without "model."
+        if (!ckpt.contains(hf) && ckpt.contains(name)) hf = name;
         if (!ckpt.contains(hf))
             throw core::InputError("checkpoint '" + checkpoint + "' has no tensor '" + hf +
                                    "' (model parameter " + name +
-                                   "): is it a Llama checkpoint in Hugging Face format?");
+                                   "): use a complete Llama checkpoint in Hugging Face format "
+                                   "(every shard of model.safetensors.index.json present)");
         const SafetensorsEntry& e = ckpt.entry(hf);
-        if (c10::IntArrayRef(e.shape) != param.sizes()) {
+        if (c10::IntArrayRef(e.shape) != item.value().sizes()) {
             std::ostringstream msg;
             msg << "tensor '" << hf << "' in '" << ckpt.file_of(hf) << "' has shape "
-                << c10::IntArrayRef(e.shape) << " but the model expects " << param.sizes()
-                << ": the checkpoint does not match llm.model's configuration";
+                << c10::IntArrayRef(e.shape) << " but the model expects " << item.value().sizes()
+                << ": the checkpoint does not match llm.model's configuration; use the "
+                   "config.json that came with these weights";
             throw core::InputError(msg.str());
         }
+        plan.emplace_back(hf, item.value());
+        used.insert(hf);
+    }
+    // Every other tensor is accounted for before anything is copied: derivable ones are skipped
+    // by name, a tied head must equal the embedding it is tied to, anything else is refused (a
+    // dropped bias or extra weight would train a different model and still finish with exit 0).
+    std::vector<std::string> unused;
+    for (const auto& name : ckpt.names()) {
+        if (used.count(name)) continue;
+        if (derived_from_config(name)) {
+            ++r.tensors_derived;
+            continue;
+        }
+        if (name == "lm_head.weight" && model.config().tie_word_embeddings) {
+            // Tied: the head is embed_tokens.weight. A checkpoint may still store the head (some
+            // exporters write shared tensors twice); accepted only when it is that very tensor.
+            const std::string emb = ckpt.contains("model.embed_tokens.weight")
+                                        ? "model.embed_tokens.weight"
+                                        : "embed_tokens.weight";
+            const SafetensorsEntry& h = ckpt.entry(name);
+            if (ckpt.contains(emb) && h.dtype == ckpt.entry(emb).dtype &&
+                h.shape == ckpt.entry(emb).shape &&
+                torch::equal(ckpt.tensor(name), ckpt.tensor(emb))) {
+                ++r.tensors_derived;
+                continue;
+            }
+            throw core::InputError("checkpoint '" + checkpoint +
+                                   "': config.json says tie_word_embeddings=true but the stored "
+                                   "'lm_head.weight' differs from '" +
+                                   emb +
+                                   "'; set tie_word_embeddings to false in config.json if the "
+                                   "model has its own output head");
+        }
+        unused.push_back(name);
+    }
+    if (!unused.empty()) {
+        std::string list;
+        for (std::size_t i = 0; i < unused.size() && i < 5; ++i)
+            list += (i ? ", '" : "'") + unused[i] + "'";
+        if (unused.size() > 5) list += ", ...";
+        const bool biases = std::any_of(unused.begin(), unused.end(), [](const std::string& n) {
+            return n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0;
+        });
+        throw core::InputError(
+            "checkpoint '" + checkpoint + "' holds " + std::to_string(unused.size()) +
+            " tensor(s) trainscope's Llama does not use (" + list +
+            "): training without them would be a different model" +
+            (biases ? " (trainscope's Llama has no biases)" : "") +
+            "; use a Llama-3 / 3.1 / 3.2 checkpoint, or remove tensors that are no weights");
+    }
+    for (auto& [hf, param] : plan) {
         param.copy_(ckpt.tensor(hf));
+        const SafetensorsEntry& e = ckpt.entry(hf);
         r.bytes_read += static_cast<std::int64_t>(e.end - e.begin);
         ++r.tensors_loaded;
-        ++used;
     }
-    r.tensors_ignored = static_cast<std::int64_t>(ckpt.names().size()) - used;
     return r;
 }
 

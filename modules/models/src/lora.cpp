@@ -2,9 +2,16 @@
 #include "trainscope/models/lora.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/models/safetensors.hpp"
 
 namespace trainscope::models {
 
@@ -110,6 +117,71 @@ void merge_lora(torch::nn::Module& model) {
         plain->weight.set_requires_grad(lora->base->dense_weight().requires_grad());
         parent.replace_module(child, plain);
     });
+}
+
+std::int64_t save_peft_adapter(const std::string& dir, torch::nn::Module& model,
+                               const LoraOptions& options, const std::string& base_model) {
+    namespace fs = std::filesystem;
+    const auto params = lora_parameters(model);
+    if (params.empty()) return 0;
+    // trainscope's "<module path>.lora_a" -> PEFT's "base_model.model.<HF path>.lora_A.weight"
+    // (PEFT wraps LlamaForCausalLM, whose decoder is "model." and head "lm_head.").
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    std::set<std::string> targets; // the projections actually wrapped (last path component)
+    for (const auto& [name, t] : params) {
+        const std::string module = name.substr(0, name.size() - 7); // without ".lora_a"
+        const bool a = name.compare(name.size() - 7, 7, ".lora_a") == 0;
+        const bool head = module.rfind("lm_head", 0) == 0;
+        tensors.emplace_back("base_model.model." + std::string(head ? "" : "model.") + module +
+                                 (a ? ".lora_A.weight" : ".lora_B.weight"),
+                             t.detach().cpu());
+        targets.insert(module.substr(module.find_last_of('.') + 1));
+    }
+    const fs::path d(dir);
+    std::error_code ec;
+    if (!fs::is_directory(d, ec) && !fs::create_directory(d, ec))
+        throw core::OutputError("cannot create the LoRA adapter directory '" + dir +
+                                "': " + (ec ? ec.message() : "exists and is not a directory") +
+                                "; choose another llm.save_adapters or output.file");
+    save_safetensors((d / "adapter_model.safetensors").string(), tensors,
+                     {{"format", "pt"}, {"producer", "trainscope"}});
+    // The LoraConfig fields PEFT reads; the rest keep PEFT's defaults. fan_in_fan_out false:
+    // lora_A is [rank, in] and lora_B [out, rank], torch.nn.Linear's layout.
+    nlohmann::json c = {
+        {"peft_type", "LORA"},
+        {"task_type", "CAUSAL_LM"},
+        {"r", options.rank},
+        {"lora_alpha", options.alpha},
+        {"lora_dropout", options.dropout},
+        {"target_modules", std::vector<std::string>(targets.begin(), targets.end())},
+        {"bias", "none"},
+        {"lora_bias", false},
+        {"fan_in_fan_out", false},
+        {"inference_mode", true},
+        {"use_rslora", false},
+        {"use_dora", false},
+        {"init_lora_weights", true},
+        {"modules_to_save", nullptr},
+        {"layers_to_transform", nullptr},
+        {"rank_pattern", nlohmann::json::object()},
+        {"alpha_pattern", nlohmann::json::object()},
+        {"base_model_name_or_path",
+         base_model.empty() ? nlohmann::json(nullptr) : nlohmann::json(base_model)},
+        {"revision", nullptr},
+    };
+    const fs::path config = d / "adapter_config.json", tmp = d / "adapter_config.json.tmp";
+    {
+        std::ofstream out(tmp, std::ios::trunc);
+        if (!out)
+            throw core::OutputError("cannot write '" + tmp.string() + "': " + std::strerror(errno));
+        out << c.dump(2) << "\n";
+        if (!out) throw core::OutputError("writing '" + tmp.string() + "' failed (disk full?)");
+    }
+    fs::rename(tmp, config, ec);
+    if (ec)
+        throw core::OutputError("cannot rename '" + tmp.string() + "' to '" + config.string() +
+                                "': " + ec.message());
+    return static_cast<std::int64_t>(tensors.size());
 }
 
 std::int64_t lora_parameter_count(const LlamaConfig& c, const LoraOptions& o) {

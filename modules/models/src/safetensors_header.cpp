@@ -113,7 +113,8 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
         if (entry.begin > entry.end || entry.end > data_size)
             bad(path, "tensor '" + name + "' data_offsets [" + std::to_string(entry.begin) + ", " +
                           std::to_string(entry.end) + "] outside the data section of " +
-                          std::to_string(data_size) + " bytes (truncated file?)");
+                          std::to_string(data_size) +
+                          " bytes (truncated file? copy or download it again)");
         const std::uint64_t want = tensor_bytes(entry.shape, element_size);
         if (entry.end - entry.begin != want)
             bad(path,

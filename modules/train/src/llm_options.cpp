@@ -79,8 +79,9 @@ void declare_llm_options(core::OptionRegistry& r) {
     r.add_int("llm.gradient_accumulation", 1,
               "micro-batches per optimizer step (train.batch_size samples each)", 1, 1 << 20);
     r.add_string("llm.save_adapters", "auto",
-                 "where the trained LoRA adapters go (safetensors, PEFT names): auto = beside the "
-                 "run file (<output.file>.adapters.safetensors), none = not saved, or a path");
+                 "PEFT adapter directory for the trained LoRA adapters (adapter_model.safetensors "
+                 "+ adapter_config.json): auto = beside the run file (<output.file>.adapter), none "
+                 "= not saved, or a directory path");
     r.add_choice("dist.zero", "0", {"0", "1", "2"},
                  "ZeRO sharding for full-weight training (llm.method=full, or qat without LoRA): 1 "
                  "= optimizer state sharded (reduce-scatter "
@@ -168,9 +169,10 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         throw core::ConfigError("llm.dataset.path is empty: name a .json or .jsonl dataset (e.g. "
                                 "inputs/llm/data/instruct.jsonl)");
     if (!fs::is_regular_file(o.dataset.path))
-        throw core::InputError("llm.dataset.path = '" + o.dataset.path + "': " +
-                               (fs::is_directory(o.dataset.path) ? "is a directory" : "no such file") +
-                               "; set it to a .json or .jsonl dataset file");
+        throw core::InputError(
+            "llm.dataset.path = '" + o.dataset.path +
+            "': " + (fs::is_directory(o.dataset.path) ? "is a directory" : "no such file") +
+            "; set it to a .json or .jsonl dataset file");
     o.dataset.format = data::parse_text_format(c.get_string("llm.dataset.format"));
     o.dataset.max_seq_len = c.get_int("llm.max_seq_len");
     o.dataset.train_on_input = c.get_bool("llm.train_on_input");
@@ -212,19 +214,15 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
                                 " trains only LoRA adapters (small): set dist.zero=0");
     const std::string save = c.get_string("llm.save_adapters");
     if (save == "auto")
-        o.save_adapters = c.get_string("output.file") + ".adapters.safetensors";
+        o.save_adapters = adapter_dir_beside(c.get_string("output.file"));
     else if (save != "none")
         o.save_adapters = save;
     o.adapters_beside_run_file = save == "auto";
-    // Written at the very end of the run: refuse an existing file now, as the run file is. The
-    // auto path is checked by the Session once the run file's path is final (--resume writes
+    // Written at the very end of the run: refuse an existing directory now, as the run file is.
+    // The auto path is checked by the workload once the run file's path is final (--resume writes
     // <stem>.resume<k>.h5).
-    if (std::error_code ec; save != "auto" && uses_lora(o) && !o.save_adapters.empty() &&
-                            !c.get_bool("output.overwrite") && fs::exists(o.save_adapters, ec))
-        throw core::OutputError("LoRA adapters file '" + o.save_adapters +
-                                "' exists (llm.save_adapters=" + save +
-                                "); set output.overwrite=true, choose another output.file or "
-                                "llm.save_adapters=PATH, or llm.save_adapters=none");
+    if (save != "auto" && uses_lora(o) && !o.save_adapters.empty())
+        check_adapter_dir(o.save_adapters, save, c.get_bool("output.overwrite"));
 
     // torchtune's defaults where the image-classification defaults were left in place.
     auto take = [&](const char* key, auto& field, auto value, const std::string& shown) {
@@ -244,6 +242,32 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
     take("train.schedule", o.schedule, std::string("cosine"), "cosine");
     take("run.precision", o.precision, std::string("bf16"), "bf16");
     return o;
+}
+
+std::string adapter_dir_beside(const std::string& run_file) {
+    return run_file + ".adapter";
+}
+
+void check_adapter_dir(const std::string& dir, const std::string& setting, bool overwrite) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::path p(dir);
+    if (!p.has_filename()) p = p.parent_path(); // "a/b/" names the directory b
+    if (fs::exists(p, ec) && !overwrite)
+        throw core::OutputError("LoRA adapter directory '" + dir +
+                                "' exists (llm.save_adapters=" + setting +
+                                "); set output.overwrite=true, choose another output.file or "
+                                "llm.save_adapters=PATH, or llm.save_adapters=none");
+    if (fs::exists(p, ec) && !fs::is_directory(p, ec))
+        throw core::OutputError("'" + dir + "' (llm.save_adapters=" + setting +
+                                ") exists and is not a directory: the LoRA adapters are written "
+                                "as a PEFT adapter directory; remove it, choose another "
+                                "output.file or llm.save_adapters=PATH, or llm.save_adapters=none");
+    const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    if (!fs::is_directory(parent, ec))
+        throw core::OutputError(
+            "directory '" + parent.string() + "' does not exist (llm.save_adapters=" + setting +
+            "): create it first (mkdir -p " + parent.string() + ") or choose another path");
 }
 
 models::LlamaConfig resolve_llama_config(const LlmOptions& o, std::int64_t tokenizer_vocab) {

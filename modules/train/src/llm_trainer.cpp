@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <numeric>
 #include <sstream>
@@ -84,7 +85,8 @@ LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
         const models::LoadReport r = models::load_hf_weights(*m.model, o.checkpoint);
         core::log::info() << "loaded " << r.tensors_loaded << " tensors ("
                           << r.bytes_read / (1024.0 * 1024.0) << " MiB) from " << o.checkpoint
-                          << (r.tensors_ignored ? ", ignored " + std::to_string(r.tensors_ignored)
+                          << (r.tensors_derived ? ", skipped " + std::to_string(r.tensors_derived) +
+                                                      " derivable (rotary caches, a tied head)"
                                                 : std::string());
     }
     m.model->set_activation_checkpointing(o.activation_checkpointing);
@@ -633,31 +635,16 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
 
 std::string LlmTrainer::save_adapters(const std::string& path) {
     State& s = *s_;
-    if (path.empty()) return "";
-    auto params = models::lora_parameters(*s.m.model);
-    if (params.empty()) return "";
+    if (path.empty() || models::lora_parameters(*s.m.model).empty()) return "";
     if (s.rank == 0) {
-        // PEFT's names: base_model.model.<HF module path>.lora_A.weight / lora_B.weight.
-        std::vector<std::pair<std::string, torch::Tensor>> out;
-        for (auto& [name, t] : params) {
-            std::string n = name;
-            const bool a = n.size() > 7 && n.compare(n.size() - 7, 7, ".lora_a") == 0;
-            const bool b = n.size() > 7 && n.compare(n.size() - 7, 7, ".lora_b") == 0;
-            if (a || b) n = n.substr(0, n.size() - 7) + (a ? ".lora_A.weight" : ".lora_B.weight");
-            const bool head = n.rfind("lm_head", 0) == 0;
-            out.emplace_back("base_model.model." + std::string(head ? "" : "model.") + n,
-                             t.detach().cpu());
-        }
+        // The weights the adapters were trained on; none when they were initialised at random
+        // (no base model on disk reproduces them).
         const LlmOptions& l = s.o.llm;
-        std::string targets;
-        for (const auto& t : l.lora.targets)
-            targets += (targets.empty() ? "" : ",") + t;
-        models::save_safetensors(path, out,
-                                 {{"format", "pt"},
-                                  {"producer", "trainscope"},
-                                  {"lora_rank", std::to_string(l.lora.rank)},
-                                  {"lora_alpha", std::to_string(l.lora.alpha)},
-                                  {"lora_targets", targets}});
+        const std::string base =
+            l.checkpoint.empty()
+                ? std::string()
+                : std::filesystem::absolute(l.checkpoint).lexically_normal().string();
+        models::save_peft_adapter(path, *s.m.model, l.lora, base);
     }
     return path;
 }

@@ -1,7 +1,7 @@
 // run.workload=llm: Llama fine-tuning (full, LoRA, QLoRA, DPO, QAT). Owns the LLM options, the
 // tokenizer and text dataset, the model with its method applied, the LlmTrainer (the
-// TrainingLoop's step), the memory plan of every method, the plan text, /plan and the adapters
-// file written when training ends.
+// TrainingLoop's step), the memory plan of every method, the plan text, /plan and the PEFT adapter
+// directory written when training ends.
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -41,15 +41,10 @@ class LlmWorkload final : public Workload {
     void claim_outputs(const std::string& run_file) override {
         if (!l_.adapters_beside_run_file || !uses_lora(l_)) return;
         // Written at the very end of the run: refuse an existing file now, as the run file is.
-        l_.save_adapters = run_file + ".adapters.safetensors";
+        l_.save_adapters = adapter_dir_beside(run_file);
         dist::agree_on_errors(env_.world, [&] {
-            std::error_code ec;
-            if (env_.topo.rank == 0 && !env_.cfg.get_bool("output.overwrite") &&
-                std::filesystem::exists(l_.save_adapters, ec))
-                throw core::OutputError("LoRA adapters file '" + l_.save_adapters +
-                                        "' exists (llm.save_adapters=auto); set "
-                                        "output.overwrite=true, choose another output.file or "
-                                        "llm.save_adapters=PATH, or llm.save_adapters=none");
+            if (env_.topo.rank == 0)
+                check_adapter_dir(l_.save_adapters, "auto", env_.cfg.get_bool("output.overwrite"));
         });
     }
 
@@ -76,10 +71,15 @@ class LlmWorkload final : public Workload {
                std::to_string(env_.layout.global_batch()) + " sequences per step, writing " + file;
     }
     void after_training(io::RunFile& file) override {
-        const std::string adapters = trainer_->save_adapters(l_.save_adapters);
+        // Rank 0 writes; agreeing first keeps a failed write from leaving the other ranks in the
+        // collective attribute write below.
+        std::string adapters;
+        dist::agree_on_errors(env_.world,
+                              [&] { adapters = trainer_->save_adapters(l_.save_adapters); });
         if (adapters.empty()) return;
-        file.set_attributes("/plan", {{"adapters_file", adapters}});
-        core::log::info() << "LoRA adapters written to " << adapters;
+        file.set_attributes("/plan", {{"adapters_dir", adapters}});
+        core::log::info() << "LoRA adapters written to " << adapters
+                          << "/ (PEFT: PeftModel.from_pretrained(model, dir))";
     }
 
   private:
@@ -216,7 +216,8 @@ void LlmWorkload::build() {
     sched.gamma = c.get_float("train.gamma");
     sched.min_lr = c.get_float("train.min_lr");
     sched.total_iters = trainer_->total_iterations();
-    sched.step_iters = std::max<std::int64_t>(1, trainer_->iterations_per_epoch());
+    sched.step_iters = c.get_int("train.step_epochs") *
+                       std::max<std::int64_t>(1, trainer_->iterations_per_epoch());
     trainer_->set_schedule(sched);
     if (env_.resumed) trainer_->restore(*env_.resumed);
 }

@@ -47,9 +47,13 @@ struct LlamaConfig {
     bool tie_word_embeddings = false;
     std::string name = "custom"; // preset name or the config.json path, for logs and the run file
 
-    // Parses a Hugging Face config.json (text / file). Missing optional keys take HF's defaults;
-    // missing required keys, wrong types and inconsistent values (heads not dividing, GQA groups
-    // not integral) throw core::ConfigError naming the key, the file and the fix.
+    // Parses a Hugging Face config.json (text / file). Missing optional keys take HF's defaults,
+    // except the rotary base: rope_theta is read from "rope_parameters" (transformers >= 5) or the
+    // top level (older; with "rope_scaling"), and a file with neither is refused. Missing required
+    // keys, wrong types, inconsistent values (heads not dividing, GQA groups not integral) and
+    // what trainscope's Llama cannot express (attention_bias / mlp_bias true, another
+    // model_type, hidden_act or rope type, attention dropout) throw core::ConfigError naming the
+    // key, the file and the fix: a setting is never ignored.
     static LlamaConfig from_hf_json_text(const std::string& json_text, const std::string& origin);
     static LlamaConfig from_hf_json_file(const std::string& path);
     // llm.model presets: llama3-8b, llama3.1-8b (rope scaling), llama3.2-1b, llama3.2-3b (both
@@ -166,12 +170,15 @@ TORCH_MODULE(LlamaForCausalLM);
 // model.safetensors.index.json and its shards) or one .safetensors file. Names map
 // "model.X" -> "X" and "lm_head.weight" -> "lm_head.weight"; every model parameter must be present
 // with the same shape (errors name the tensor, both shapes and the file); tensors are converted to
-// the parameter's dtype on load. Extra checkpoint tensors (e.g. rotary caches) are ignored and
-// counted in the returned report. Works on plain projections only: load before applying LoRA,
+// the parameter's dtype on load. No checkpoint tensor is dropped silently: rotary caches
+// ("*.self_attn.rotary_emb.inv_freq", computed from config.json) and, with tied embeddings, an
+// "lm_head.weight" equal to the embedding are skipped and counted; any other tensor trainscope
+// does not use (biases, extra weights) throws core::InputError naming the first few and their
+// count, before anything is copied. Works on plain projections only: load before applying LoRA,
 // NF4 or QAT.
 struct LoadReport {
     std::int64_t tensors_loaded = 0;
-    std::int64_t tensors_ignored = 0;
+    std::int64_t tensors_derived = 0; // skipped: rotary caches, a tied head equal to the embedding
     std::int64_t bytes_read = 0;
 };
 LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& checkpoint);

@@ -69,6 +69,20 @@ void set_adapters_enabled(torch::nn::Module& model, bool on);
 // weight (for export and the merged-vs-unmerged test).
 void merge_lora(torch::nn::Module& model);
 
+// Writes the LoRA adapters of `model` as a PEFT adapter directory, the layout
+// peft.PeftModel.from_pretrained(base_model, dir) loads:
+//   adapter_model.safetensors  PEFT's names: base_model.model.model.layers.N.<path>.lora_A.weight
+//                              [rank, in] and .lora_B.weight [out, rank] (lm_head without the
+//                              inner "model."), in the adapters' dtype
+//   adapter_config.json        peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
+//                              target_modules (the projections actually wrapped), bias "none",
+//                              base_model_name_or_path (`base_model`; empty = null)
+// `dir` is created (its parent must exist); each file is replaced atomically, the config last, so
+// a directory with a config always has its weights. Returns the number of tensors written (0 = the
+// model has no adapters: nothing is written). Throws core::OutputError naming the path.
+std::int64_t save_peft_adapter(const std::string& dir, torch::nn::Module& model,
+                               const LoraOptions& options, const std::string& base_model);
+
 // Trainable LoRA parameters by arithmetic for a Llama config (no allocation): for each target
 // projection rank * (in + out), times the number of layers (lm_head once). Llama-3-8B with the
 // defaults: 19,660,800.

@@ -40,8 +40,8 @@ struct LlmOptions {
     bool activation_checkpointing = false;
     std::int64_t gradient_accumulation = 1;
     int zero = 0;
-    std::string save_adapters; // path of the adapters' safetensors ("" = none)
-    bool adapters_beside_run_file = false; // llm.save_adapters=auto: <run file>.adapters.safetensors
+    std::string save_adapters;             // PEFT adapter directory ("" = none)
+    bool adapters_beside_run_file = false; // llm.save_adapters=auto: <run file>.adapter
     // train.* as resolved for the LLM run (torchtune defaults where the user left them).
     std::string optimizer = "adamw";
     double lr = 3e-4, weight_decay = 0.01;
@@ -55,6 +55,14 @@ struct LlmOptions {
 
 // Whether `method` trains LoRA adapters (lora, qlora, dpo, qat with llm.qat.lora).
 bool uses_lora(const LlmOptions& o);
+
+// llm.save_adapters=auto's PEFT adapter directory: "<run file>.adapter".
+std::string adapter_dir_beside(const std::string& run_file);
+// Refuses (core::OutputError naming the path, `setting` and the fix) an adapter directory that
+// would be overwritten without output.overwrite, a path that exists but is no directory, and a
+// missing parent directory: the adapters are written at the end of the run, so this is checked
+// at its start.
+void check_adapter_dir(const std::string& dir, const std::string& setting, bool overwrite);
 
 // The model's configuration: preset or config.json; for the tiny preset the vocabulary is sized to
 // the tokenizer (vocab 0 means "take it from the tokenizer").

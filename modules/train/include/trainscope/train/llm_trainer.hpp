@@ -74,8 +74,9 @@ class LlmTrainer final : public TrainStep {
     // Training FLOPs per token for MFU: forward 2N + backward 2N through all weights + 2
     // N_trainable for the weight gradients, plus attention (see llm_trainer.cpp).
     double flops_per_token() const;
-    // Rank 0 writes the LoRA adapters (PEFT names: base_model.model.model.layers.0.self_attn.
-    // q_proj.lora_A.weight ...) and returns the path; "" when the method has no adapters.
+    // Rank 0 writes the LoRA adapters as a PEFT adapter directory at `path`
+    // (models::save_peft_adapter; base model = the checkpoint directory) and every rank returns
+    // the path; "" when the method has no adapters.
     std::string save_adapters(const std::string& path);
     const LlmModel& model() const;
     // Faults and restarts: the checkpoint holds the trainable weights (LoRA adapters, or all
