@@ -183,7 +183,7 @@ TEST_F(IdxTest, ImageLabelPair) {
     std::vector<std::uint8_t> labels{3, 0, 1, 3, 2, 1};
     write_gz(dir_ / "img", idx_bytes(0x00000803, {6, 5, 4}, images));
     write_raw(dir_ / "lbl", idx_bytes(0x00000801, {6}, labels));
-    auto set = data::load_idx_pair((dir_ / "img").string(), (dir_ / "lbl").string());
+    auto set = data::load_idx_pair((dir_ / "img").string(), (dir_ / "lbl").string(), 4);
     EXPECT_EQ(set.images.sizes(), (std::vector<std::int64_t>{6, 1, 5, 4}));
     EXPECT_EQ(set.images.scalar_type(), torch::kUInt8);
     EXPECT_EQ(set.labels.scalar_type(), torch::kInt64);
@@ -193,15 +193,69 @@ TEST_F(IdxTest, ImageLabelPair) {
 
     write_raw(dir_ / "lbl5", idx_bytes(0x00000801, {5}, {0, 1, 2, 3, 4}));
     try {
-        data::load_idx_pair((dir_ / "img").string(), (dir_ / "lbl5").string());
+        data::load_idx_pair((dir_ / "img").string(), (dir_ / "lbl5").string(), 10);
         FAIL() << "count mismatch accepted";
     } catch (const core::InputError& e) {
         EXPECT_CONTAINS(e.what(), "has 6 images but");
         EXPECT_CONTAINS(e.what(), "has 5 labels");
     }
     // Swapped arguments: a labels file where images are expected.
-    EXPECT_THROW(data::load_idx_pair((dir_ / "lbl").string(), (dir_ / "img").string()),
+    EXPECT_THROW(data::load_idx_pair((dir_ / "lbl").string(), (dir_ / "img").string(), 10),
                  core::InputError);
+}
+
+// Issue 16: a label beyond the dataset's classes used to widen the head silently (200 classes
+// for a 10-class dataset, validation accuracy ~0). It is refused, naming the file, the first bad
+// label, its index, the class count and how many labels are bad; the largest valid label passes.
+TEST_F(IdxTest, LabelsBeyondTheClassesAreRefused) {
+    write_gz(dir_ / "img", idx_bytes(0x00000803, {6, 5, 4}, random_bytes(6 * 5 * 4, 8)));
+    write_raw(dir_ / "ok", idx_bytes(0x00000801, {6}, {9, 0, 1, 9, 2, 1}));
+    const auto ok = data::load_idx_pair((dir_ / "img").string(), (dir_ / "ok").string(), 10);
+    EXPECT_EQ(ok.num_classes, 10); // the dataset's count, not the largest label + 1
+    EXPECT_EQ(ok.labels[0].item<std::int64_t>(), 9);
+
+    auto refused = [&](const std::vector<std::uint8_t>& labels, int classes) {
+        write_raw(dir_ / "bad", idx_bytes(0x00000801, {6}, labels));
+        try {
+            data::load_idx_pair((dir_ / "img").string(), (dir_ / "bad").string(), classes);
+        } catch (const core::InputError& e) {
+            return std::string(e.what());
+        }
+        return std::string();
+    };
+    std::string m = refused({3, 0, 200, 1, 255, 2}, 10);
+    EXPECT_CONTAINS(m, "IDX file '" + (dir_ / "bad").string() + "'");
+    EXPECT_CONTAINS(m, "label 200 at index 2 is not a class of this dataset (10 classes, labels "
+                       "0 to 9); 2 of its 6 labels are out of range");
+    EXPECT_CONTAINS(m, "download or install it again");
+    m = refused({0, 1, 2, 3, 4, 10}, 10); // the boundary: 10 classes are labels 0..9
+    EXPECT_CONTAINS(m, "label 10 at index 5 is not a class of this dataset (10 classes");
+    EXPECT_EQ(m.find("out of range"), std::string::npos) << m; // one bad label: no count
+    EXPECT_CONTAINS(refused({0, 1, 2, 3, 4, 4}, 4), "label 4 at index 4");
+}
+
+TEST_F(IdxTest, DatasetLabelsBeyondTenClassesAreRefused) {
+    // A Fashion-MNIST layout whose test labels hold a 200: refused with the file named.
+    write_gz(dir_ / "train-images-idx3-ubyte.gz",
+             idx_bytes(0x00000803, {4, 28, 28}, random_bytes(4 * 784, 11)));
+    write_gz(dir_ / "train-labels-idx1-ubyte.gz", idx_bytes(0x00000801, {4}, {0, 1, 2, 3}));
+    write_gz(dir_ / "t10k-images-idx3-ubyte.gz",
+             idx_bytes(0x00000803, {2, 28, 28}, random_bytes(2 * 784, 12)));
+    write_gz(dir_ / "t10k-labels-idx1-ubyte.gz", idx_bytes(0x00000801, {2}, {1, 200}));
+    try {
+        data::open_dataset(trainscope::testing::data_config({{"data.path", dir_.string()}}));
+        FAIL() << "label 200 accepted for a 10-class dataset";
+    } catch (const core::InputError& e) {
+        EXPECT_CONTAINS(e.what(), "IDX file '" + (dir_ / "t10k-labels-idx1-ubyte.gz").string() +
+                                      "': label 200 at index 1 is not a class of this dataset "
+                                      "(10 classes");
+    }
+    // Labels 0..3 only: still the dataset's 10 classes (the head does not shrink either).
+    write_gz(dir_ / "t10k-labels-idx1-ubyte.gz", idx_bytes(0x00000801, {2}, {1, 3}));
+    const auto s =
+        data::open_dataset(trainscope::testing::data_config({{"data.path", dir_.string()}}));
+    EXPECT_EQ(s.num_classes(), 10);
+    EXPECT_CONTAINS(s.description, "10 classes");
 }
 
 namespace {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/prof/statistics.hpp"
 #include "trainscope/train/precision.hpp"
 
 using namespace trainscope::train;
@@ -134,6 +135,30 @@ TEST(Precision, CudaComputeCapabilityChecks) {
     EXPECT_EQ(*resolve_precision(Precision::BF16Mixed, ampere).autocast_dtype, torch::kBFloat16);
     EXPECT_EQ(resolve_precision(Precision::BF16, ampere).param_dtype, torch::kBFloat16);
     EXPECT_FALSE(resolve_precision(Precision::FP32, ampere).tf32);
+}
+
+// The MFU peak (prof::stats::precision_math) must be the arithmetic the resolved policy really
+// runs its matmuls in, for every precision an Ampere GPU accepts: the autocast dtype when there is
+// one, else the parameter dtype (fp32 with TF32 on: tf32).
+TEST(Precision, MfuPeakFollowsThePolicysMatmulDtype) {
+    namespace st = trainscope::prof::stats;
+    const auto ampere = cuda_caps(8, 0);
+    for (Precision p : {Precision::FP64, Precision::FP32, Precision::TF32, Precision::FP16Mixed,
+                        Precision::BF16Mixed, Precision::BF16}) {
+        const PrecisionPolicy policy = resolve_precision(p, ampere);
+        const torch::ScalarType matmul = policy.autocast_dtype.value_or(policy.param_dtype);
+        st::PeakMath want = st::PeakMath::FP32;
+        if (matmul == torch::kFloat64) want = st::PeakMath::FP64;
+        if (matmul == torch::kHalf) want = st::PeakMath::FP16;
+        if (matmul == torch::kBFloat16) want = st::PeakMath::BF16;
+        if (matmul == torch::kFloat32 && policy.tf32) want = st::PeakMath::TF32;
+        const auto math = st::precision_math(to_string(p));
+        ASSERT_TRUE(math) << to_string(p) << " has no MFU peak";
+        EXPECT_EQ(math->math, want) << to_string(p);
+        EXPECT_EQ(std::string(math->basis).find("autocast") != std::string::npos,
+                  policy.autocast_dtype.has_value())
+            << to_string(p) << ": the label must say when the peak is autocast's";
+    }
 }
 
 TEST(Precision, Bf16PolicyGivesBf16Parameters) {

@@ -95,17 +95,59 @@ TEST(Statistics, PeakTableMatchesKnownDevicesOnly) {
         }
     }
     EXPECT_DOUBLE_EQ(*st::peak_flops("NVIDIA H100 80GB HBM3", "bf16"), 989.5e12);
-    EXPECT_DOUBLE_EQ(*st::peak_flops("NVIDIA H100 PCIe", "fp16"), 756.5e12);
+    EXPECT_DOUBLE_EQ(*st::peak_flops("NVIDIA H100 PCIe", "fp16-mixed"), 756.5e12);
     EXPECT_DOUBLE_EQ(*st::peak_flops("NVIDIA A100-SXM4-80GB", "tf32"), 156e12);
     EXPECT_DOUBLE_EQ(*st::peak_flops("NVIDIA A100-PCIE-40GB", "fp32"), 19.5e12);
     EXPECT_DOUBLE_EQ(*st::peak_flops("NVIDIA H200", "fp64"), 67e12);
     EXPECT_FALSE(st::peak_flops("NVIDIA H100 PCIe", "int8"));
 }
 
+// Every run.precision (train/precision.cpp accepts exactly these six) maps to the arithmetic its
+// matmuls run in; mixed precisions to the autocast dtype's tensor cores (issue 16: they were
+// "n/a" because the table knew only fp16/bf16/tf32/fp32/fp64).
+TEST(Statistics, EveryRunPrecisionHasAPeak) {
+    struct Case {
+        const char* precision;
+        st::PeakMath math;
+        double h100_sxm, a100_pcie; // TFLOP/s, dense
+        const char* basis;
+    };
+    const Case cases[] = {
+        {"fp64", st::PeakMath::FP64, 67.0, 19.5, "fp64 tensor cores"},
+        {"fp32", st::PeakMath::FP32, 67.0, 19.5, "fp32 CUDA cores (no tensor cores)"},
+        {"tf32", st::PeakMath::TF32, 494.5, 156.0, "tf32 tensor cores"},
+        {"fp16-mixed", st::PeakMath::FP16, 989.5, 312.0, "fp16 tensor cores (autocast)"},
+        {"bf16-mixed", st::PeakMath::BF16, 989.5, 312.0, "bf16 tensor cores (autocast)"},
+        {"bf16", st::PeakMath::BF16, 989.5, 312.0, "bf16 tensor cores"},
+    };
+    for (const Case& c : cases) {
+        const auto m = st::precision_math(c.precision);
+        ASSERT_TRUE(m) << c.precision;
+        EXPECT_EQ(m->math, c.math) << c.precision;
+        EXPECT_STREQ(m->basis, c.basis) << c.precision;
+        const auto sxm = st::peak_flops("NVIDIA H100 80GB HBM3", c.precision);
+        const auto pcie = st::peak_flops("NVIDIA A100-PCIE-40GB", c.precision);
+        ASSERT_TRUE(sxm && pcie) << c.precision;
+        EXPECT_DOUBLE_EQ(*sxm, c.h100_sxm * 1e12) << c.precision;
+        EXPECT_DOUBLE_EQ(*pcie, c.a100_pcie * 1e12) << c.precision;
+        EXPECT_FALSE(st::peak_flops("cpu", c.precision)) << c.precision;
+    }
+    // H100 PCIe: fp16 and bf16 mixed share the 16-bit tensor-core peak.
+    EXPECT_DOUBLE_EQ(*st::peak_flops("NVIDIA H100 PCIe", "bf16-mixed"), 756.5e12);
+    // Math names and misspellings are not run precisions: no peak rather than a guessed one.
+    for (const char* other : {"fp16", "half", "bf16_mixed", "BF16-mixed", "int8", ""}) {
+        EXPECT_FALSE(st::precision_math(other)) << other;
+        EXPECT_FALSE(st::peak_flops("NVIDIA H100 80GB HBM3", other)) << other;
+    }
+}
+
 TEST(Statistics, ModelFlopsUtilization) {
     EXPECT_DOUBLE_EQ(st::training_flops_per_sample(1e6), 6e6);
     EXPECT_DOUBLE_EQ(*st::model_flops_utilization(494.75e12, "NVIDIA H100 80GB HBM3", "bf16"), 0.5);
-    EXPECT_DOUBLE_EQ(*st::model_flops_utilization(78e12, "NVIDIA A100-SXM4-40GB", "fp16"), 0.25);
+    EXPECT_DOUBLE_EQ(*st::model_flops_utilization(494.75e12, "NVIDIA H100 80GB HBM3", "bf16-mixed"),
+                     0.5);
+    EXPECT_DOUBLE_EQ(*st::model_flops_utilization(78e12, "NVIDIA A100-SXM4-40GB", "fp16-mixed"),
+                     0.25);
     EXPECT_FALSE(st::model_flops_utilization(1e12, "cpu", "fp32"));
     EXPECT_FALSE(st::model_flops_utilization(1e12, "NVIDIA H100 NVL", "bf16"));
 }
@@ -140,7 +182,7 @@ TEST(Statistics, SummaryTable) {
     r.stragglers.clear();
     r.mfu = 0.4321;
     r.device_name = "NVIDIA H100 80GB HBM3";
-    r.precision = "bf16";
+    r.precision = "bf16-mixed";
     r.energy_j = 1000;
     r.energy_per_iteration_j = 20;
     r.energy_per_sample_j = 0.01;
@@ -148,7 +190,8 @@ TEST(Statistics, SummaryTable) {
     r.throughput_tokens_per_s = 5e4;
     const std::string g = st::format_summary_table(r);
     EXPECT_NE(g.find("  stragglers                  none\n"), std::string::npos) << g;
-    EXPECT_NE(g.find("  MFU                         43.2 % (NVIDIA H100 80GB HBM3, bf16)\n"),
+    EXPECT_NE(g.find("  MFU                         43.2 % of 989.5 TFLOP/s, bf16 tensor cores "
+                     "(autocast) (NVIDIA H100 80GB HBM3, bf16-mixed)\n"),
               std::string::npos)
         << g;
     EXPECT_NE(
@@ -157,4 +200,16 @@ TEST(Statistics, SummaryTable) {
         << g;
     EXPECT_NE(g.find("1234.6 samples/s, 50000 tokens/s"), std::string::npos) << g;
     EXPECT_NE(g.find("  peak device allocated       1024.0 MiB"), std::string::npos) << g;
+    EXPECT_EQ(g.find("WARNING"), std::string::npos) << g;
+
+    // All iterations warm-up: the warning follows the title line.
+    r.measured_iterations = 0;
+    r.warning = "no measured iterations: all 3 iteration(s) run were warm-up";
+    const std::string w = st::format_summary_table(r);
+    EXPECT_EQ(w.rfind("summary over 0 measured iterations (5 warm-up excluded), 2 rank(s)\n"
+                      "  WARNING: no measured iterations: all 3 iteration(s) run were warm-up\n"
+                      "  phase ",
+                      0),
+              0u)
+        << w;
 }

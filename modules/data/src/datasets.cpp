@@ -26,6 +26,8 @@ constexpr float kMnistMean = 0.1307f, kMnistStd = 0.3081f;
 // The synthetic set does not depend on run.seed: like a file, it is the same data on every run.
 constexpr std::uint64_t kSyntheticSeed = 0x7ea15c09e5eedULL;
 constexpr int kMnistSide = 28;
+// MNIST (digits) and Fashion-MNIST (garment kinds) both have 10 classes, labels 0-9.
+constexpr int kMnistClasses = 10;
 
 std::string shape_text(const torch::Tensor& t) {
     std::ostringstream s;
@@ -61,7 +63,8 @@ std::string find_idx_file(const DataOptions& o, const std::string& base) {
 
 } // namespace
 
-ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path) {
+ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path,
+                       int num_classes) {
     IdxArray im = read_idx(images_path);
     IdxArray lb = read_idx(labels_path);
     if (im.dims.size() != 3)
@@ -84,14 +87,27 @@ ImageSet load_idx_pair(const std::string& images_path, const std::string& labels
     set.images = torch::empty({n, 1, h, w}, torch::kUInt8); // [N, 1, H, W]
     if (!im.data.empty())
         std::memcpy(set.images.data_ptr<std::uint8_t>(), im.data.data(), im.data.size());
+    // A label outside the classes would train silently (cross-entropy over a head sized by the
+    // largest label, validation accuracy near 0): refuse it, naming the first and the count.
+    std::int64_t bad = 0, first_bad = -1;
+    for (std::int64_t i = 0; i < n; ++i)
+        if (lb.data[static_cast<std::size_t>(i)] >= num_classes && bad++ == 0) first_bad = i;
+    if (bad > 0)
+        throw InputError("IDX file '" + labels_path + "': label " +
+                         std::to_string(lb.data[static_cast<std::size_t>(first_bad)]) +
+                         " at index " + std::to_string(first_bad) +
+                         " is not a class of this dataset (" + std::to_string(num_classes) +
+                         " classes, labels 0 to " + std::to_string(num_classes - 1) + ")" +
+                         (bad > 1 ? "; " + std::to_string(bad) + " of its " + std::to_string(n) +
+                                        " labels are out of range"
+                                  : std::string()) +
+                         ": the file is corrupt or belongs to another dataset; download or "
+                         "install it again");
     set.labels = torch::empty({n}, torch::kInt64); // [N]
     auto* labels = set.labels.data_ptr<std::int64_t>();
-    int max_label = -1;
-    for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t i = 0; i < n; ++i)
         labels[i] = lb.data[static_cast<std::size_t>(i)];
-        max_label = std::max<int>(max_label, lb.data[static_cast<std::size_t>(i)]);
-    }
-    set.num_classes = max_label + 1;
+    set.num_classes = num_classes;
     return set;
 }
 
@@ -148,13 +164,13 @@ DatasetSplits open_dataset(const DataOptions& o) {
     const std::string train_labels = find_idx_file(o, "train-labels-idx1-ubyte");
     const std::string test_images = find_idx_file(o, "t10k-images-idx3-ubyte");
     const std::string test_labels = find_idx_file(o, "t10k-labels-idx1-ubyte");
-    s.train = load_idx_pair(train_images, train_labels);
-    s.test = load_idx_pair(test_images, test_labels);
+    s.train = load_idx_pair(train_images, train_labels, kMnistClasses);
+    s.test = load_idx_pair(test_images, test_labels, kMnistClasses);
     if (!s.train.images.sizes().slice(1).equals(s.test.images.sizes().slice(1)))
         throw InputError("data.path=" + o.path + ": training images are " +
                          shape_text(s.train.images) + " but test images are " +
                          shape_text(s.test.images) + ": the files come from different datasets");
-    const int classes = std::max(s.train.num_classes, s.test.num_classes);
+    const int classes = kMnistClasses;
     const bool fashion = o.dataset == "fashion-mnist";
     for (ImageSet* set : {&s.train, &s.test}) {
         set->num_classes = classes;

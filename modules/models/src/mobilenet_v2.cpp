@@ -148,28 +148,34 @@ ForwardCost mobilenet_v2_cost(const MobileNetV2Options& o, std::int64_t image_si
     // Spatial side after a stride-s conv with "same" padding: ceil(side / s).
     auto down = [](std::int64_t side, std::int64_t s) { return (side + s - 1) / s; };
     ForwardCost c;
-    // A conv + batch-norm (+ in-place ReLU6) keeps two tensors of its output size for backward.
+    // Tensors of a layer's output size that autograd keeps for backward (measured against the
+    // host tensor counter in tests/e2e/test_memory_plan.py). Conv + batch-norm + ReLU6: three:
+    // the conv output (batch norm's input), the batch-norm output (the in-place ReLU6 saves its
+    // input, so autograd clones it before overwriting) and the activation (the next conv's
+    // input). The linear projection (conv + batch-norm, no ReLU6): two, the conv output and the
+    // block's output (the next conv's input; with a residual the sum, the batch-norm output then
+    // being transient).
     auto conv = [&](std::int64_t side, std::int64_t in, std::int64_t out, std::int64_t k2,
-                    std::int64_t groups) {
+                    std::int64_t groups, std::int64_t kept) {
         c.macs += side * side * out * (in / groups) * k2;
-        c.activation_elements += 2 * side * side * out;
+        c.activation_elements += kept * side * side * out;
     };
     std::int64_t side = down(image_size, 2);
     std::int64_t in = make_divisible(kStemChannels * o.width_mult);
-    conv(side, o.in_channels, in, 9, 1); // stem
+    conv(side, o.in_channels, in, 9, 1, 3); // stem
     for (const auto& s : kSettings) {
         const std::int64_t out = make_divisible(s.channels * o.width_mult);
         for (std::int64_t i = 0; i < s.repeats; ++i) {
             const std::int64_t hidden = in * s.expand;
-            if (s.expand != 1) conv(side, in, hidden, 1, 1); // expansion 1x1
+            if (s.expand != 1) conv(side, in, hidden, 1, 1, 3); // expansion 1x1
             side = down(side, i == 0 ? s.stride : 1);
-            conv(side, hidden, hidden, 9, hidden); // depthwise 3x3
-            conv(side, hidden, out, 1, 1);         // linear projection 1x1
+            conv(side, hidden, hidden, 9, hidden, 3); // depthwise 3x3
+            conv(side, hidden, out, 1, 1, 2);         // linear projection 1x1
             in = out;
         }
     }
     const std::int64_t last = make_divisible(kLastChannels * std::max(1.0, o.width_mult));
-    conv(side, in, last, 1, 1);
+    conv(side, in, last, 1, 1, 3);
     c.macs += last * o.num_classes; // classifier
     return c;
 }

@@ -154,22 +154,47 @@ std::optional<DevicePeak> device_peak(const std::string& device_name) {
     return std::nullopt;
 }
 
+std::optional<PrecisionMath> precision_math(const std::string& run_precision) {
+    // The run.precision names of train/precision.cpp (prof does not depend on train).
+    struct Entry {
+        const char* name;
+        PrecisionMath math;
+    };
+    static const Entry kTable[] = {
+        {"fp64", {PeakMath::FP64, "fp64 tensor cores"}},
+        {"fp32", {PeakMath::FP32, "fp32 CUDA cores (no tensor cores)"}},
+        {"tf32", {PeakMath::TF32, "tf32 tensor cores"}},
+        {"fp16-mixed", {PeakMath::FP16, "fp16 tensor cores (autocast)"}},
+        {"bf16-mixed", {PeakMath::BF16, "bf16 tensor cores (autocast)"}},
+        {"bf16", {PeakMath::BF16, "bf16 tensor cores"}},
+    };
+    for (const Entry& e : kTable)
+        if (run_precision == e.name) return e.math;
+    return std::nullopt;
+}
+
 std::optional<double> peak_flops(const std::string& device_name, const std::string& precision) {
     const auto p = device_peak(device_name);
-    if (!p) return std::nullopt;
+    const auto m = precision_math(precision);
+    if (!p || !m) return std::nullopt;
     double tflops = 0;
-    if (precision == "bf16")
+    switch (m->math) {
+    case PeakMath::BF16:
         tflops = p->bf16_tflops;
-    else if (precision == "fp16")
+        break;
+    case PeakMath::FP16:
         tflops = p->fp16_tflops;
-    else if (precision == "tf32")
+        break;
+    case PeakMath::TF32:
         tflops = p->tf32_tflops;
-    else if (precision == "fp32")
+        break;
+    case PeakMath::FP32:
         tflops = p->fp32_tflops;
-    else if (precision == "fp64")
+        break;
+    case PeakMath::FP64:
         tflops = p->fp64_tflops;
-    else
-        return std::nullopt;
+        break;
+    }
     return tflops * 1e12;
 }
 
@@ -194,6 +219,7 @@ std::string format_summary_table(const SummaryReport& r) {
     };
     o << "summary over " << r.measured_iterations << " measured iterations (" << r.warmup_iterations
       << " warm-up excluded), " << r.world_size << " rank(s)\n";
+    if (!r.warning.empty()) o << "  WARNING: " << r.warning << "\n";
     // Columns: name left-aligned in 14, median right-aligned in 13, p95 right-aligned in 11.
     auto phase_row = [&](std::string name, const std::string& med, const std::string& q) {
         name.resize(std::max<std::size_t>(name.size(), 14), ' ');
@@ -213,8 +239,15 @@ std::string format_summary_table(const SummaryReport& r) {
     for (int s : r.stragglers)
         strag += (strag.empty() ? "" : ", ") + std::to_string(s);
     row("stragglers", strag.empty() ? "none" : "rank " + strag);
-    row("MFU", r.mfu ? fixed(*r.mfu * 100.0, 1) + " % (" + r.device_name + ", " + r.precision + ")"
-                     : "n/a (no peak known for '" + r.device_name + "', " + r.precision + ")");
+    // Name the peak the fraction is of: under bf16-mixed it is the bf16 tensor-core peak, which a
+    // reader could not guess from "bf16-mixed" alone.
+    const auto math = precision_math(r.precision);
+    const auto peak = peak_flops(r.device_name, r.precision);
+    if (r.mfu && math && peak)
+        row("MFU", fixed(*r.mfu * 100.0, 1) + " % of " + fixed(*peak / 1e12, 1) + " TFLOP/s, " +
+                       math->basis + " (" + r.device_name + ", " + r.precision + ")");
+    else
+        row("MFU", "n/a (no peak known for '" + r.device_name + "', " + r.precision + ")");
     if (r.energy_j >= 0)
         row("GPU energy", fixed(r.energy_j, 1) + " J; " + fixed(r.energy_per_iteration_j, 3) +
                               " J/iteration, " + fixed(r.energy_per_sample_j * 1e3, 3) +

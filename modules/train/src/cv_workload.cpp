@@ -20,6 +20,20 @@
 namespace trainscope::train {
 namespace {
 
+// Per-rank memory of a CV run by category, in bytes, by arithmetic before anything is allocated
+// (the --dry-run plan; tests/e2e/test_memory_plan.py holds it against the measured tensors).
+struct CvMemoryPlan {
+    double weight_bytes = 0;
+    // Gradients are views into the gradient synchronizer's buckets (DDP's gradient_as_bucket_view),
+    // so buckets add nothing beyond them.
+    double gradient_bytes = 0;
+    double optimizer_state_bytes = 0; // SGD momentum (1 per weight) or AdamW moments (2)
+    double activation_bytes = 0;      // the input batch and what autograd keeps for backward
+    double total_bytes() const {
+        return weight_bytes + gradient_bytes + optimizer_state_bytes + activation_bytes;
+    }
+};
+
 class CvWorkload final : public Workload {
   public:
     explicit CvWorkload(const RunEnvironment& env) : Workload(env) {
@@ -111,7 +125,7 @@ class CvWorkload final : public Workload {
     // The plan.
     std::int64_t samples_per_shard_ = 0, iterations_per_epoch_ = 0, total_iterations_ = 0;
     std::int64_t parameters_ = 0, macs_per_sample_ = 0, num_classes_ = 0;
-    double memory_estimate_bytes_ = 0;
+    CvMemoryPlan memory_;
     std::string pipeline_split_;
 };
 
@@ -190,10 +204,16 @@ void CvWorkload::build() {
     macs_per_sample_ = cost.macs;
     const double elem = static_cast<double>(c10::elementSize(t.dtype));
     const double opt_states = t.optimizer == "adamw" ? 2.0 : (t.momentum > 0 ? 1.0 : 0.0);
-    memory_estimate_bytes_ =
-        static_cast<double>(parameters_) * elem * (3.0 + opt_states) + // weights, grads, buckets
-        static_cast<double>(cost.activation_elements + channels_ * image_size * image_size) *
-            static_cast<double>(layout.batch_per_rank) * elem;
+    memory_.weight_bytes = static_cast<double>(parameters_) * elem;
+    memory_.gradient_bytes = memory_.weight_bytes;
+    memory_.optimizer_state_bytes = opt_states * memory_.weight_bytes;
+    // Activations in the compute dtype (under autocast the convolutions' outputs are in it), the
+    // input batch in the parameter dtype.
+    const double act_elem = static_cast<double>(
+        c10::elementSize(env_.policy.autocast_dtype.value_or(env_.policy.param_dtype)));
+    memory_.activation_bytes = (static_cast<double>(cost.activation_elements) * act_elem +
+                                static_cast<double>(channels_ * image_size * image_size) * elem) *
+                               static_cast<double>(layout.batch_per_rank);
 
     t.schedule.kind = c.get_string("train.schedule");
     t.schedule.base_lr = t.lr;
@@ -239,8 +259,10 @@ std::string CvWorkload::plan_text() const {
       << mib(static_cast<double>(parameters_) *
              static_cast<double>(c10::elementSize(env_.policy.param_dtype)))
       << " per iteration\n"
-      << "  memory/rank   ~" << mib(memory_estimate_bytes_)
-      << " (parameters, gradients, optimizer state, buckets, activations; estimate)\n";
+      << "  memory/rank   ~" << mib(memory_.total_bytes()) << " (estimate): weights "
+      << mib(memory_.weight_bytes) << ", gradients " << mib(memory_.gradient_bytes)
+      << ", optimizer state " << mib(memory_.optimizer_state_bytes) << ", activations "
+      << mib(memory_.activation_bytes) << "\n";
     if (pipe)
         o << "  pipeline      " << l.stages << " stages x " << l.replicas
           << " replica(s); rank = replica x stages + stage\n"
@@ -265,7 +287,11 @@ std::vector<io::Attribute> CvWorkload::plan_attributes() const {
         {"total_iterations", total_iterations_},
         {"parameters", parameters_},
         {"macs_per_sample", macs_per_sample_},
-        {"memory_estimate_bytes", memory_estimate_bytes_}};
+        {"memory_estimate_bytes", memory_.total_bytes()},
+        {"memory_plan_weight_bytes", memory_.weight_bytes},
+        {"memory_plan_gradient_bytes", memory_.gradient_bytes},
+        {"memory_plan_optimizer_state_bytes", memory_.optimizer_state_bytes},
+        {"memory_plan_activation_bytes", memory_.activation_bytes}};
     if (env_.strategy == Strategy::Pipeline) {
         std::string cuts;
         for (const auto& st : t_.pipeline_plan.stages)

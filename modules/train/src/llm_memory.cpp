@@ -1,14 +1,28 @@
-// Memory plan arithmetic. Activation estimate per token and decoder layer, counting the tensors
-// autograd saves in trainscope's Llama (e = compute element size, h hidden, f FFN):
-//   two RMSNorms: the fp32 copy of the input (4h bytes) and the normalised output (e h) each
-//   attention: q, k, v (expanded to all heads for GQA) and the SDPA output (4 e h), the o_proj
-//   input (e h); MLP: gate, silu(gate), up and their product (4 e f)
-//   => e (7h + 4f) + 8h bytes per token per layer.
-// With activation checkpointing only each layer's input is kept (e h per token and layer), plus one
-// layer's full set during its recompute. The head adds its logits (e V per token) and the fp32
-// log-softmax the loss keeps (4V per token; the fp32 upcast itself is transient).
+// Memory plan arithmetic. Activations count the tensors autograd saves in trainscope's Llama,
+// per token (tests/e2e/test_memory_plan.py holds them against the host tensor counter's phase
+// peaks for every method). Notation: e = compute element size, r = residual/parameter element size
+// (= e unless autocast), h hidden, q = heads x head_dim, kv = KV heads x head_dim, f FFN, T the
+// sequence length. Per decoder layer:
+//   RMSNorm (x2): its fp32 input (4h; in fp32 the input itself) and, when the norm weight trains,
+//     the normalised value (r h). Its output (r h) is kept once if a consumer saves its input
+//     (a trainable projection, or a LoRA adapter's A).
+//   Attention: q and k after rope, v, and the SDPA output (e (2q + 2kv); GQA is not expanded);
+//     the output is o_proj's input too. Packed sequences add SDPA's additive mask (e T).
+//   MLP: gate, silu(gate), up (3 e f) and their product (e f, when down_proj saves its input).
+//   A projection that computes on a copy of its input keeps that copy instead of sharing it:
+//     QAT's fake-quantised activations, and autocast's cast to the compute dtype (mixed
+//     precision). QAT also keeps the fake-quantised weights (e per projection weight), autocast
+//     the compute-dtype copies of the dense weights (e per weight; per forward, not per token).
+//   LoRA: each adapter keeps A's output (e rank) and, with dropout, the dropped input and mask.
+// Once per token: rope cos/sin (2 x 4 head_dim), the final norm (4h, + r h if trainable, + the
+// head's input if the head trains). Activation checkpointing keeps each layer's input (e h per
+// token and layer) plus one layer's full set during its recompute. The head: the step's peak
+// holds 12 bytes per logit (backward of the fp32 loss: log-softmax output, the incoming and the
+// outgoing gradient), or in forward the logits (e V), their fp32 upcast (4V unless e = 4) and the
+// log-softmax output (4V), whichever is larger.
 #include "trainscope/train/llm_memory.hpp"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -22,6 +36,88 @@ double elem(torch::ScalarType t) {
 
 // NF4 bytes per weight: 4-bit code, one int8 scale per 64 weights, one fp32 factor per 256 scales.
 constexpr double kNf4BytesPerWeight = 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0);
+
+bool is_lora_method(const LlmMemoryInputs& in) {
+    return in.method == LlmMethod::Lora || in.method == LlmMethod::Qlora ||
+           in.method == LlmMethod::Dpo || (in.method == LlmMethod::Qat && in.qat_lora);
+}
+
+// Bytes autograd keeps for one micro-batch (formula at the top of this file).
+double activation_bytes(const LlmMemoryInputs& in) {
+    const models::LlamaConfig& c = in.config;
+    const double e = elem(in.compute_dtype), r = elem(in.param_dtype);
+    const double h = static_cast<double>(c.hidden_size),
+                 f = static_cast<double>(c.intermediate_size);
+    const double q = static_cast<double>(c.num_attention_heads * c.head_dim);
+    const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+    const double T = static_cast<double>(in.seq_len);
+    const double layers = static_cast<double>(c.num_hidden_layers);
+    const bool lora = is_lora_method(in);
+    const bool weights_train = !lora; // full, or QAT without LoRA: every weight trains
+    const bool qat = in.method == LlmMethod::Qat;
+    const bool autocast = in.compute_dtype != in.param_dtype;
+    auto targeted = [&](const char* name) {
+        return lora && std::find(in.lora.targets.begin(), in.lora.targets.end(), name) !=
+                           in.lora.targets.end();
+    };
+    const double dropout_per_input = lora && in.lora.dropout > 0 ? 2.0 * e : 0.0; // copy + mask
+
+    // The input of a group of projections: kept once (shared) or per consumer (a copy each).
+    auto projection_inputs = [&](std::initializer_list<const char*> names, double width,
+                                 double shared_bytes) {
+        double bytes = 0;
+        bool shared = false;
+        for (const char* n : names) {
+            if (weights_train) {
+                if (qat || autocast)
+                    bytes += e * width; // the fake-quantised or cast copy the matmul saves
+                else
+                    shared = true;
+            }
+            if (targeted(n)) {
+                bytes += e * static_cast<double>(in.lora.rank) + dropout_per_input * width;
+                if (autocast)
+                    bytes += e * width; // autocast's copy of A's input
+                else if (dropout_per_input == 0)
+                    shared = true;
+            }
+        }
+        return bytes + (shared ? shared_bytes : 0.0);
+    };
+    const double norm = 4.0 * h + (weights_train ? r * h : 0.0);
+    double per_layer = 2.0 * norm;
+    per_layer += projection_inputs({"q_proj", "k_proj", "v_proj"}, h, r * h);
+    per_layer += e * (2.0 * q + 2.0 * kv);              // q, k (roped), v, SDPA output
+    per_layer += projection_inputs({"o_proj"}, q, 0.0); // shares the SDPA output
+    per_layer += projection_inputs({"gate_proj", "up_proj"}, h, r * h);
+    per_layer += 3.0 * e * f;                                // gate, silu(gate), up
+    per_layer += projection_inputs({"down_proj"}, f, e * f); // their product
+    if (in.packed) per_layer += e * T;                       // SDPA's additive mask
+
+    double per_token = 8.0 * static_cast<double>(c.head_dim) + 4.0 * h +
+                       (weights_train ? r * h : 0.0) +
+                       (weights_train || targeted("lm_head") ? (autocast ? e : r) * h : 0.0);
+    if (in.packed) per_token += T; // the boolean mask
+    per_token += in.activation_checkpointing ? layers * e * h : layers * per_layer;
+
+    const double sequences =
+        static_cast<double>(in.micro_batch) * (in.method == LlmMethod::Dpo ? 2.0 : 1.0);
+    double bytes = sequences * T * (per_token + (in.activation_checkpointing ? per_layer : 0.0));
+    // Per forward, not per token: QAT's fake-quantised weights, which its matmuls save; under
+    // autocast the compute-dtype copies of the weights: cached for trainable leaves, saved by the
+    // matmul for frozen ones (the input gradient needs them). QAT's weights are not leaves (they
+    // are counted above) and NF4 weights are dequantised again in backward.
+    const double projections = static_cast<double>(llama_projection_parameters(c));
+    if (qat) bytes += e * projections;
+    if (autocast) {
+        double weights = static_cast<double>(c.tie_word_embeddings ? c.embedding_parameters()
+                                                                   : c.head_parameters());
+        if (!qat && in.method != LlmMethod::Qlora) weights += projections;
+        if (lora) weights += static_cast<double>(models::lora_parameter_count(c, in.lora));
+        bytes += e * weights;
+    }
+    return bytes;
+}
 
 } // namespace
 
@@ -46,8 +142,7 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     p.parameters = c.num_parameters();
     const double e_param = elem(in.param_dtype), e_act = elem(in.compute_dtype);
     const double n = static_cast<double>(p.parameters);
-    const bool lora = in.method == LlmMethod::Lora || in.method == LlmMethod::Qlora ||
-                      in.method == LlmMethod::Dpo || (in.method == LlmMethod::Qat && in.qat_lora);
+    const bool lora = is_lora_method(in);
     const double world = std::max(1, in.world_size);
     if (lora) {
         p.trainable_parameters = models::lora_parameter_count(c, in.lora);
@@ -66,17 +161,12 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     p.gradient_bytes = t * e_param / (in.zero >= 2 ? world : 1.0);
     p.optimizer_state_bytes = 2.0 * t * e_param / (in.zero >= 1 ? world : 1.0);
 
-    const double h = static_cast<double>(c.hidden_size),
-                 f = static_cast<double>(c.intermediate_size);
-    const double layers = static_cast<double>(c.num_hidden_layers);
-    // DPO runs chosen and rejected through the policy in one batch.
+    p.activation_bytes = activation_bytes(in);
     const double sequences =
         static_cast<double>(in.micro_batch) * (in.method == LlmMethod::Dpo ? 2.0 : 1.0);
     const double tokens = sequences * static_cast<double>(in.seq_len);
-    const double per_layer = e_act * (7.0 * h + 4.0 * f) + 8.0 * h;
-    p.activation_bytes = in.activation_checkpointing ? tokens * (layers * e_act * h + per_layer)
-                                                     : tokens * layers * per_layer;
-    p.logits_bytes = tokens * static_cast<double>(c.vocab_size) * (e_act + 4.0);
+    const double forward = e_act + (e_act == 4.0 ? 4.0 : 8.0), backward = 12.0;
+    p.logits_bytes = tokens * static_cast<double>(c.vocab_size) * std::max(forward, backward);
     return p;
 }
 

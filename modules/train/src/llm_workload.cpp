@@ -90,7 +90,7 @@ class LlmWorkload final : public Workload {
     std::unique_ptr<dist::Communicator> comm_;
     std::unique_ptr<LlmTrainer> trainer_;
     std::string dataset_description_, plan_text_;
-    double memory_estimate_bytes_ = 0;
+    LlmMemoryPlan memory_; // this run's method
 };
 
 void LlmWorkload::build() {
@@ -129,6 +129,7 @@ void LlmWorkload::build() {
     mi.micro_batch = layout.batch_per_rank;
     mi.seq_len = l_.dataset.max_seq_len;
     mi.activation_checkpointing = l_.activation_checkpointing;
+    mi.packed = l_.packed;
     std::vector<LlmMemoryPlan> plans;
     for (LlmMethod m :
          {LlmMethod::Full, LlmMethod::Lora, LlmMethod::Qlora, LlmMethod::Dpo, LlmMethod::Qat}) {
@@ -142,7 +143,7 @@ void LlmWorkload::build() {
     mi.method = l_.method;
     mi.zero = l_.zero;
     const LlmMemoryPlan mine = plan_llm_memory(mi);
-    memory_estimate_bytes_ = mine.total_bytes();
+    memory_ = mine;
     const bool cuda = env_.device.device.is_cuda();
     const double device_bytes =
         cuda ? prof::sample_memory(env_.device.device.index()).device_total_bytes : 80.0 * 1e9;
@@ -244,7 +245,16 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"train_samples", text_->size()},
         {"zero", std::int64_t{l_.zero}},
         {"activation_checkpointing", std::int64_t{l_.activation_checkpointing}},
-        {"memory_estimate_bytes", memory_estimate_bytes_}};
+        {"memory_estimate_bytes", memory_.total_bytes()},
+        {"memory_plan_weight_bytes",
+         memory_.frozen_weight_bytes + memory_.nf4_weight_bytes + memory_.trainable_weight_bytes},
+        {"memory_plan_frozen_weight_bytes", memory_.frozen_weight_bytes},
+        {"memory_plan_nf4_weight_bytes", memory_.nf4_weight_bytes},
+        {"memory_plan_trainable_weight_bytes", memory_.trainable_weight_bytes},
+        {"memory_plan_gradient_bytes", memory_.gradient_bytes},
+        {"memory_plan_optimizer_state_bytes", memory_.optimizer_state_bytes},
+        {"memory_plan_activation_bytes", memory_.activation_bytes},
+        {"memory_plan_logits_bytes", memory_.logits_bytes}};
     if (trainer_) {
         const LlmModel& m = trainer_->model();
         std::string kinds;

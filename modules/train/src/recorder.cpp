@@ -242,6 +242,16 @@ void Recorder::finish(const RunInfo& info) {
     s.push_back({"measured_iterations", static_cast<std::int64_t>(n)});
     s.push_back({"warmup_iterations", static_cast<std::int64_t>(warmup_iters_)});
     s.push_back({"total_iterations", static_cast<std::int64_t>(recorded_)});
+    if (n == 0) {
+        // Every iteration was warm-up (or the run stopped before the first measured one): say so
+        // rather than leave a reader to wonder why every statistic is NaN.
+        report.warning = "no measured iterations: all " + std::to_string(recorded_) +
+                         " iteration(s) run were warm-up (profile.warmup_iters=" +
+                         std::to_string(warmup_iters_) +
+                         "), so the statistics below are NaN; set profile.warmup_iters below the "
+                         "number of iterations";
+        s.push_back({"warning", report.warning});
+    }
     s.push_back({"wall_s", info.wall_seconds});
     const double med = stats::median(mean_step);
     s.push_back({"median_step_s", med});
@@ -314,20 +324,25 @@ void Recorder::finish(const RunInfo& info) {
     // Model FLOP utilisation, only where the peak table knows the device.
     report.device_name = info.device_name;
     report.precision = info.precision;
+    double flops_per_device = kNaN;
     if (token_workload && info.flops_per_token > 0 && measured_s > 0) {
-        const double flops_per_device = info.flops_per_token * total_tokens / measured_s / size;
-        s.push_back({"model_flops_per_s_per_device", flops_per_device});
+        flops_per_device = info.flops_per_token * total_tokens / measured_s / size;
         s.push_back({"flops_per_token", info.flops_per_token});
-        report.mfu =
-            stats::model_flops_utilization(flops_per_device, info.device_name, info.precision);
-        if (report.mfu) s.push_back({"mfu", *report.mfu});
     } else if (med > 0 && info.macs_per_sample > 0) {
-        const double flops_per_device =
+        flops_per_device =
             stats::training_flops_per_sample(info.macs_per_sample) * info.global_batch / med / size;
+    }
+    if (!std::isnan(flops_per_device)) {
         s.push_back({"model_flops_per_s_per_device", flops_per_device});
         report.mfu =
             stats::model_flops_utilization(flops_per_device, info.device_name, info.precision);
-        if (report.mfu) s.push_back({"mfu", *report.mfu});
+        if (report.mfu) {
+            // The peak it divides by and why that one (bf16-mixed: the bf16 tensor-core peak).
+            s.push_back({"mfu", *report.mfu});
+            s.push_back({"mfu_peak_flops", *stats::peak_flops(info.device_name, info.precision)});
+            s.push_back(
+                {"mfu_peak_basis", std::string(stats::precision_math(info.precision)->basis)});
+        }
     }
 
     // Energy over the measured iterations, all ranks (NVML counters), when available.

@@ -110,9 +110,17 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
     declare_telemetry(file, telemetry);
     prof::ProfilerWindow window(prof::ProfileOptions::from_config(env_.cfg), env_.topo.rank,
                                 env_.topo.world_size, cuda, env_.dist.backend);
+    const std::int64_t warmup = env_.cfg.get_int("profile.warmup_iters");
+    const std::int64_t to_run = step->total_iterations() - step->start_iteration();
+    if (warmup >= to_run && env_.topo.rank == 0)
+        core::log::warn() << "profile.warmup_iters=" << warmup << " but this run trains " << to_run
+                          << " iteration(s): every iteration is warm-up, so /summary "
+                          << "will have 0 measured iterations (its timings, throughput and MFU "
+                             "NaN); set profile.warmup_iters below "
+                          << to_run << " or train more iterations (train.max_iters, train.epochs)";
     Recorder recorder(file, env_.world, timer,
                       static_cast<int>(env_.cfg.get_int("output.flush_every")),
-                      static_cast<int>(env_.cfg.get_int("profile.warmup_iters")), extra_columns());
+                      static_cast<int>(warmup), extra_columns());
     recorder.set_telemetry(&telemetry);
     recorder.declare_buckets(bucket_bytes());
     comm.set_timeout(env_.cfg.get_float("dist.timeout"));

@@ -30,10 +30,13 @@ struct ImageSet {
     std::int64_t size() const { return images.defined() ? images.size(0) : 0; }
 };
 
-// Images (IDX [N, H, W]) and labels (IDX [N]) files → ImageSet with images [N, 1, H, W].
-// num_classes = largest label + 1. Throws InputError when a file is bad (see read_idx), when the
-// files are not an images/labels pair, or when their counts differ.
-ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path);
+// Images (IDX [N, H, W]) and labels (IDX [N]) files → ImageSet with images [N, 1, H, W] and
+// `num_classes` classes (the dataset's, e.g. 10 for MNIST and Fashion-MNIST). Throws InputError
+// when a file is bad (see read_idx), when the files are not an images/labels pair, when their
+// counts differ, or when a label is >= num_classes (naming the file, the label, its index and the
+// class count).
+ImageSet load_idx_pair(const std::string& images_path, const std::string& labels_path,
+                       int num_classes);
 
 struct ImageFolder; // image_folder.hpp
 

@@ -79,8 +79,8 @@ std::int64_t count_parameters(const torch::nn::Module& module);
 
 // Per-sample cost of one forward pass for a square input of side `image_size`, walked layer by
 // layer: multiply-accumulates of convolutions and the classifier (what model summaries call
-// "MACs"), and the elements of every convolution/batch-norm output kept for backward (an
-// activation-memory estimate for --dry-run).
+// "MACs"), and the elements of the tensors autograd keeps for backward (conv outputs, batch-norm
+// outputs and activations; the input not included): the activation memory of --dry-run's plan.
 struct ForwardCost {
     std::int64_t macs = 0;
     std::int64_t activation_elements = 0;

@@ -54,13 +54,27 @@ struct DevicePeak {
 // "NVIDIA H100 PCIe") by whole tokens. Anything not clearly one of the table's devices (H100 NVL,
 // GH200, H800, A800, "cpu", ...) gives std::nullopt, never a neighbour's numbers.
 std::optional<DevicePeak> device_peak(const std::string& device_name);
-// Peak FLOP/s for a run precision ("bf16", "fp16", "tf32", "fp32", "fp64"), or nullopt.
+// The arithmetic a run.precision runs its matmuls and convolutions in, which is the peak MFU
+// divides by. Mixed precisions keep fp32 weights but autocast runs the matmuls in the autocast
+// dtype, so their peak is that dtype's tensor-core peak:
+//   fp64 -> fp64 tensor cores (DGEMM)     fp32 -> fp32 CUDA cores (TF32 is switched off)
+//   tf32 -> tf32 tensor cores             bf16 -> bf16 tensor cores (weights in bf16)
+//   fp16-mixed -> fp16 tensor cores       bf16-mixed -> bf16 tensor cores (autocast)
+enum class PeakMath { FP64, FP32, TF32, FP16, BF16 };
+struct PrecisionMath {
+    PeakMath math;
+    const char* basis; // e.g. "bf16 tensor cores (autocast)": what the MFU is a fraction of
+};
+// nullopt for a name that is not a run.precision (e.g. "fp16", "int8").
+std::optional<PrecisionMath> precision_math(const std::string& run_precision);
+// Peak FLOP/s of a device for a run.precision ("fp64", "fp32", "tf32", "fp16-mixed",
+// "bf16-mixed", "bf16"), or nullopt when the device or the precision is unknown.
 std::optional<double> peak_flops(const std::string& device_name, const std::string& precision);
 // Training FLOPs per sample for a model of `forward_macs` multiply-accumulates per sample: forward
 // 2 FLOPs per MAC, backward twice the forward (the usual 6 x MACs, as in the PaLM MFU definition).
 double training_flops_per_sample(double forward_macs);
-// Model FLOP utilisation = achieved model FLOP/s of one device / that device's peak, or nullopt
-// when the device or precision is unknown.
+// Model FLOP utilisation = achieved model FLOP/s of one device / that device's peak for the run
+// precision (peak_flops), or nullopt when the device or precision is unknown.
 std::optional<double> model_flops_utilization(double flops_per_s_per_device,
                                               const std::string& device_name,
                                               const std::string& precision);
@@ -80,8 +94,8 @@ struct SummaryReport {
     double imbalance_median = 0;         // of imbalance_per_iteration(step_s)
     double imbalance_p95 = 0;
     std::vector<int> stragglers;
-    std::string device_name; // rank 0's
-    std::string precision;
+    std::string device_name;   // rank 0's
+    std::string precision;     // run.precision; the MFU line names the peak it maps to
     std::optional<double> mfu; // fraction 0..1
     double energy_j = -1;      // over the measured iterations, all ranks; < 0: none
     double energy_per_iteration_j = -1;
@@ -89,6 +103,7 @@ struct SummaryReport {
     double peak_host_rss_bytes = 0;
     double peak_device_bytes = -1;      // < 0: CPU run
     double peak_host_tensor_bytes = -1; // < 0: host tensor counter not installed
+    std::string warning;                // e.g. no measured iterations; printed after the title
 };
 // A fixed-width text table (no trailing newline), e.g.
 //   phase        median ms     p95 ms

@@ -1,7 +1,7 @@
 // Per-rank memory plan of an LLM fine-tuning run, by arithmetic before anything is allocated: what
 // --dry-run prints so a user sees, before submitting, whether a method fits the device (e.g. that
 // full fine-tuning of Llama-3-8B needs dist.zero >= 1 on 80 GB cards). Every figure is bytes per
-// rank; activations are an estimate of the tensors autograd keeps (formula in llm_memory.cpp).
+// rank; activations count the tensors autograd keeps (formula in llm_memory.cpp).
 #pragma once
 
 #include <torch/types.h>
@@ -29,6 +29,7 @@ struct LlmMemoryInputs {
     std::int64_t micro_batch = 1; // sequences per micro-batch per rank (DPO: pairs)
     std::int64_t seq_len = 2048;
     bool activation_checkpointing = false;
+    bool packed = false; // llm.packed: attention takes a per-pack mask ([B, 1, T, T])
 };
 
 struct LlmMemoryPlan {

@@ -1,0 +1,117 @@
+"""The --dry-run memory plan held against what runs measure (issue 16), so the plan cannot drift:
+for every LLM method (full, lora, qlora, dpo, qat) on the tiny Llama and for the CV model, one
+short CPU run writes the plan of its own configuration to /plan (memory_plan_*_bytes, the
+figures --dry-run prints) and the measurements to /iterations. Per category:
+
+  weights, gradients, optimizer state  the bytes of the live tensors (parameter_bytes, ...)
+  activations (LLM: + logits)          the larger of the forward and backward phase peaks of the
+                                       host tensor counter above the resting state
+                                       (host_tensor_bytes at the iteration's end)
+  total                                model state + the largest phase peak above the resting state
+
+Model state must match the plan to TOL_STATE, activations to TOL_ACT, the total to TOL_TOTAL
+(relative to the measurement; reached: state exact, activations within 3.5 %, totals within
+2.5 %). Every sequence has the planned length (packed SFT data; preference pairs truncated to
+max_seq_len), as the plan assumes the full max_seq_len. fp32 for every method, plus pure bf16 for
+LoRA (bf16 activations, fp32 norm inputs). Run with -s to see the table of plan vs measured."""
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import ROOT
+
+TOL_STATE = 0.01
+TOL_ACT = 0.06
+TOL_TOTAL = 0.05
+MIB = 2**20
+
+LLM_COMMON = ["--log.every=0", "--profile.warmup_iters=0", "--train.max_iters=3",
+              "--llm.gradient_accumulation=1", "--data.workers=1", "--data.prefetch=1"]
+LLM_CASES = {
+    "full": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2"],
+    "lora": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2"],
+    "qlora": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2"],
+    # Preference pairs cannot be packed: a max_seq_len below the shortest pair truncates every
+    # chosen and rejected sequence to exactly max_seq_len.
+    "dpo": ["--llm.max_seq_len=24", "--train.batch_size=4"],
+    "qat": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
+            "--llm.qat.start_step=0"],
+    "lora-bf16": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
+                  "--run.precision=bf16"],
+}
+CV_ARGS = ["--config", str(ROOT / "inputs/quickstart.ini"), "--data.dataset=synthetic",
+           "--data.synthetic_samples=512", "--train.batch_size=32", "--train.max_iters=3",
+           "--train.eval=false", "--log.every=0", "--profile.warmup_iters=0",
+           "--data.workers=1", "--data.prefetch=1"]
+
+ROWS = {}
+
+
+def measure(path):
+    """(plan, measured) per category in bytes, from the last (steady-state) iteration of rank 0."""
+    with h5py.File(path, "r") as f:
+        p = f["plan"].attrs
+        it = f["iterations"]
+        last = lambda col: float(it[col][0, -1])  # noqa: E731
+        plan = {k: float(p[f"memory_plan_{k}_bytes"])
+                for k in ("weight", "gradient", "optimizer_state", "activation")}
+        if "memory_plan_logits_bytes" in p:  # LLM: logits are activations too
+            plan["activation"] += float(p["memory_plan_logits_bytes"])
+        plan["total"] = float(p["memory_estimate_bytes"])
+        rest = last("host_tensor_bytes")
+        state = {"weight": last("parameter_bytes"), "gradient": last("gradient_bytes"),
+                 "optimizer_state": last("optimizer_state_bytes")}
+        peaks = {ph: last(f"{ph}_peak_bytes") for ph in ("forward", "backward", "optimizer")}
+        measured = dict(state)
+        measured["activation"] = max(peaks["forward"], peaks["backward"]) - rest
+        measured["total"] = sum(state.values()) + max(peaks.values()) - rest
+        measured["other"] = rest - sum(state.values())  # dataset, batches: not in the plan
+        measured["peak_phase"] = max(peaks, key=peaks.get)
+    return plan, measured
+
+
+def check(name, plan, measured):
+    ROWS[name] = (plan, measured)
+    for k, tol in (("weight", TOL_STATE), ("gradient", TOL_STATE),
+                   ("optimizer_state", TOL_STATE), ("activation", TOL_ACT), ("total", TOL_TOTAL)):
+        m, p = measured[k], plan[k]
+        assert abs(p - m) <= tol * max(m, 1.0), (
+            f"{name} {k}: plan {p / MIB:.3f} MiB vs measured {m / MIB:.3f} MiB "
+            f"({(p - m) / max(m, 1.0):+.1%}, tolerance {tol:.0%})")
+
+
+@pytest.mark.parametrize("case", list(LLM_CASES))
+def test_llm_plan_matches_measured(run_ts, tmp_path, case):
+    out = tmp_path / f"{case}.h5"
+    method = case.split("-")[0]
+    proc = run_ts(1, "--config", ROOT / f"inputs/llm/{method}-tiny.ini", f"--output.file={out}",
+                  *LLM_COMMON, *LLM_CASES[case], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with h5py.File(out, "r") as f:
+        it = f["iterations"]
+        # Every batch row has the planned length (tokens + padding = sequences x max_seq_len),
+        # or the plan's activations are not comparable.
+        seq = int(f["plan"].attrs["max_seq_len"])
+        width = it["tokens"][...] / (1 - it["padding_fraction"][...]) / it["sequences"][...]
+        assert np.allclose(width, seq), width
+    check(case, *measure(out))
+
+
+def test_cv_plan_matches_measured(run_ts, tmp_path):
+    out = tmp_path / "cv.h5"
+    proc = run_ts(1, *CV_ARGS, f"--output.file={out}", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check("cv", *measure(out))
+
+
+def teardown_module(module):
+    if not ROWS:
+        return
+    print("\nmemory plan vs measured (MiB per rank; measured / plan)")
+    print(f"  {'case':9} {'weights':>17} {'gradients':>17} {'optimizer':>17} "
+          f"{'activations':>17} {'total':>17}  peak phase, other tensors")
+    for name, (plan, m) in ROWS.items():
+        cells = [f"{m[k] / MIB:8.3f}/{plan[k] / MIB:8.3f}"
+                 for k in ("weight", "gradient", "optimizer_state", "activation", "total")]
+        print(f"  {name:9} " + " ".join(cells) + f"  {m['peak_phase']}, {m['other'] / MIB:.3f}")
