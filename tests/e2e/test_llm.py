@@ -152,6 +152,16 @@ def test_lora_in_low_precision(run_ts, tmp_path, precision):
             assert np.all(np.isin(it["step_skipped"][...], [0, 1]))
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+def test_qlora_in_mixed_precision(run_ts, tmp_path, precision):
+    """QLoRA under autocast: the NF4 projection's backward gets a gradient in the autocast dtype
+    and must multiply it by the dequantised weight in that dtype (it crashed with exit 70,
+    'expected m1 and m2 to have the same dtype', before)."""
+    f, _ = tiny_run(run_ts, tmp_path, "qlora", f"--run.precision={precision}", iters=4)
+    with f:
+        assert np.all(np.isfinite(f["iterations"]["loss"][...]))
+
+
 @pytest.mark.parametrize("zero", [1, 2])
 def test_zero_shards_the_optimizer_state(run_ts, tmp_path, zero):
     f, _ = tiny_run(run_ts, tmp_path, "full", f"--dist.zero={zero}", iters=4)

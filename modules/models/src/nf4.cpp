@@ -124,7 +124,11 @@ struct LinearNf4 : torch::autograd::Function<LinearNf4> {
     static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::tensor_list grads) {
         const auto* w = reinterpret_cast<const Nf4Tensor*>(ctx->saved_data["w"].toInt());
-        return {torch::matmul(grads[0], w->dequantize()), torch::Tensor()};
+        // Autocast is off in backward: under fp16/bf16-mixed the forward's linear ran in the
+        // autocast dtype, so the incoming gradient has it and the weight must match it (autograd
+        // casts the result to x's dtype).
+        const torch::Tensor& g = grads[0];
+        return {torch::matmul(g, w->dequantize().to(g.scalar_type())), torch::Tensor()};
     }
 };
 
