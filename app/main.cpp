@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
                 std::cout << (cli.help      ? core::CommandLine::usage(options)
                               : cli.version ? core::build_info().describe() + "mpi_library: " +
                                                   dist::mpi_library_version() + "\n"
-                                            : cli.config.to_ini());
+                                            : cli.config.to_ini(/*with_origins=*/true));
             return 0;
         }
 

@@ -28,6 +28,8 @@ TOKENIZER = ROOT / "inputs/llm/data/tiny_tokenizer.model"
 INSTRUCT = ROOT / "inputs/llm/data/instruct.jsonl"
 # A rank that fails must not take longer than this to end the job (start-up included).
 FAIL_WITHIN_S = 45
+# No output line may be longer: messages quote the start of a bad value, not all of it.
+MAX_LINE = 2000
 CRASH_SIGNS = ("Segmentation fault", "core dumped", "terminate called", "Aborted (signal",
                "exited on signal", "free(): ", "double free")
 
@@ -168,6 +170,54 @@ def jsonl_with_bad_line(tmp, line_no, bad):
     lines = INSTRUCT.read_text().splitlines()
     lines[line_no - 1] = bad
     return write(tmp, "data.jsonl", "\n".join(lines) + "\n")
+
+
+def jsonl_with_bad_bytes(tmp, line_no, bad):
+    """instruct.jsonl with line `line_no` replaced by raw bytes (invalid UTF-8 and the like)."""
+    lines = INSTRUCT.read_bytes().splitlines()
+    lines[line_no - 1] = bad
+    return write(tmp, "data.jsonl", b"\n".join(lines) + b"\n")
+
+
+def jsonl_of(tmp, records):
+    return write(tmp, "data.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+
+
+def png_declaring(width, height):
+    """A PNG whose IHDR declares width x height but holds one tiny IDAT: decoding must refuse it
+    from the header, before allocating width * height pixels."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+def fifo(tmp, name):
+    os.mkfifo(tmp / name)
+    return tmp / name
+
+
+def not_utf8(text_bytes):
+    """A command-line argument holding these raw bytes (Python passes it through os.fsencode)."""
+    return os.fsdecode(text_bytes)
+
+
+def class_without_images(tmp):
+    """A class directory 'c' (in train and val) holding a text file and an empty sub-directory."""
+    root = image_folder(tmp)
+    for split in ("train", "val"):
+        (root / split / "c" / "empty").mkdir(parents=True)
+        (root / split / "c" / "notes.txt").write_text("no images here")
+    return root
+
+
+def symlink(tmp, name, target, content=None):
+    """tmp/name -> target; the target is created with `content` unless None (a dangling link)."""
+    if content is not None:
+        Path(target).write_bytes(content)
+    os.symlink(target, tmp / name)
+    return tmp / name
 
 
 def tokenizer_with(tmp, edit):
@@ -312,6 +362,62 @@ CASES = [
     Case("config-unknown-section", C, ("config file '{tmp}/sec.ini'", "unknown option "
                                        "'trian.batch_size'", "did you mean 'train.batch_size'"),
          setup=lambda tmp, m: ["--config", write(tmp, "sec.ini", "[trian]\nbatch_size = 3\n")]),
+    # -- configuration files that are no regular UTF-8 INI file, keys set twice (exit 2) --
+    Case("config-fifo", C, ("config file '{tmp}/fifo.ini' is a FIFO (named pipe), not a regular "
+                            "file", "give --config the path of an INI file"),
+         setup=lambda tmp, m: ["--config", fifo(tmp, "fifo.ini")]),  # opening it would block
+    Case("config-character-device", C, ("config file '/dev/zero' is a character device",
+                                        "give --config the path of an INI file"),
+         ("--config", "/dev/zero")),  # reading it would never end
+    Case("config-not-utf8", C, ("config file '{tmp}/latin1.ini' line 3 is not UTF-8 text "
+                                "(byte \\xf6 at column 5)", "save the file as UTF-8"),
+         setup=lambda tmp, m: ["--config", write(tmp, "latin1.ini",
+                                                 b"[train]\nepochs = 1\n# Gr\xf6\xdfe\n")]),
+    Case("config-utf16", C, ("config file '{tmp}/utf16.ini' is UTF-16 text", "save it as UTF-8"),
+         setup=lambda tmp, m: ["--config", write(tmp, "utf16.ini",
+                                                 "[train]\nepochs = 1\n".encode("utf-16"))]),
+    Case("config-path-not-utf8", C, ("config file path '{tmp}/caf\\xe9.ini' is not UTF-8 text",
+                                     "rename the file"),
+         setup=lambda tmp, m: ["--config", write(tmp, not_utf8(b"caf\xe9.ini"), "[train]\n")]),
+    Case("config-key-twice-in-one-file", C, ("config file '{tmp}/dup.ini' sets train.batch_size "
+                                             "twice, on line 2 and line 4", "keep one of them"),
+         setup=lambda tmp, m: ["--config", write(tmp, "dup.ini", "[train]\nbatch_size = 16\n"
+                                                 "lr = 0.1\nbatch_size = 32\n")]),
+    # -- numbers and values of every option type: 1e100, inf, 0x10, empty, 100 KB, not UTF-8 --
+    Case("int-1e100", C, ("train.batch_size = '1e100'", "an integer between 1 and 1048576"),
+         ("--train.batch_size=1e100",)),
+    Case("int-empty", C, ("train.batch_size = ''", "an integer"), ("--train.batch_size=",)),
+    Case("int-100kb", C, ("option train.max_iters = '999", "... (100000 bytes)",
+                          "at most 4096 bytes, not 100000"), ("--train.max_iters=" + "9" * 100000,)),
+    Case("float-hex", C, ("train.lr = '0x10'", "a number between 0 and 100"), ("--train.lr=0x10",)),
+    Case("float-minus-inf", C, ("train.min_lr = '-inf'", "a number"), ("--train.min_lr=-inf",)),
+    Case("float-1e100-unbounded-option", C,
+         ("dist.bucket_mb = '1e100'", "a number between 0 and 1048576"), ("--dist.bucket_mb=1e100",)),
+    Case("bool-number", C, ("train.nesterov = '0x1'", "true or false"), ("--train.nesterov=0x1",)),
+    Case("choice-empty-in-file", C, ("config file '{tmp}/e.ini' line 2: option run.strategy = '' is "
+                                     "invalid", "one of ddp-ds"),
+         setup=lambda tmp, m: ["--config", write(tmp, "e.ini", "[run]\nstrategy =\n")]),
+    Case("choice-not-utf8", C, ("run.strategy = 'ddp\\xff' is not UTF-8 text (byte \\xff at "
+                                "offset 3)",), (not_utf8(b"--run.strategy=ddp\xff"),)),
+    Case("path-not-utf8", C, ("data.path = '{tmp}/caf\\xe9' is not UTF-8 text",
+                              "rename the file or directory"),
+         setup=lambda tmp, m: [(tmp / not_utf8(b"caf\xe9")).mkdir()
+                               or not_utf8(b"--data.path=" + bytes(tmp) + b"/caf\xe9")]),
+    Case("string-100kb", C, ("option output.file = '{tmp}/", "at most 4096 bytes, not 100"),
+         output=False, setup=lambda tmp, m: [f"--output.file={tmp}/{'x' * 100000}.h5"]),
+    # -- more data-parallel ranks than training samples (exit 2) --
+    Case("more-ranks-than-samples", C, ("the training set has 1 sample but 2 data-parallel ranks "
+                                        "(run.strategy=ddp-ds)", "launch at most 1 ranks"),
+         ("--data.dataset=synthetic", "--data.synthetic_samples=1", "--train.batch_size=1")),
+    Case("more-ranks-than-samples-padded", C, ("the training set has 1 sample but 2 data-parallel "
+                                               "ranks", "run.strategy=ddp"),
+         ("--data.dataset=synthetic", "--data.synthetic_samples=1", "--train.batch_size=1",
+          "--data.drop_last=false")),
+    Case("more-ranks-than-samples-llm", C, ("the dataset has 1 sample, fewer than the 2 ranks",
+                                            "use more samples or fewer ranks"), base=tuple(LLM),
+         setup=lambda tmp, m: ["--llm.dataset.path=" + str(write(
+             tmp, "one.jsonl", INSTRUCT.read_text().splitlines()[0] + "\n")),
+             "--train.batch_size=1"]),
     # -- datasets: missing, unreadable, truncated or corrupt IDX files (exit 3) --
     Case("data-path-missing", I, ("{tmp}/no-such-dir", "dataset-fashion-mnist"),
          ("--data.path={tmp}/no-such-dir",)),
@@ -365,6 +471,28 @@ CASES = [
              tmp, bad=("val", "b", "bad.jpg", b"\xff\xd8\xff\xe0" + bytes(200)))) + [
              "--train.max_iters=1"],
          every_rank=False),
+    Case("imagefolder-class-without-images", I, ("class directory '{tmp}/images/train/c' holds no "
+                                                 ".jpg/.jpeg/.png file",),
+         setup=lambda tmp, m: imagefolder_args(class_without_images(tmp))),
+    Case("imagefolder-zero-byte-jpeg", I, ("{tmp}/images/train/b/empty.jpg", "is empty (0 bytes",
+                                           "replace or remove it"),
+         setup=lambda tmp, m: imagefolder_args(image_folder(
+             tmp, bad=("train", "b", "empty.jpg", b""))) + ["--train.eval=false",
+                                                           "--train.max_iters=6"],
+         every_rank=False),
+    Case("imagefolder-png-declares-100000x100000", I, ("{tmp}/images/train/a/huge.png",
+                                                       "100000x100000 pixels",
+                                                       "downscale, replace or remove it"),
+         setup=lambda tmp, m: imagefolder_args(image_folder(
+             tmp, bad=("train", "a", "huge.png", png_declaring(100000, 100000)))) + [
+             "--train.eval=false", "--train.max_iters=6"],
+         every_rank=False),
+    Case("imagefolder-png-cut-in-header", I, ("{tmp}/images/train/a/cut.png",
+                                              "corrupt or truncated PNG", "replace or remove it"),
+         setup=lambda tmp, m: imagefolder_args(image_folder(
+             tmp, bad=("train", "a", "cut.png", png()[:20]))) + ["--train.eval=false",
+                                                                "--train.max_iters=6"],
+         every_rank=False),
     # -- LLM inputs: tokenizer, JSONL dataset, safetensors checkpoint (exit 3) --
     Case("tokenizer-missing", I, ("llm.tokenizer = '{tmp}/none.model'", "no such file"),
          ("--llm.tokenizer={tmp}/none.model",), base=tuple(LLM)),
@@ -396,6 +524,23 @@ CASES = [
     Case("jsonl-missing-field", I, ("dataset '{tmp}/data.jsonl' line 5", "\"output\""),
          setup=lambda tmp, m: [f"--llm.dataset.path={jsonl_with_bad_line(tmp, 5, json.dumps({'instruction': 'x', 'input': ''}))}"],
          base=tuple(LLM)),
+    # An unterminated 5 MB string: the message quotes the start of it, not 5 MB per rank.
+    Case("jsonl-5mb-line", I, ("dataset '{tmp}/data.jsonl' line 9 is not valid JSON", "bytes)"),
+         setup=lambda tmp, m: ["--llm.dataset.path=" + str(jsonl_with_bad_line(
+             tmp, 9, '{"instruction": "' + "x" * (5 << 20)))], base=tuple(LLM)),
+    Case("jsonl-invalid-utf8", I, ("dataset '{tmp}/data.jsonl' line 3 is not valid JSON",
+                                   "ill-formed UTF-8"),
+         setup=lambda tmp, m: ["--llm.dataset.path=" + str(jsonl_with_bad_bytes(
+             tmp, 3, b'{"instruction": "caf\xe9", "output": "x"}'))], base=tuple(LLM)),
+    Case("jsonl-nested-100k-deep", I, ("dataset '{tmp}/data.jsonl' line 2",
+                                       'field "instruction" is not a string'),
+         setup=lambda tmp, m: ["--llm.dataset.path=" + str(jsonl_with_bad_line(
+             tmp, 2, '{"instruction": ' + "[" * 100000 + "]" * 100000 + ', "output": "x"}'))],
+         base=tuple(LLM)),
+    Case("jsonl-line-is-an-array", I, ("dataset '{tmp}/data.jsonl' line 4: the record is not a "
+                                       "JSON object",),
+         setup=lambda tmp, m: ["--llm.dataset.path=" + str(jsonl_with_bad_line(
+             tmp, 4, json.dumps(["instruction", "output"])))], base=tuple(LLM)),
     Case("dataset-empty", I, ("dataset '{tmp}/empty.jsonl' has no records",),
          setup=lambda tmp, m: [f"--llm.dataset.path={write(tmp, 'empty.jsonl', chr(10) * 3)}"],
          base=tuple(LLM)),
@@ -439,6 +584,28 @@ CASES = [
          output=False),
     Case("output-empty-name", O, ("output.file is empty",), output=False,
          setup=lambda tmp, m: ["--config", write(tmp, "o.ini", "[output]\nfile =\n")]),
+    Case("output-symlink-to-existing-file", O, ("output file '{tmp}/link.h5' (a symbolic link to "
+                                                "'{tmp}/precious.h5') exists",
+                                                "output.overwrite=true"), output=False,
+         setup=lambda tmp, m: [f"--output.file={symlink(tmp, 'link.h5', tmp / 'precious.h5', b'precious')}"],
+         check=lambda tmp: (tmp / "precious.h5").read_bytes() == b"precious" or pytest.fail(
+             "the symbolic link's target was changed")),
+    Case("output-dangling-symlink", O, ("output file '{tmp}/link.h5' (a symbolic link to "
+                                        "'{tmp}/elsewhere.h5') is a dangling link",
+                                        "remove the link"), output=False,
+         setup=lambda tmp, m: [f"--output.file={symlink(tmp, 'link.h5', tmp / 'elsewhere.h5')}",
+                               "--output.overwrite=true"],
+         check=lambda tmp: not (tmp / "elsewhere.h5").exists() or pytest.fail(
+             "the dangling link's target was created")),
+    Case("output-symlink-to-directory", O, ("output file '{tmp}/link.h5' (a symbolic link to "
+                                            "'{tmp}/d') is a directory",), output=False,
+         setup=lambda tmp, m: [(tmp / "d").mkdir() or f"--output.file={symlink(tmp, 'link.h5', tmp / 'd')}"]),
+    # Opening a FIFO for writing blocks until a reader comes: must be refused, not hang.
+    Case("output-fifo-with-overwrite", O, ("output file '{tmp}/fifo.h5' exists and is not a regular "
+                                           "file",), output=False,
+         setup=lambda tmp, m: [f"--output.file={fifo(tmp, 'fifo.h5')}", "--output.overwrite=true"]),
+    Case("output-parent-is-a-file", O, ("'{tmp}/file.txt' is not a directory",), output=False,
+         setup=lambda tmp, m: [write(tmp, "file.txt", "x") and f"--output.file={tmp}/file.txt/x.h5"]),
     Case("output-read-only-filesystem", O, ("cannot create output file '{tmp}/ro/x.h5'",
                                             "Read-only file system"),
          setup=lambda tmp, m: [f"--output.file={read_only_dir(tmp, m)}/x.h5"], output=False),
@@ -467,6 +634,9 @@ def test_bad_input_table(run_ts, tmp_path, mounts, case):
     assert elapsed < case.timeout, f"took {elapsed:.0f} s to fail:\n{text}"
     for sign in CRASH_SIGNS:
         assert sign not in text, f"crash sign {sign!r}:\n{text}"
+    # A message quotes the start of a bad value, never all of it (100 KB values, 5 MB JSON lines).
+    longest = max(map(len, text.splitlines()), default=0)
+    assert longest < MAX_LINE, f"a {longest}-character line:\n{text[:3000]}"
     needles = [n.replace("{tmp}", str(tmp_path)) for n in case.needles]
     (both_ranks_said if case.every_rank else some_rank_said)(proc, *needles)
     no_completed_run_file(tmp_path)
@@ -475,7 +645,7 @@ def test_bad_input_table(run_ts, tmp_path, mounts, case):
 
 
 def test_the_table_covers_the_issue():
-    assert len(CASES) >= 40
+    assert len(CASES) >= 95
     assert len({c.id for c in CASES}) == len(CASES)
     assert {c.code for c in CASES} == {2, 3, 4}
 
@@ -548,6 +718,26 @@ def test_dry_run_prints_the_plan_and_writes_nothing(run_ts, tmp_path):
                    "iterations per epoch", "memory/rank"):
         assert needle in proc.stdout, proc.stdout
     assert not out.exists()
+
+
+def test_print_config_shows_each_value_and_where_it_came_from(run_ts, tmp_path):
+    """The documented precedence, visible: a later file wins over an earlier one, the command line
+    over files, and of one option given twice on the command line the last; --print-config names
+    each value's origin (file:line, command line, default), and its text parses back."""
+    a = write(tmp_path, "a.ini", "[train]\nbatch_size = 16\n\nlr = 0.1  # mine\nepochs = 2\n")
+    b = write(tmp_path, "b.ini", "[train]\n# second file\nepochs = 3\n")
+    proc = run_ts(1, "--config", a, "--config", b, "--train.lr=0.2", "--train.warmup_iters= 5 ",
+                  "--train.lr=0.3", "--print-config", timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = set(proc.stdout.splitlines())
+    for line in (f"batch_size = 16  # {a}:2", f"epochs = 3  # {b}:3",
+                 "lr = 0.3  # command line, the last of 2 --train.lr",
+                 "warmup_iters = 5  # command line", "momentum = 0.9  # default"):
+        assert line in lines, f"{line!r} not printed:\n{proc.stdout}"
+    again = run_ts(1, "--config", write(tmp_path, "resolved.ini", proc.stdout), "--print-config",
+                   timeout=60)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "lr = 0.3  # " + str(tmp_path / "resolved.ini") in again.stdout
 
 
 def test_help_and_version(run_ts):

@@ -1,6 +1,7 @@
-// libFuzzer target: the INI front end of core::CommandLine::parse (Boost.Program_options plus
-// trainscope's validation) over the option declarations of the torch-free modules (data, dist,
-// io, prof, telemetry: every option type, range and choice kind the registry has).
+// libFuzzer target: the INI front end of core::CommandLine::parse (trainscope's INI reader, Boost's
+// command-line parser, trainscope's validation) over the option declarations of the torch-free
+// modules (data, dist, io, prof, telemetry: every option type, range and choice kind the registry
+// has).
 // Input: the INI file, then optional NUL-separated extra command-line arguments.
 #include <cstdint>
 #include <string>
@@ -54,6 +55,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 registry(), {"--config", resolved.write(cl.config.to_ini())});
             fuzz::check(again.config.items() == cl.config.items(),
                         "the resolved INI does not reproduce the configuration");
+            // --print-config's text (each value followed by "# origin") parses back the same way.
+            const core::CommandLine annotated = fuzz::parse_command_line(
+                registry(), {"--config", resolved.write(cl.config.to_ini(/*with_origins=*/true))});
+            fuzz::check(annotated.config.items() == cl.config.items(),
+                        "the --print-config text does not reproduce the configuration");
         }
     } catch (const core::ConfigError&) {
     }

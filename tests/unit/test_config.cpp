@@ -1,11 +1,14 @@
 // Configuration: defaults, file/command-line precedence, and every error path a user can hit.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 #include "trainscope/train/options.hpp"
 
 namespace fs = std::filesystem;
@@ -140,6 +143,117 @@ TEST_F(ConfigTest, FileErrorsNameTheFile) {
     msg = error_of(r, {"--config", write("badval.ini", "[train]\nbatch_size = -4\n")});
     EXPECT_NE(msg.find("badval.ini"), std::string::npos) << msg;
     EXPECT_NE(msg.find("train.batch_size"), std::string::npos) << msg;
+}
+
+TEST_F(ConfigTest, AKeyTwiceInOneFileIsAnErrorNamingBothLines) {
+    auto r = registry();
+    auto msg = error_of(r, {"--config", write("dup.ini", "[train]\nbatch_size = 16\nlr = 0.5\n"
+                                                         "[run]\nstrategy = ddp\n[train]\n"
+                                                         "batch_size = 32\n")});
+    EXPECT_NE(msg.find("dup.ini' sets train.batch_size twice, on line 2 and line 7"),
+              std::string::npos)
+        << msg;
+    // Across files the later file wins, as before.
+    auto a = write("a.ini", "[train]\nbatch_size = 16\n");
+    auto b = write("b.ini", "# comment\n[train]\nbatch_size = 32\n");
+    EXPECT_EQ(parse(r, {"--config", a, "--config", b}).config.get_int("train.batch_size"), 32);
+}
+
+TEST_F(ConfigTest, TheLastOfARepeatedCommandLineOptionWinsAndEveryValueKnowsItsOrigin) {
+    auto r = registry();
+    auto f = write("o.ini", "[train]\n\n  lr = 0.5   # a comment\n");
+    auto cl = parse(r, {"--config", f, "--train.batch_size=8", "--run.strategy=ddp",
+                        "--train.batch_size", "12"});
+    EXPECT_EQ(cl.config.get_int("train.batch_size"), 12);
+    EXPECT_EQ(cl.config.origin("train.batch_size"),
+              "command line, the last of 2 --train.batch_size");
+    EXPECT_EQ(cl.config.origin("run.strategy"), "command line");
+    EXPECT_EQ(cl.config.origin("train.lr"), f + ":3");
+    EXPECT_EQ(cl.config.origin("output.file"), "default");
+    const std::string ini = cl.config.to_ini(/*with_origins=*/true);
+    EXPECT_NE(ini.find("batch_size = 12  # command line, the last of 2"), std::string::npos) << ini;
+    EXPECT_NE(ini.find("lr = 0.5  # " + f + ":3"), std::string::npos) << ini;
+    // The annotated text still parses back to the same configuration.
+    EXPECT_EQ(parse(r, {"--config", write("again.ini", ini)}).config.items(), cl.config.items());
+}
+
+TEST_F(ConfigTest, NumbersAreDecimalFiniteAndTrimmed) {
+    auto r = registry();
+    EXPECT_EQ(parse(r, {"--train.batch_size= 5 "}).config.get_int("train.batch_size"), 5);
+    EXPECT_EQ(parse(r, {"--config", write("t.ini", "[train]\nbatch_size =\t7 \r\n")})
+                  .config.get_int("train.batch_size"),
+              7);
+    EXPECT_DOUBLE_EQ(parse(r, {"--train.lr=1e-1"}).config.get_float("train.lr"), 0.1);
+    for (const char* v : {"0x10", "inf", "-inf", "nan", "Infinity", "1e400", "1e100", ""}) {
+        auto msg = error_of(r, {std::string("--train.lr=") + v});
+        EXPECT_NE(msg.find("a number between 0 and 10"), std::string::npos) << v << ": " << msg;
+    }
+    for (const char* v : {"0x10", "1e100", "-1e100", "5 5", "", "1e3"}) {
+        auto msg = error_of(r, {std::string("--train.batch_size=") + v});
+        EXPECT_NE(msg.find("an integer between 1 and 4096"), std::string::npos) << v << ": " << msg;
+    }
+    auto msg = error_of(r, {"--output.file="}); // an empty string: only in a file
+    EXPECT_NE(msg.find("output.file = '' is empty on the command line"), std::string::npos) << msg;
+    core::OptionRegistry big;
+    big.add_int("a.n", 1, "x", 1, 1048576);
+    EXPECT_NE(error_of(big, {"--a.n=0"}).find("between 1 and 1048576"), std::string::npos);
+}
+
+TEST_F(ConfigTest, LongAndNonUtf8ValuesAreRefusedAndQuotedShort) {
+    auto r = registry();
+    auto msg = error_of(r, {"--output.file=" + std::string(100000, 'x')});
+    EXPECT_NE(msg.find("at most 4096 bytes, not 100000"), std::string::npos) << msg.substr(0, 400);
+    EXPECT_LT(msg.size(), 400u);
+    msg = error_of(r, {"--output.file=/tmp/caf\xe9.h5"});
+    EXPECT_NE(
+        msg.find("output.file = '/tmp/caf\\xe9.h5' is not UTF-8 text (byte \\xe9 at offset 8)"),
+        std::string::npos)
+        << msg;
+    EXPECT_FALSE(core::first_invalid_utf8(msg).has_value());
+    msg = error_of(r, {"--config", write("latin1.ini", "[train]\n# Gr\xf6\xdf"
+                                                       "e\nlr = 1\n")});
+    EXPECT_NE(msg.find("latin1.ini' line 2 is not UTF-8 text (byte \\xf6 at column 5)"),
+              std::string::npos)
+        << msg;
+    msg = error_of(r, {"--config", write("utf16.ini", std::string("\xff\xfe[\0t\0", 6))});
+    EXPECT_NE(msg.find("is UTF-16 text"), std::string::npos) << msg;
+    // A UTF-8 byte-order mark is skipped.
+    EXPECT_EQ(parse(r, {"--config", write("bom.ini", "\xef\xbb\xbf[train]\nbatch_size = 3\n")})
+                  .config.get_int("train.batch_size"),
+              3);
+}
+
+TEST_F(ConfigTest, AConfigPathThatIsNoRegularFileIsRefusedWithoutReadingIt) {
+    auto r = registry();
+    const std::string fifo = (dir / "fifo.ini").string();
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    auto msg = error_of(r, {"--config", fifo}); // opening it would block: no writer
+    EXPECT_NE(msg.find("is a FIFO (named pipe), not a regular file"), std::string::npos) << msg;
+    msg = error_of(r, {"--config", "/dev/zero"}); // reading it would never end
+    EXPECT_NE(msg.find("'/dev/zero' is a character device"), std::string::npos) << msg;
+    msg = error_of(r, {"--config", dir.string()});
+    EXPECT_NE(msg.find("is a directory"), std::string::npos) << msg;
+    const std::string huge = (dir / "huge.ini").string();
+    std::filesystem::resize_file(write("huge.ini", ""), 17u << 20);
+    msg = error_of(r, {"--config", huge});
+    EXPECT_NE(msg.find("more than the 16 MiB"), std::string::npos) << msg;
+}
+
+TEST(Text, Utf8ValidationAndPrintableQuoting) {
+    EXPECT_FALSE(
+        core::first_invalid_utf8("plain ascii, caf\xc3\xa9, \xe2\x82\xac, \xf0\x9f\x98\x80"));
+    EXPECT_EQ(core::first_invalid_utf8("ab\xff"), 2u);
+    EXPECT_EQ(core::first_invalid_utf8("\xc0\x80"), 0u);         // overlong NUL
+    EXPECT_EQ(core::first_invalid_utf8("x\xed\xa0\x80"), 1u);    // a UTF-16 surrogate
+    EXPECT_EQ(core::first_invalid_utf8("\xf4\x90\x80\x80"), 0u); // above U+10FFFF
+    EXPECT_EQ(core::first_invalid_utf8("\xe2\x82"), 0u);         // cut sequence
+    EXPECT_EQ(core::printable("a\xff"
+                              "b\x1b[0m\ttab\n"),
+              "a\\xffb\\x1b[0m\ttab\n");
+    EXPECT_EQ(core::printable(std::string(10, 'x'), 4), "xxxx... (10 bytes)");
+    // A cut never splits a character.
+    EXPECT_EQ(core::printable("\xe2\x82\xac\xe2\x82\xac\xe2\x82\xac", 4),
+              "\xe2\x82\xac\xe2\x82\xac... (9 bytes)");
 }
 
 TEST_F(ConfigTest, PositionalArgumentsAreRejected) {

@@ -6,6 +6,7 @@
 #include <png.h>
 #include <turbojpeg.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -465,6 +466,48 @@ TEST_F(ImageFolderTest, CorruptImagesNameTheFile) {
             EXPECT_CONTAINS(e.what(), jpeg.string());
         }
     }
+}
+
+// A chunk of a PNG stream: length, type, data, CRC over type and data.
+void png_chunk(std::string& out, const char* type, const std::string& data) {
+    auto be32 = [&](std::uint32_t v) {
+        for (int shift : {24, 16, 8, 0})
+            out.push_back(static_cast<char>((v >> shift) & 0xFF));
+    };
+    be32(static_cast<std::uint32_t>(data.size()));
+    const std::string body = std::string(type, 4) + data;
+    out += body;
+    be32(static_cast<std::uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(body.data()), static_cast<uInt>(body.size()))));
+}
+
+TEST(ImageDecoder, EmptyFilesAndHugeDeclaredSizesAreRefusedBeforeDecoding) {
+    auto message = [](const std::string& bytes) -> std::string {
+        try {
+            data::decode_image(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size(),
+                               "x.img");
+        } catch (const core::InputError& e) {
+            return e.what();
+        }
+        ADD_FAILURE() << "decoded";
+        return "";
+    };
+    EXPECT_CONTAINS(message(""), "image 'x.img' is empty (0 bytes");
+    // PNG: IHDR 100000 x 100000, 8-bit RGB, and a 1-byte IDAT: 40 GB if allocated.
+    std::string png = "\x89PNG\r\n\x1a\n";
+    png_chunk(png, "IHDR", std::string("\x00\x01\x86\xa0\x00\x01\x86\xa0\x08\x02\x00\x00\x00", 13));
+    png_chunk(png, "IDAT", std::string("\x78\x9c\x03\x00\x00\x00\x00\x01", 8));
+    png_chunk(png, "IEND", "");
+    EXPECT_CONTAINS(message(png), "is a PNG of 100000x100000 pixels, more than the 268435456");
+    // JPEG: SOI, SOF0 declaring 60000 x 60000 (libjpeg reads up to 65500) with 3 components, SOS,
+    // EOI.
+    const std::string jpeg("\xff\xd8"
+                           "\xff\xc0\x00\x11\x08\xea\x60\xea\x60\x03"
+                           "\x01\x11\x00\x02\x11\x00\x03\x11\x00"
+                           "\xff\xda\x00\x0c\x03\x01\x00\x02\x00\x03\x00\x00\x3f\x00"
+                           "\xff\xd9",
+                           37);
+    EXPECT_CONTAINS(message(jpeg), "x.img' is a JPEG of 60000x60000 pixels");
 }
 
 TEST_F(ImageFolderTest, LayoutErrorsNamePathAndExpectedLayout) {

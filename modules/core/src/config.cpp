@@ -1,5 +1,6 @@
-// Option registry, validation and the command-line / INI front end (Boost.Program_options parses;
-// trainscope validates so that every message names the key, the value and what is allowed).
+// Option registry, validation and the command-line / INI front end (Boost.Program_options parses
+// the command line, config files are read here so that a value knows its line; trainscope validates
+// so that every message names the key, the value and what is allowed).
 #include "trainscope/core/config.hpp"
 
 #include <algorithm>
@@ -8,11 +9,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <sys/stat.h>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 
 namespace po = boost::program_options;
 
@@ -35,6 +37,9 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 }
 
 std::string format_number(double v) {
+    // Whole numbers exactly (a range "between 1 and 1.04858e+06" would hide the bound 1048576).
+    if (std::trunc(v) == v && std::fabs(v) < 9.007199254740992e15)
+        return std::to_string(static_cast<long long>(v));
     std::ostringstream s;
     s << v;
     return s.str();
@@ -75,6 +80,109 @@ std::string trim(const std::string& s) {
     if (b == std::string::npos) return "";
     auto e = s.find_last_not_of(" \t\r\n");
     return s.substr(b, e - b + 1);
+}
+
+// Option values longer than this are refused: no option needs more (paths stop at PATH_MAX), and
+// a value that long is a mistake (a file pasted into an option) that would be copied into every
+// message and the run file.
+constexpr std::size_t kMaxValueBytes = 4096;
+// Config files larger than this are refused before they are read whole: the largest INI of
+// options is a few KB, and a wrong --config (a dataset, a core dump) must not fill the memory.
+constexpr std::size_t kMaxConfigFileBytes = 16u << 20;
+// Values are quoted in messages up to this many bytes.
+constexpr std::size_t kQuotedValueBytes = 120;
+
+// One "key = value" line of a config file, its section prefix applied ("train.batch_size").
+struct IniEntry {
+    std::string key, value;
+    std::size_t line = 0;
+};
+
+const char* file_type_name(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
+// Reads an INI file of options with the syntax Boost.Program_options' parse_config_file accepted
+// (which this replaces because it cannot say on which line a value is): '#' starts a comment
+// anywhere on a line, blanks around names and values are trimmed, "[section]" prefixes the names
+// that follow with "section.", and every other non-blank line is "name = value". Besides: the
+// file must be a regular file (a FIFO would block the open, /dev/zero never ends) of UTF-8 text,
+// a leading UTF-8 byte-order mark is skipped, and every error names the line.
+std::vector<IniEntry> read_ini_file(const std::string& file) {
+    const auto cannot_read = [&](int err) {
+        return ConfigError("cannot read config file '" + file + "' (" + std::strerror(err) +
+                           "): check the path given to --config");
+    };
+    // The run file records the command line, and each value's origin names its file, as UTF-8.
+    if (const auto at = first_invalid_utf8(file))
+        throw ConfigError("config file path '" + printable(file, kQuotedValueBytes) +
+                          "' is not UTF-8 text (byte " + printable(file.substr(*at, 1)) +
+                          " at offset " + std::to_string(*at) +
+                          "): paths must be UTF-8 (the run file records the command line as "
+                          "UTF-8 text); rename the file");
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0) throw cannot_read(errno);
+    if (!S_ISREG(st.st_mode))
+        throw ConfigError("config file '" + file + "' is " + file_type_name(st.st_mode) +
+                          ", not a regular file: give --config the path of an INI file" +
+                          (S_ISFIFO(st.st_mode) ? " (save the text into a file first)" : ""));
+    if (static_cast<std::size_t>(st.st_size) > kMaxConfigFileBytes)
+        throw ConfigError("config file '" + file + "' is " + std::to_string(st.st_size) +
+                          " bytes, more than the " + std::to_string(kMaxConfigFileBytes >> 20) +
+                          " MiB an INI file of options may have: is --config given the right "
+                          "file?");
+    std::ifstream in(file, std::ios::binary);
+    if (!in) throw cannot_read(errno);
+    // Files whose size stat() does not know (/proc) are read up to the same limit.
+    std::string text;
+    char buffer[1 << 16];
+    while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+        text.append(buffer, static_cast<std::size_t>(in.gcount()));
+        if (text.size() > kMaxConfigFileBytes)
+            throw ConfigError("config file '" + file + "' holds more than " +
+                              std::to_string(kMaxConfigFileBytes >> 20) +
+                              " MiB: is --config given the right file?");
+    }
+    if (in.bad()) throw cannot_read(errno); // a read error ends the loop like the end does
+    if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) text.erase(0, 3);
+    if (text.compare(0, 2, "\xFF\xFE") == 0 || text.compare(0, 2, "\xFE\xFF") == 0)
+        throw ConfigError("config file '" + file +
+                          "' is UTF-16 text (it starts with a UTF-16 byte-order mark): save it "
+                          "as UTF-8");
+
+    std::vector<IniEntry> entries;
+    std::string prefix;
+    std::size_t line_no = 0;
+    for (std::size_t begin = 0; begin < text.size();) {
+        std::size_t end = text.find('\n', begin);
+        if (end == std::string::npos) end = text.size();
+        const std::string raw = text.substr(begin, end - begin);
+        begin = end + 1;
+        ++line_no;
+        const std::string here = "config file '" + file + "' line " + std::to_string(line_no);
+        if (const auto bad = first_invalid_utf8(raw))
+            throw ConfigError(here + " is not UTF-8 text (byte " + printable(raw.substr(*bad, 1)) +
+                              " at column " + std::to_string(*bad + 1) +
+                              "): save the file as UTF-8");
+        const std::string s = trim(raw.substr(0, raw.find('#')));
+        if (s.empty()) continue;
+        if (s.front() == '[' && s.back() == ']') {
+            prefix = s.substr(1, s.size() - 2);
+            if (prefix.empty() || prefix.back() != '.') prefix += '.';
+        } else if (const auto eq = s.find('='); eq != std::string::npos) {
+            entries.push_back({prefix + trim(s.substr(0, eq)), trim(s.substr(eq + 1)), line_no});
+        } else {
+            throw ConfigError(here + ": the options configuration file contains an invalid line '" +
+                              printable(s, kQuotedValueBytes) +
+                              "' (expected [section] headers and key = value lines)");
+        }
+    }
+    return entries;
 }
 
 } // namespace
@@ -140,15 +248,29 @@ std::string OptionRegistry::closest(const std::string& key) const {
 std::string OptionRegistry::validate(const std::string& key, const std::string& raw) const {
     const OptionSpec* s = find(key);
     if (!s) {
-        std::string hint = closest(key);
-        throw ConfigError("unknown option '" + key + "'" +
+        // (closest() is quadratic in the name's length: a long name is no typo of an option.)
+        const std::string hint = key.size() <= kQuotedValueBytes ? closest(key) : "";
+        throw ConfigError("unknown option '" + printable(key, kQuotedValueBytes) + "'" +
                           (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
                           " (trainscope --help lists every option)");
     }
+    // Blanks around a value are dropped for every type (" 5 " is 5): an INI line's value is
+    // trimmed anyway, and a quoted command-line value must not mean something else.
     const std::string value = trim(raw);
     auto bad = [&](const std::string& allowed) {
-        return ConfigError("option " + key + " = '" + raw + "' is invalid: expected " + allowed);
+        return ConfigError("option " + key + " = '" + printable(raw, kQuotedValueBytes) +
+                           "' is invalid: expected " + allowed);
     };
+    if (value.size() > kMaxValueBytes)
+        throw bad("at most " + std::to_string(kMaxValueBytes) + " bytes, not " +
+                  std::to_string(value.size()));
+    // The run file stores every value as UTF-8 text, which h5py and pandas decode.
+    if (const auto at = first_invalid_utf8(value))
+        throw ConfigError("option " + key + " = '" + printable(raw, kQuotedValueBytes) +
+                          "' is not UTF-8 text (byte " + printable(value.substr(*at, 1)) +
+                          " at offset " + std::to_string(*at) +
+                          "): option values, paths included, must be UTF-8 (the run file "
+                          "records them as UTF-8 text); rename the file or directory");
     switch (s->type) {
     case OptionType::Int: {
         errno = 0;
@@ -164,7 +286,10 @@ std::string OptionRegistry::validate(const std::string& key, const std::string& 
         char* end = nullptr;
         double v = std::strtod(value.c_str(), &end);
         std::string allowed = "a number" + (range_text(*s).empty() ? "" : " " + range_text(*s));
-        if (value.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
+        // Decimal notation only: strtod also reads hexadecimal ("0x10" = 16), "inf" and "nan",
+        // none of which an option means.
+        const bool decimal = value.find_first_not_of("0123456789+-.eE") == std::string::npos;
+        if (value.empty() || !decimal || *end != '\0' || errno == ERANGE || !std::isfinite(v))
             throw bad(allowed);
         if ((s->min && v < *s->min) || (s->max && v > *s->max)) throw bad(allowed);
         return value;
@@ -219,6 +344,7 @@ Config Config::from_values(const OptionRegistry& registry,
     for (const auto& s : registry.specs()) {
         c.values_[s.key] = s.default_value;
         c.sources_[s.key] = ValueSource::Default;
+        c.origins_[s.key] = "default";
     }
     for (const auto& [k, v] : values)
         c.set(k, v);
@@ -229,6 +355,7 @@ void Config::set(const std::string& key, const std::string& value) {
     if (!registry_) throw InternalError("Config::set on an empty configuration");
     values_[key] = registry_->validate(key, value);
     sources_[key] = ValueSource::CommandLine;
+    origins_[key] = "set by trainscope";
 }
 
 const OptionSpec& Config::spec(const std::string& key, OptionType expected) const {
@@ -262,6 +389,12 @@ ValueSource Config::source(const std::string& key) const {
     return it->second;
 }
 
+const std::string& Config::origin(const std::string& key) const {
+    auto it = origins_.find(key);
+    if (it == origins_.end()) throw InternalError("option '" + key + "' read but never declared");
+    return it->second;
+}
+
 std::vector<std::pair<std::string, std::string>> Config::items() const {
     std::vector<std::pair<std::string, std::string>> out;
     if (!registry_) return out;
@@ -270,7 +403,7 @@ std::vector<std::pair<std::string, std::string>> Config::items() const {
     return out;
 }
 
-std::string Config::to_ini() const {
+std::string Config::to_ini(bool with_origins) const {
     // One [section] block per section, in order of first declaration (modules declare options of
     // a shared section such as [run] at different times).
     std::vector<std::string> sections;
@@ -285,7 +418,8 @@ std::string Config::to_ini() const {
         out << (i ? "\n" : "") << "[" << sections[i] << "]\n";
         for (const auto& [key, value] : all)
             if (key.compare(0, sections[i].size() + 1, sections[i] + ".") == 0)
-                out << key.substr(key.find('.') + 1) << " = " << value << "\n";
+                out << key.substr(key.find('.') + 1) << " = " << value
+                    << (with_origins ? "  # " + origin(key) : std::string()) << "\n";
     }
     return out.str();
 }
@@ -295,14 +429,16 @@ std::string Config::to_ini() const {
 std::string CommandLine::usage(const OptionRegistry& registry) {
     return "usage: trainscope [--config FILE.ini]... [--section.key=value]... [--dry-run]\n"
            "                  [--resume] [--print-config] [--help] [--version]\n\n"
-           "  --config FILE     INI file with [section] key = value lines; repeatable, later "
-           "wins;\n"
-           "                    --section.key=value on the command line wins over every file\n"
+           "  --config FILE     INI file (UTF-8) with [section] key = value lines; repeatable,\n"
+           "                    later files win; a key set twice in one file is an error;\n"
+           "                    --section.key=value on the command line wins over every file;\n"
+           "                    given twice, the last one wins\n"
            "  --dry-run         validate, print the plan (ranks, devices, batch split, model,\n"
            "                    memory estimate) and exit without training\n"
            "  --resume          continue from the newest complete checkpoint in checkpoint.dir\n"
            "                    (same configuration and rank count; see checkpoint.*)\n"
-           "  --print-config    print the resolved configuration as INI and exit\n"
+           "  --print-config    print the resolved configuration as INI, each value with its\n"
+           "                    origin (default, FILE:LINE or command line), and exit\n"
            "  --version         print versions of trainscope and its dependencies\n"
            "\nOptions by section:\n" +
            registry.help_text();
@@ -330,6 +466,21 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
         const std::string name = arg.substr(0, arg.find('='));
         if (name.size() > 1 && name[0] == '-' && name.find('%') != std::string::npos)
             registry.validate(name.substr(name.find_first_not_of('-')), ""); // unknown option
+        // "--section.key=" with nothing after '=': Boost would say only that "the argument should
+        // follow immediately after the equal sign"; say what the option expects instead (a
+        // string may be empty, but only in a config file: "key =").
+        if (arg.size() > 2 && arg.compare(0, 2, "--") == 0 && arg.back() == '=' &&
+            arg.find('=') == arg.size() - 1) {
+            const std::string key = name.substr(2);
+            if (registry.find(key)) {
+                registry.validate(key, ""); // throws for numbers, booleans and choices
+                const std::size_t dot = key.find('.');
+                throw ConfigError("option " + key + " = '' is empty on the command line: give --" +
+                                  key + "=VALUE, or write '" + key.substr(dot + 1) +
+                                  " =' in the [" + key.substr(0, dot) +
+                                  "] section of a config file for an empty string");
+            }
+        }
     }
 
     po::parsed_options parsed(&desc);
@@ -344,7 +495,10 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
         throw ConfigError(std::string("command line: ") + e.what() + " (see trainscope --help)");
     }
 
+    // An option given twice on the command line: the last one wins, as in most command-line
+    // tools (a wrapper script appends its override to a user's arguments); --print-config says so.
     std::map<std::string, std::string> from_cli;
+    std::map<std::string, int> times_given;
     for (const auto& opt : parsed.options) {
         if (opt.unregistered || opt.position_key >= 0) {
             std::string name = opt.string_key.empty() ? opt.original_tokens.at(0) : opt.string_key;
@@ -372,11 +526,13 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
             const OptionSpec* spec = registry.find(k);
             if (opt.value.empty() && spec && spec->type == OptionType::Bool) {
                 from_cli[k] = "true"; // a bare --section.flag switches it on
+                ++times_given[k];
                 continue;
             }
             if (opt.value.empty())
                 throw ConfigError("option " + k + " needs a value: --" + k + "=VALUE");
             from_cli[k] = opt.value.back();
+            ++times_given[k];
         }
     }
 
@@ -384,47 +540,36 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
     if (cl.help || cl.version) return cl;
 
     for (const auto& file : cl.config_files) {
-        std::ifstream in(file);
-        if (!in)
-            throw ConfigError("cannot read config file '" + file + "' (" + std::strerror(errno) +
-                              "): check the path given to --config");
-        // A directory opens like a file on Linux and reads as empty: its options would be
-        // silently missing.
-        if (std::filesystem::is_directory(file))
-            throw ConfigError("config file '" + file +
-                              "' is a directory: give --config the path of an INI file");
-        po::parsed_options fp(&desc);
-        try {
-            fp = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
-        } catch (const po::invalid_config_file_syntax& e) {
-            // Boost's what() substitutes the line for "%invalid_line%" until none is left, which
-            // never ends for a line containing that text (found by tests/fuzz): the same message,
-            // made here from the line.
-            throw ConfigError("config file '" + file +
-                              "': the options configuration file contains an invalid line '" +
-                              e.tokens() + "' (expected [section] headers and key = value lines)");
-        } catch (const po::error& e) {
-            throw ConfigError("config file '" + file + "': " + e.what() +
-                              " (expected [section] headers and key = value lines)");
-        }
-        if (in.bad()) // a read error ends the parse like the end of the file does
-            throw ConfigError("cannot read config file '" + file + "' (" + std::strerror(errno) +
-                              "): check the path given to --config");
-        for (const auto& opt : fp.options) {
+        // One key twice in one file is a mistake to show, not a rule to apply (Python's
+        // configparser(strict=True) refuses it too); across files the later file wins.
+        std::map<std::string, std::size_t> line_of;
+        for (const IniEntry& e : read_ini_file(file)) {
+            const std::string where = file + ":" + std::to_string(e.line);
+            std::string value;
             try {
-                if (opt.unregistered) registry.validate(opt.string_key, "");
-                if (opt.string_key == "config" || opt.value.empty()) continue;
-                cl.config.values_[opt.string_key] =
-                    registry.validate(opt.string_key, opt.value.back());
-                cl.config.sources_[opt.string_key] = ValueSource::File;
-            } catch (const ConfigError& e) {
-                throw ConfigError("config file '" + file + "': " + e.what());
+                value = registry.validate(e.key, e.value);
+            } catch (const ConfigError& err) {
+                throw ConfigError("config file '" + file + "' line " + std::to_string(e.line) +
+                                  ": " + err.what());
             }
+            if (auto [it, fresh] = line_of.emplace(e.key, e.line); !fresh)
+                throw ConfigError("config file '" + file + "' sets " + e.key + " twice, on line " +
+                                  std::to_string(it->second) + " and line " +
+                                  std::to_string(e.line) +
+                                  ": keep one of them (a later --config file or --" + e.key +
+                                  "=VALUE on the command line may override a file's value)");
+            cl.config.values_[e.key] = value;
+            cl.config.sources_[e.key] = ValueSource::File;
+            cl.config.origins_[e.key] = where;
         }
     }
     for (const auto& [k, v] : from_cli) {
         cl.config.values_[k] = registry.validate(k, v);
         cl.config.sources_[k] = ValueSource::CommandLine;
+        cl.config.origins_[k] =
+            times_given[k] == 1
+                ? "command line"
+                : "command line, the last of " + std::to_string(times_given[k]) + " --" + k;
     }
     return cl;
 }

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 
 namespace trainscope::core::log {
 namespace {
@@ -67,7 +68,9 @@ Line::~Line() {
     std::string text = "[rank " + std::to_string(id.rank) + "/" + std::to_string(id.world_size) +
                        " " + id.host + "] ";
     if (level_ != Level::Info) text += std::string(tag(level_)) + ": ";
-    text += stream_.str();
+    // Messages quote file contents, paths and option values: a raw invalid byte would make the
+    // job's output undecodable for every tool reading it as UTF-8.
+    text += printable(stream_.str());
     text += '\n';
     std::FILE* out = level_ >= Level::Warn ? stderr : stdout;
     std::lock_guard<std::mutex> lock(output_mutex());

@@ -40,10 +40,12 @@ DistributedSampler::DistributedSampler(std::size_t dataset_size, int rank, int w
     const auto n = dataset_size, w = static_cast<std::size_t>(world_size);
     num_samples_ = drop_last ? n / w : (n + w - 1) / w;
     if (num_samples_ == 0)
-        throw core::ConfigError("the dataset has " + std::to_string(n) +
-                                " samples, fewer than the " + std::to_string(w) +
-                                " ranks: with data.drop_last=true some ranks would get none; use "
-                                "more samples, fewer ranks or data.drop_last=false");
+        // No advice to set data.drop_last=false: the LLM workload always drops the last partial
+        // shard, and CV refuses fewer samples than ranks before (padding would train copies).
+        throw core::ConfigError("the dataset has " + std::to_string(n) + " sample" +
+                                (n == 1 ? "" : "s") + ", fewer than the " + std::to_string(w) +
+                                " ranks: some ranks would get none; use more samples or fewer "
+                                "ranks");
 }
 
 std::vector<std::int64_t> DistributedSampler::indices() const {

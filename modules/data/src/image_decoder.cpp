@@ -20,6 +20,21 @@ namespace {
 
 using core::InputError;
 
+// Decoded images are refused beyond this many pixels before their buffers are allocated: a header
+// may declare 100000 x 100000 (a 40 GB RGBA buffer) in a 100-byte file. 2^28 pixels (16384 x
+// 16384) is 1 GiB as RGBA, beyond any training image (ImageNet's largest are ~ 6000 x 4000).
+constexpr std::uint64_t kMaxImagePixels = std::uint64_t{1} << 28;
+
+void check_image_size(std::uint64_t width, std::uint64_t height, const std::string& name,
+                      const char* format) {
+    if (width * height <= kMaxImagePixels) return;
+    throw InputError("image '" + name + "' is a " + format + " of " + std::to_string(width) + "x" +
+                     std::to_string(height) + " pixels, more than the " +
+                     std::to_string(kMaxImagePixels) +
+                     " (16384x16384) an image may have (a corrupt header, or an image far larger "
+                     "than training needs): downscale, replace or remove it");
+}
+
 bool is_jpeg(const std::uint8_t* b, std::size_t n) {
     return n >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF;
 }
@@ -51,6 +66,8 @@ DecodedImage decode_jpeg(const std::uint8_t* bytes, std::size_t size, const std:
     if (tjDecompressHeader3(tj.get(), buf, len, &width, &height, &subsamp, &colorspace) != 0)
         throw InputError("image '" + name + "' is a corrupt JPEG file (" +
                          tjGetErrorStr2(tj.get()) + "): replace or remove it");
+    check_image_size(static_cast<std::uint64_t>(width), static_cast<std::uint64_t>(height), name,
+                     "JPEG");
     DecodedImage img;
     img.height = height;
     img.width = width;
@@ -90,6 +107,10 @@ DecodedImage decode_png(const std::uint8_t* bytes, std::size_t size, const std::
                           ": " + message + "): replace or remove it");
     };
     if (!png_image_begin_read_from_memory(&image, bytes, size)) throw fail("header");
+    if (std::uint64_t{image.width} * image.height > kMaxImagePixels) {
+        png_image_free(&image);
+        check_image_size(image.width, image.height, name, "PNG");
+    }
     // RGBA, then the alpha channel is dropped: requesting RGB would composite onto a background.
     image.format = PNG_FORMAT_RGBA;
     std::vector<std::uint8_t> rgba(PNG_IMAGE_SIZE(image));
@@ -109,6 +130,10 @@ DecodedImage decode_png(const std::uint8_t* bytes, std::size_t size, const std::
 } // namespace
 
 DecodedImage decode_image(const std::uint8_t* bytes, std::size_t size, const std::string& name) {
+    if (size == 0)
+        throw InputError("image '" + name +
+                         "' is empty (0 bytes; an interrupted copy?): replace "
+                         "or remove it");
     if (is_jpeg(bytes, size)) return decode_jpeg(bytes, size, name);
     if (is_png(bytes, size)) return decode_png(bytes, size, name);
     throw InputError("image '" + name + "' is neither a JPEG nor a PNG file (" +

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 
 namespace trainscope::data {
 
@@ -33,6 +34,12 @@ std::string fill_template(std::string t, const std::string& key, const std::stri
     for (auto at = t.find(k); at != std::string::npos; at = t.find(k, at + value.size()))
         t.replace(at, k.size(), value);
     return t;
+}
+
+// nlohmann's message quotes the token read so far ("last read: '...'"): the whole of a 5 MB string
+// on a long line, raw invalid UTF-8 bytes included.
+std::string json_error(const json::exception& e) {
+    return core::printable(e.what(), 300);
 }
 
 // One record with its place in the file, for error messages.
@@ -192,7 +199,7 @@ TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok
                 values.push_back(json::parse(line));
             } catch (const json::exception& e) {
                 throw core::InputError("dataset '" + options.path + "' line " + std::to_string(n) +
-                                       " is not valid JSON: " + e.what());
+                                       " is not valid JSON: " + json_error(e));
             }
             where.push_back("line " + std::to_string(n));
             if (options.max_samples > 0 &&
@@ -207,7 +214,8 @@ TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok
         try {
             all = json::parse(in);
         } catch (const json::exception& e) {
-            throw core::InputError("dataset '" + options.path + "' is not valid JSON: " + e.what() +
+            throw core::InputError("dataset '" + options.path +
+                                   "' is not valid JSON: " + json_error(e) +
                                    " (a .json dataset is one array of objects; use .jsonl for "
                                    "one object per line)");
         }

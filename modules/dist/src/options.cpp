@@ -18,12 +18,14 @@ void declare_options(core::OptionRegistry& registry) {
                         "else cpu (each rank uses GPU local_rank % GPUs per node)");
     registry.add_choice("dist.backend", "auto", {"auto", "mpi", "nccl"},
                         "gradient communication; auto = nccl for cuda devices, mpi for cpu");
+    // The MiB options stop at 1 TiB: beyond any model, and their byte counts stay exact integers.
     registry.add_float("dist.bucket_mb", 25.0,
-                       "gradient bucket cap in MiB (as DDP's bucket_cap_mb); must be > 0", 0.0);
+                       "gradient bucket cap in MiB (as DDP's bucket_cap_mb); must be > 0", 0.0,
+                       1048576.0);
     registry.add_float("dist.first_bucket_mb", 1.0,
                        "cap in MiB of the first gradient bucket reduced (the last parameters; as "
                        "DDP's 1 MiB first bucket), at most dist.bucket_mb; must be > 0",
-                       0.0);
+                       0.0, 1048576.0);
     // run.workload=comm: the communication benchmark (dist/comm_benchmark.hpp).
     registry.add_float("dist.timeout", 600,
                        "seconds an NCCL collective may stay pending before the communicator is "
@@ -33,7 +35,8 @@ void declare_options(core::OptionRegistry& registry) {
     registry.add_int("comm.max_bytes", 268435456,
                      "comm benchmark: largest message in bytes (inclusive; >= comm.min_bytes)", 1);
     registry.add_float("comm.factor", 2.0,
-                       "comm benchmark: size step, next = round(size * factor); must be > 1", 1.0);
+                       "comm benchmark: size step, next = round(size * factor); must be > 1", 1.0,
+                       1024.0);
     registry.add_int("comm.warmup", 5, "comm benchmark: untimed iterations per size", 0);
     registry.add_int("comm.iters", 20, "comm benchmark: timed iterations per size", 1);
     registry.add_string("comm.ops", "allreduce,allgather,reduce_scatter,broadcast",

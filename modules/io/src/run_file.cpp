@@ -142,15 +142,32 @@ std::string check_output_path(const std::string& path, bool overwrite) {
         return "cannot create output file '" + path + "': '" + dir.string() +
                "' is not a directory; set output.file to a path in an existing directory";
     }
+    // A symbolic link stands for its target: an existing target is kept unless
+    // output.overwrite=true, which replaces the target's content (the link stays). A dangling link
+    // is refused: creating its target would put the run file somewhere output.file does not name.
+    const bool is_link = fs::is_symlink(fs::symlink_status(file, ec));
+    const std::string link_note =
+        is_link ? " (a symbolic link to '" + fs::read_symlink(file, ec).string() + "')" : "";
     const auto file_status = fs::status(file, ec);
+    if (is_link && !fs::exists(file_status)) {
+        return "output file '" + path + "'" + link_note +
+               " is a dangling link: its target does not exist; remove the link or set "
+               "output.file to another path";
+    }
     if (fs::exists(file_status)) {
         if (fs::is_directory(file_status)) {
-            return "output file '" + path +
-                   "' is a directory; set output.file to a file path inside it";
+            return "output file '" + path + "'" + link_note +
+                   " is a directory; set output.file to a file path inside it";
+        }
+        // Opening a FIFO for writing blocks until a reader comes; a device is no run file.
+        if (!fs::is_regular_file(file_status)) {
+            return "output file '" + path + "'" + link_note +
+                   " exists and is not a regular file (a FIFO, device or socket): set "
+                   "output.file to the path of a regular file";
         }
         if (!overwrite) {
-            return "output file '" + path +
-                   "' exists; set output.overwrite=true or choose another output.file";
+            return "output file '" + path + "'" + link_note +
+                   " exists; set output.overwrite=true or choose another output.file";
         }
         // Opening for writing (without truncating) proves we may replace it.
         const int fd = ::open(path.c_str(), O_WRONLY);

@@ -165,6 +165,17 @@ void CvWorkload::build() {
     const std::int64_t train_samples = data_.size(data::Split::Train);
     dist::agree_on_errors(env_.world, [&] {
         samples_per_shard_ = layout.samples_per_shard(train_samples, t.drop_last);
+        // Fewer samples than shards: no batch size helps, and without drop_last the sampler's
+        // padding would train several ranks on copies of the same samples.
+        if (layout.sharded_data && train_samples < layout.replicas)
+            throw core::ConfigError(
+                "the training set has " + std::to_string(train_samples) + " sample" +
+                (train_samples == 1 ? "" : "s") + " but " + std::to_string(layout.replicas) +
+                " data-parallel " + layout.shard_unit() +
+                " (run.strategy=" + to_string(env_.strategy) +
+                ") each need at least one of their own: launch at most " +
+                std::to_string(train_samples) + " " + layout.shard_unit() +
+                ", use more data, or run.strategy=ddp (every rank the whole set)");
         if (samples_per_shard_ < layout.batch_per_rank && t.drop_last)
             throw core::ConfigError("train.batch_size=" + std::to_string(layout.batch_per_rank) +
                                     " is larger than the " + std::to_string(samples_per_shard_) +

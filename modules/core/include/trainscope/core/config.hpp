@@ -1,6 +1,7 @@
 // Configuration: options are "section.key", declared by the module that uses them (type, default,
-// one-line help, allowed values or range), read from INI files (--config, later files win) and the
-// command line (--section.key=value, wins over files), validated before any heavy allocation.
+// one-line help, allowed values or range), read from INI files (--config, later files win; a key
+// twice in one file is an error) and the command line (--section.key=value, wins over files; given
+// twice, the last wins), validated before any heavy allocation. Every value remembers its origin.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +68,9 @@ class Config {
     bool get_bool(const std::string& key) const;
     const std::string& get_string(const std::string& key) const; // String and Choice
     ValueSource source(const std::string& key) const;
+    // Where the value came from: "default", "FILE:LINE", "command line" (", the last of N --key"
+    // when given N times) or "set by trainscope" (Config::set).
+    const std::string& origin(const std::string& key) const;
     bool is_default(const std::string& key) const { return source(key) == ValueSource::Default; }
 
     // Changes a value after parsing (validated), e.g. a test cutting a run short.
@@ -74,14 +78,16 @@ class Config {
 
     // All options in declaration order as (key, canonical value).
     std::vector<std::pair<std::string, std::string>> items() const;
-    // The resolved configuration as an INI file that reproduces this run.
-    std::string to_ini() const;
+    // The resolved configuration as an INI file that reproduces this run; with_origins: each value
+    // followed by "# <origin>" (--print-config).
+    std::string to_ini(bool with_origins = false) const;
 
   private:
     friend class CommandLine;
     const OptionRegistry* registry_ = nullptr;
     std::map<std::string, std::string> values_;
     std::map<std::string, ValueSource> sources_;
+    std::map<std::string, std::string> origins_;
     const OptionSpec& spec(const std::string& key, OptionType expected) const;
 };
 
@@ -97,7 +103,8 @@ struct CommandLine {
     std::string command_line; // argv joined, for the run file
 
     // Parses argv and the INI files it names. Throws ConfigError on unknown options (with the
-    // closest known one), bad values, unreadable or malformed files.
+    // closest known one), bad values, unreadable, malformed or non-UTF-8 files, files that are not
+    // regular files (directories, FIFOs, devices) and a key set twice in one file.
     static CommandLine parse(const OptionRegistry& registry, int argc, const char* const* argv);
     static std::string usage(const OptionRegistry& registry);
 };

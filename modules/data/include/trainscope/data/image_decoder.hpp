@@ -18,7 +18,8 @@ struct DecodedImage {
 // Reads and decodes one file. Grayscale, gray+alpha, palette and RGBA inputs become RGB (alpha is
 // dropped, not composited, as PIL's convert("RGB") does); 16-bit PNG samples become 8-bit; CMYK
 // JPEGs (Adobe's inverted convention) become RGB. Throws core::InputError naming the file for an
-// unreadable file, a file that is neither JPEG nor PNG, and a corrupt or truncated image.
+// unreadable or empty file, a file that is neither JPEG nor PNG, a corrupt or truncated image, and
+// a header declaring more than 2^28 pixels (refused before anything is allocated).
 // JPEG warnings that do not mean lost data (e.g. extraneous bytes before a marker) are accepted.
 DecodedImage decode_image_file(const std::string& path);
 
