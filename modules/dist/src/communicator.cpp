@@ -13,19 +13,23 @@
 //
 // dist.timeout (set_timeout): a peer that stops without dying (SIGSTOP, a hung file system) leaves
 // its partners inside MPI forever, and MPI cannot cancel a collective. So with a timeout the
-// caller's thread never blocks in MPI itself: collectives run on the progress thread (blocking
-// calls too: MPI's blocking collectives are Open MPI's fast "tuned" algorithms, its nonblocking
-// ones measured 1.7-6x slower here) and the caller waits for their Work with the deadline;
-// point-to-point messages are nonblocking, completed by core::wait_for_peers. A wait that
-// expires throws core::PeerTimeoutError naming the operation and breaks the communicator (its
-// progress thread may be stuck in the pending collective): every later call fails at once, and
-// the error ends the job with MPI_Abort (app/main.cpp). Without a timeout (tests, the comm
-// benchmark at MPI_THREAD_SINGLE) blocking calls run on the caller's thread as plain MPI calls.
+// caller's thread never blocks in MPI itself. Collectives run on the progress thread, blocking
+// calls too (after the same wait for the serializer to be idle), as MPI's blocking collectives,
+// which are Open MPI's fast "tuned" algorithms (its nonblocking ones measured 1.7-6x slower
+// here), and the caller waits for their Work with the deadline. Small blocking allreduces (the
+// per-iteration agreement, synchronised batch norm) and point-to-point messages are nonblocking
+// on the caller's thread instead, completed by core::wait_for_peers: a hand-off would cost more
+// than it saves. A wait that expires throws core::PeerTimeoutError naming the operation and
+// breaks the communicator (its progress thread may be stuck in the pending collective): every
+// later call fails at once, and the error ends the job with MPI_Abort (app/main.cpp). Without a
+// timeout (tests, the comm benchmark at MPI_THREAD_SINGLE) blocking calls run on the caller's
+// thread as plain MPI calls.
 #include "trainscope/dist/communicator.hpp"
 
 #include <sched.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -150,6 +154,10 @@ __attribute__((always_inline)) inline void require_contiguous(const torch::Tenso
 
 // MPI counts are int: large buffers go in pieces of at most 2^30 elements.
 constexpr std::int64_t kMaxChunk = std::int64_t{1} << 30;
+
+// With a timeout, blocking allreduces up to this size run nonblocking on the caller's thread;
+// larger ones on the progress thread (see MpiCommunicator::blocking_allreduce).
+constexpr std::uint64_t kCallerThreadMaxBytes = 64 << 10;
 
 void allreduce_chunked(void* data, std::int64_t count, std::size_t elem, MPI_Datatype type,
                        MPI_Op op, MPI_Comm comm) {
@@ -288,17 +296,19 @@ struct MpiSerializer {
     }
     __attribute__((noinline)) std::unique_lock<std::mutex> wait_idle_and_lock(double timeout_s,
                                                                               const char* what) {
-        {
-            std::unique_lock<std::mutex> lock(m);
-            const auto idle_now = [&] { return inflight.load(std::memory_order_acquire) == 0; };
-            if (timeout_s <= 0)
-                idle.wait(lock, idle_now);
-            else if (!idle.wait_for(lock, std::chrono::duration<double>(timeout_s), idle_now))
-                throw core::PeerTimeoutError(core::peer_timeout_message(
-                    std::string("the asynchronous collectives in flight before ") + what,
-                    timeout_s));
-        }
+        wait_idle(timeout_s, what);
         return std::unique_lock<std::mutex>(mpi);
+    }
+    // Until no asynchronous collective is in flight (PeerTimeoutError after timeout_s > 0).
+    void wait_idle(double timeout_s, const char* what) {
+        if (inflight.load(std::memory_order_acquire) == 0) return;
+        std::unique_lock<std::mutex> lock(m);
+        const auto idle_now = [&] { return inflight.load(std::memory_order_acquire) == 0; };
+        if (timeout_s <= 0)
+            idle.wait(lock, idle_now);
+        else if (!idle.wait_for(lock, std::chrono::duration<double>(timeout_s), idle_now))
+            throw core::PeerTimeoutError(core::peer_timeout_message(
+                std::string("the asynchronous collectives in flight before ") + what, timeout_s));
     }
 };
 
@@ -495,7 +505,8 @@ class MpiCommunicator final : public Communicator {
     void set_timeout(double seconds) override { state_->timeout_s.store(seconds); }
 
     std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
-        return allreduce_work(tensor, op, "an asynchronous MPI allreduce (gradient buckets)");
+        return allreduce_work(tensor, op, "an asynchronous MPI allreduce (gradient buckets)",
+                              /*blocking=*/false);
     }
 
     void allreduce(const torch::Tensor& tensor, ReduceOp op) override {
@@ -504,16 +515,25 @@ class MpiCommunicator final : public Communicator {
 
     void allreduce_host(std::vector<double>& values, ReduceOp op) override {
         if (values.empty()) return;
+        constexpr const char* kWhat = "a host-side MPI allreduce (the ranks' per-iteration "
+                                      "agreement, progress totals or evaluation sums)";
+        if (bounded()) {
+            // A tensor of its own, not a view of `values`: after a timeout the collective may
+            // still write into its buffer when a late peer arrives (its handle is kept then).
+            torch::Tensor owned = torch::tensor(values, torch::kFloat64);
+            blocking_allreduce(owned, op, kWhat);
+            std::copy_n(owned.data_ptr<double>(), values.size(), values.begin());
+            return;
+        }
         blocking_allreduce(torch::from_blob(values.data(),
                                             {static_cast<std::int64_t>(values.size())},
                                             torch::kFloat64),
-                           op,
-                           "a host-side MPI allreduce (the ranks' per-iteration agreement, "
-                           "progress totals or evaluation sums)");
+                           op, kWhat);
     }
 
   private:
-    std::shared_ptr<MpiWork> allreduce_work(torch::Tensor tensor, ReduceOp op, const char* what) {
+    std::shared_ptr<MpiWork> allreduce_work(torch::Tensor tensor, ReduceOp op, const char* what,
+                                            bool blocking) {
         require_contiguous(tensor, "allreduce");
         check_reduction(tensor, op);
         if (tensor.numel() == 0) {
@@ -543,7 +563,7 @@ class MpiCommunicator final : public Communicator {
                 if (op == ReduceOp::Average) host.div_(size);
                 state->account_async(Kind::Allreduce, bytes, seconds_since(t0));
             },
-            std::move(after));
+            std::move(after), blocking);
     }
 
     void blocking_allreduce(const torch::Tensor& tensor, ReduceOp op, const char* what) {
@@ -552,8 +572,28 @@ class MpiCommunicator final : public Communicator {
         const std::int64_t count = tensor.numel();
         if (count == 0) return;
         if (bounded()) {
-            // Run where a stalled peer cannot hold this thread: see the top of this file.
-            allreduce_work(tensor, op, what)->wait();
+            const std::uint64_t bytes = tensor.nbytes();
+            if (tensor.is_cpu() && bytes <= kCallerThreadMaxBytes) {
+                // Small: nonblocking on this thread, polled with the deadline. Handing it to the
+                // progress thread would cost a thread wake-up (measured: the per-iteration
+                // agreement 4.6 -> 7.3 ms on a loaded 2-core machine), more than MPI's slower
+                // nonblocking algorithm costs at this size (a few microseconds).
+                const double timeout_s = checked_timeout();
+                bounded_call(tensor, [&] {
+                    std::unique_lock<std::mutex> mpi = serialize(timeout_s, what);
+                    MPI_Request request = MPI_REQUEST_NULL;
+                    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(),
+                                             static_cast<int>(count), type, mpi_op(op), comm_,
+                                             &request));
+                    core::wait_for_peers(request, timeout_s, what);
+                });
+                if (op == ReduceOp::Average) tensor.div_(size_);
+                state_->account(Kind::Allreduce, bytes);
+                return;
+            }
+            // Larger: on the progress thread, as MPI's blocking (fast) collective; this thread
+            // waits with the deadline (see the top of this file).
+            allreduce_work(tensor, op, what, /*blocking=*/true)->wait();
             return;
         }
         if (tensor.is_cpu() && count <= kMaxChunk) {
@@ -592,12 +632,14 @@ class MpiCommunicator final : public Communicator {
         const auto bytes = static_cast<std::int64_t>(host.nbytes());
         if (bounded()) {
             ProgressState* state = state_.get();
-            submit("an MPI broadcast (initial parameters and buffers, or a pipeline's losses)",
-                   [host, bytes, root, state] {
-                       const auto t0 = Clock::now();
-                       bcast_bytes(host.data_ptr(), bytes, root, state->comm);
-                       state->account_async(Kind::Broadcast, bytes, seconds_since(t0));
-                   })
+            submit(
+                "an MPI broadcast (initial parameters and buffers, or a pipeline's losses)",
+                [host, bytes, root, state] {
+                    const auto t0 = Clock::now();
+                    bcast_bytes(host.data_ptr(), bytes, root, state->comm);
+                    state->account_async(Kind::Broadcast, bytes, seconds_since(t0));
+                },
+                /*after=*/nullptr, /*blocking=*/true)
                 ->wait();
         } else {
             std::unique_lock<std::mutex> mpi = serialize();
@@ -631,9 +673,10 @@ class MpiCommunicator final : public Communicator {
         };
         if (bounded()) {
             ProgressState* state = state_.get();
-            submit("an MPI allgather (ZeRO parameter shards)", [run, state] {
-                run(state->comm);
-            })->wait();
+            submit(
+                "an MPI allgather (ZeRO parameter shards)", [run, state] { run(state->comm); },
+                /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
         } else {
             std::unique_lock<std::mutex> mpi = serialize();
             run(comm_);
@@ -666,9 +709,10 @@ class MpiCommunicator final : public Communicator {
         };
         if (bounded()) {
             ProgressState* state = state_.get();
-            submit("an MPI reduce-scatter (ZeRO gradient shards)", [run, state] {
-                run(state->comm);
-            })->wait();
+            submit(
+                "an MPI reduce-scatter (ZeRO gradient shards)", [run, state] { run(state->comm); },
+                /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
         } else {
             std::unique_lock<std::mutex> mpi = serialize();
             run(comm_);
@@ -681,7 +725,10 @@ class MpiCommunicator final : public Communicator {
     void barrier() override {
         if (bounded()) {
             ProgressState* state = state_.get();
-            submit("an MPI barrier", [state] { MPI_CHECK(MPI_Barrier(state->comm)); })->wait();
+            submit(
+                "an MPI barrier", [state] { MPI_CHECK(MPI_Barrier(state->comm)); },
+                /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
             return;
         }
         std::unique_lock<std::mutex> mpi = serialize();
@@ -747,14 +794,26 @@ class MpiCommunicator final : public Communicator {
 
     // Runs `run` on the progress thread (at MPI_THREAD_SINGLE: here and now) and returns its
     // handle; `after` runs on the waiter once it completed. A broken communicator fails at once.
+    // blocking: a blocking call's collective, which first waits (within the timeout) until no
+    // asynchronous collective of any communicator is in flight, as blocking calls on the
+    // caller's thread do (see serialize): so it never runs between another communicator's
+    // asynchronous collectives, which could deadlock across ranks.
     std::shared_ptr<MpiWork> submit(const char* what, std::function<void()> run,
-                                    std::function<void()> after = nullptr) {
+                                    std::function<void()> after = nullptr, bool blocking = false) {
         auto work = std::make_shared<MpiWork>(
             what, threaded_ ? state_->timeout_s.load(std::memory_order_relaxed) : 0.0, state_);
         if (after) work->set_after(std::move(after));
         if (!state_->usable()) {
             work->finish(std::make_exception_ptr(state_->broken_error()));
             return work;
+        }
+        if (blocking && threaded_) {
+            try {
+                mpi_serializer().wait_idle(state_->timeout_s.load(std::memory_order_relaxed), what);
+            } catch (const core::PeerTimeoutError& e) {
+                state_->mark_broken(e.what());
+                throw;
+            }
         }
         if (!threaded_) { // MPI_THREAD_SINGLE/FUNNELED: run it here and now
             const auto t0 = Clock::now();
