@@ -90,7 +90,7 @@ void wait_for_peers(MPI_Request& request, double timeout_s, const char* what) {
             continue;
         }
         std::this_thread::sleep_for(nap);
-        nap = std::min(nap * 2, std::chrono::microseconds(1000));
+        nap = std::min(nap * 2, std::chrono::microseconds(250));
     }
 }
 

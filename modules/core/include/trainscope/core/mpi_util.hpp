@@ -32,7 +32,9 @@ std::string peer_timeout_message(const std::string& what, double timeout_s);
 // Completes `request` (a nonblocking operation that peers must join) by polling MPI_Test, which is
 // also what makes Open MPI progress it. The poll spins for the first 2 ms (a collective about to
 // complete keeps its latency), then yields the core between polls, and after 20 ms sleeps 50 us
-// to 1 ms between polls, so a long wait for a late peer does not take a core from computation.
+// growing to 250 us between polls, so a long wait for a late peer does not take a core from
+// computation (~4000 wake-ups/s at most) and adds at most 250 us once the peer arrives (Open MPI
+// progresses the operation only inside MPI_Test, on both sides).
 // When timeout_s > 0 and the request is still pending after timeout_s seconds, throws
 // PeerTimeoutError(peer_timeout_message(what, timeout_s)); the request stays pending (MPI cannot
 // cancel a collective), so the communicator it belongs to cannot be used again: the caller lets
