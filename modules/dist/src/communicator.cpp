@@ -15,7 +15,7 @@
 // its partners inside MPI forever, and MPI cannot cancel a collective. So with a timeout the
 // caller's thread never blocks in MPI itself. Collectives run on the progress thread, blocking
 // calls too (after the same wait for the serializer to be idle), as MPI's blocking collectives,
-// which are Open MPI's fast "tuned" algorithms (its nonblocking ones measured 1.7-6x slower
+// which are Open MPI's fast "tuned" algorithms (its nonblocking ones measured 1.4-9x slower
 // here), and the caller waits for their Work with the deadline. Small blocking allreduces (the
 // per-iteration agreement, synchronised batch norm) and point-to-point messages are nonblocking
 // on the caller's thread instead, completed by core::wait_for_peers: a hand-off would cost more
