@@ -1,7 +1,12 @@
 """Faults on real ranks (issue 8): a rank killed mid-run, graceful stop on SIGTERM/SIGUSR1 with a
 checkpoint and --resume (whose loss sequence must equal the uninterrupted run's), crash + resume
 from a periodic checkpoint across an epoch boundary, the watchdog naming a stalled rank, a second
-signal, non-finite losses (skip/abort), and --resume refusing what it cannot continue."""
+signal, non-finite losses (skip/abort), and --resume refusing what it cannot continue.
+Issue 16: a rank stopped by SIGSTOP (dist.timeout), a rank stalled before a collective run-file
+flush (the watchdog's dist.timeout), a rank killed while writing a checkpoint, two
+jobs sharing one checkpoint.dir, mpirun killed, damaged checkpoints (truncated or missing rank
+file, garbage manifest), checkpoint.dir that is a file or read-only, and --resume with another
+world size or model."""
 
 import os
 import signal
@@ -14,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, launch_env, mpirun_cmd
-from test_bad_input import both_ranks_said
+from test_bad_input import both_ranks_said, mounts, read_only_dir  # noqa: F401 (a fixture)
 
 QUICK = ["--config", str(ROOT / "inputs/quickstart.ini")]
 # Fashion-MNIST, no evaluation, deterministic kernels, progress every iteration, frequent flushes.
@@ -335,4 +340,271 @@ def test_checkpoint_period_in_minutes_is_rank_zero_wall_time(tmp_path):
                      f"--output.file={tmp_path}/t.h5")
     written = [l for l in job.lines if "resumes at iteration" in l]
     assert len(written) >= 1, job.output
-    assert [p.name for p in ckpt.iterdir()] == [written[-1].split("/")[-1].split(" ")[0]]
+    kept = [p.name for p in ckpt.iterdir() if not p.name.startswith(".")]  # not .lock
+    assert kept == [written[-1].split("/")[-1].split(" ")[0]]
+
+
+# ---- dist.timeout and hostile cases around checkpoints and the launcher (issue 16) ---------------
+
+def alive(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def wait_gone(pids, within):
+    """Seconds until none of `pids` is alive (at most `within`); None if some still are."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within:
+        if not any(alive(p) for p in pids):
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    return None
+
+
+def status_of(path):
+    with h5py.File(path, "r") as f:
+        return text(f.attrs["status"])
+
+
+def test_sigstop_of_one_rank_ends_the_job_after_dist_timeout(tmp_path):
+    """A rank stopped by SIGSTOP is alive to MPI, so nothing but dist.timeout notices it: its peer
+    must report the wait it gave up on, naming dist.timeout, and the whole job must end (exit 5)
+    within the timeout plus a margin; the run file must not claim completion."""
+    timeout = 10
+    out = tmp_path / "stopped.h5"
+    job = Job(2, *SHORT, "--train.max_iters=2000", f"--dist.timeout={timeout}",
+              f"--output.file={out}")
+    job.wait_for("iter 6/")
+    pids = job.rank_pids(2)
+    t0 = time.monotonic()
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        rc = job.wait(timeout + 60)
+        elapsed = time.monotonic() - t0
+    finally:
+        for pid in pids.values():  # never leave a stopped process behind
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    print(f"SIGSTOP of rank 1 with dist.timeout={timeout}: the job exited with {rc} "
+          f"{elapsed:.2f} s later")
+    reports = [l for l in job.lines if l.startswith("[rank 0/2 ")
+               and f"did not complete within dist.timeout={timeout} s" in l]
+    assert reports, job.output
+    print("rank 0 reported:", reports[0].strip()[:160])
+    assert "distributed error" in reports[0] and "Raise dist.timeout" in reports[0]
+    assert rc == 5, job.output
+    assert timeout <= elapsed < timeout + 15, elapsed
+    assert wait_gone(pids.values(), 10) is not None, "a rank outlived the job"
+    assert status_of(out) == "running"
+
+
+def test_peer_stalled_before_a_flush_ends_the_job_after_dist_timeout(tmp_path):
+    """Rank 1 hangs before a run-file flush (TRAINSCOPE_FAULT=flush_stall): rank 0 waits inside the
+    collective HDF5 write, which has no deadline of its own, so the watchdog bounds it with
+    dist.timeout and names it."""
+    timeout = 5
+    job = Job(2, *SHORT, "--train.max_iters=2000", f"--dist.timeout={timeout}",
+              f"--output.file={tmp_path}/flush.h5",
+              env={"TRAINSCOPE_FAULT": "flush_stall:rank=1:iteration=4"})
+    t0 = time.monotonic()
+    rc = job.wait(120)
+    elapsed = time.monotonic() - t0
+    print(f"rank 1 stalled before a flush, dist.timeout={timeout}: exit {rc} after {elapsed:.1f} s")
+    assert rc == 5, job.output
+    assert any(l.startswith("[rank 0/2 ") and "a run-file flush (collective HDF5 write of every "
+               f"rank) did not complete within dist.timeout={timeout} s" in l
+               for l in job.lines), job.output
+    assert elapsed < 60
+
+
+def test_rank_killed_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, reference):
+    """Rank 1 is SIGKILLed half-way through writing its file of the iteration-8 checkpoint: the
+    iteration-4 checkpoint stays the newest complete one, and --resume continues from it with the
+    uninterrupted run's losses."""
+    out, ckpt = tmp_path / "run.h5", tmp_path / "ckpt"
+    args = [*SHORT, "--train.max_iters=24", f"--checkpoint.dir={ckpt}", "--checkpoint.every=4",
+            f"--output.file={out}"]
+    job = Job(2, *args, env={"TRAINSCOPE_FAULT": "checkpoint_stall:rank=1:iteration=8"})
+    job.wait_for("TRAINSCOPE_FAULT: stalling while writing")
+    os.kill(job.rank_pids(2)[1], signal.SIGKILL)
+    assert job.wait(60) != 0
+    half = ckpt / ".partial-ckpt-000000008" / "rank00001.pt"
+    assert half.exists() and half.stat().st_size > 0  # the interrupted write is left as it was
+    complete = sorted(p.name for p in ckpt.glob("ckpt-*") if (p / "MANIFEST.json").exists())
+    assert complete == ["ckpt-000000004"], complete
+    assert status_of(out) == "running"
+
+    job = run_to_end(*args, "--resume")
+    assert "resuming from" in job.output and "ckpt-000000004 at iteration 4" in job.output
+    _, loss_ref = losses(reference["short"])
+    it_b, loss_b = losses(tmp_path / "run.resume1.h5")
+    assert it_b[0, 0] == 4 and it_b[0, -1] == 23
+    assert np.array_equal(loss_b, loss_ref[:, 4:])
+    assert not half.exists()  # the next save cleared the left-over
+
+
+def test_two_jobs_cannot_share_a_checkpoint_dir(tmp_path, run_ts):
+    """A second job given the checkpoint.dir of a running job is refused at start (exit 4, on
+    every rank, naming the holder) and the first job is not disturbed; once it has ended the
+    directory can be used again (the lock dies with its holder)."""
+    ckpt = tmp_path / "ckpt"
+    first = Job(2, *SHORT, "--train.max_iters=2000", f"--checkpoint.dir={ckpt}",
+                f"--output.file={tmp_path}/first.h5")
+    try:
+        first.wait_for("iter 3/")
+        t0 = time.monotonic()
+        proc = run_ts(2, *SHORT, "--train.max_iters=2", f"--checkpoint.dir={ckpt}",
+                      f"--output.file={tmp_path}/second.h5", timeout=90)
+        elapsed = time.monotonic() - t0
+        print(f"second job refused after {elapsed:.1f} s")
+        assert proc.returncode == 4, proc.stdout + proc.stderr
+        both_ranks_said(proc, f"checkpoint.dir = '{ckpt}' is in use by another job (pid",
+                        "Give each job its own checkpoint.dir")
+        assert elapsed < 40
+        assert status_of(tmp_path / "second.h5") == "failed"
+        assert first.proc.poll() is None, "the first job must keep running"
+        first.proc.send_signal(signal.SIGUSR1)  # graceful stop: checkpoint, exit 0
+        assert first.wait(60) == 0, first.output
+    finally:
+        if first.proc.poll() is None:
+            first.kill()
+    assert any((p / "MANIFEST.json").exists() for p in ckpt.glob("ckpt-*"))
+    proc = run_ts(2, *SHORT, "--train.max_iters=2", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/third.h5", timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_sigkill_of_mpirun_leaves_no_orphan_ranks(tmp_path):
+    """mpirun killed with SIGKILL (an impatient user, a scheduler's hard kill of the launcher): its
+    ranks must not keep computing (and holding the checkpoint lock) unsupervised."""
+    job = Job(2, *SHORT, "--train.max_iters=2000", f"--checkpoint.dir={tmp_path}/ckpt",
+              f"--output.file={tmp_path}/orphans.h5")
+    job.wait_for("iter 3/")
+    pids = job.rank_pids(2)
+    job.proc.kill()
+    try:
+        gone = wait_gone(pids.values(), 30)
+    finally:
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    print(f"SIGKILL of mpirun: ranks gone {gone} s later")
+    assert gone is not None, "ranks still alive 30 s after mpirun was killed"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """A finished 2-rank run with complete checkpoints at iterations 2 and 4, copied by each test
+    that damages it."""
+    d = tmp_path_factory.mktemp("checkpoints")
+    run_to_end(*SHORT, "--train.max_iters=4", f"--checkpoint.dir={d}/ckpt",
+               "--checkpoint.every=2", f"--output.file={d}/run.h5")
+    return d
+
+
+def damaged_copy(checkpoints, tmp_path, damage):
+    import shutil
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints / "ckpt", ckpt)
+    damage(ckpt / "ckpt-000000004")
+    return ckpt
+
+
+def resume_damaged(run_ts, tmp_path, ckpt):
+    t0 = time.monotonic()
+    proc = run_ts(2, *SHORT, "--train.max_iters=4", "--resume", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/resumed.h5", timeout=90)
+    assert time.monotonic() - t0 < 60
+    return proc
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("case", [
+    # (name, damage, needles every rank prints)
+    ("truncated rank file", lambda c: truncate(c / "rank00001.pt"),
+     ("ckpt-000000004/rank00001.pt cannot be read", "to resume from an older checkpoint")),
+    ("missing rank file", lambda c: (c / "rank00001.pt").unlink(),
+     ("ckpt-000000004/rank00001.pt cannot be read", "to resume from an older checkpoint")),
+    # Binary garbage: the parser's message quotes it, as \xNN escapes (never raw bytes).
+    ("garbage manifest", lambda c: (c / "MANIFEST.json").write_bytes(bytes(range(0x80, 0x100))),
+     ("ckpt-000000004/MANIFEST.json is not valid", "\\x80", "delete that checkpoint directory")),
+    ("manifest of the wrong shape", lambda c: (c / "MANIFEST.json").write_text(
+        '{"next_iteration": "four", "world_size": 2}'),
+     ("ckpt-000000004/MANIFEST.json is not valid", "delete that checkpoint directory")),
+], ids=lambda c: c[0])
+def test_resume_from_a_damaged_checkpoint_is_refused_clearly(tmp_path, run_ts, checkpoints,
+                                                            case):
+    _, damage, needles = case
+    ckpt = damaged_copy(checkpoints, tmp_path, damage)
+    proc = resume_damaged(run_ts, tmp_path, ckpt)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    both_ranks_said(proc, *needles)
+    for sign in ("Segmentation fault", "terminate called", "core dumped"):
+        assert sign not in proc.stdout + proc.stderr
+    assert not (tmp_path / "resumed.h5").exists() or status_of(tmp_path / "resumed.h5") != "completed"
+
+
+def test_checkpoint_dir_that_is_a_file_or_read_only(tmp_path, run_ts, mounts):
+    """checkpoint.dir naming a regular file, a read-only directory, or a directory to create on a
+    read-only file system: refused at start on every rank (exit 4; --resume: exit 3), naming the
+    path and the problem."""
+    afile = tmp_path / "not-a-dir"
+    afile.write_text("a file")
+    proc = run_ts(2, *SHORT, "--train.max_iters=2", f"--checkpoint.dir={afile}",
+                  f"--output.file={tmp_path}/a.h5", timeout=90)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    both_ranks_said(proc, f"checkpoint.dir = '{afile}' exists but is not a directory")
+    proc = run_ts(2, *SHORT, "--train.max_iters=2", "--resume", f"--checkpoint.dir={afile}",
+                  f"--output.file={tmp_path}/b.h5", timeout=90)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    both_ranks_said(proc, f"--resume: checkpoint.dir = '{afile}' is not a directory")
+
+    ro = read_only_dir(tmp_path, mounts)
+    proc = run_ts(2, *SHORT, "--train.max_iters=2", f"--checkpoint.dir={ro}",
+                  f"--output.file={tmp_path}/c.h5", timeout=90)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    both_ranks_said(proc, f"checkpoint.dir = '{ro}' is not writable", "Read-only file system")
+    proc = run_ts(2, *SHORT, "--train.max_iters=2", f"--checkpoint.dir={ro}/sub",
+                  f"--output.file={tmp_path}/d.h5", timeout=90)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    both_ranks_said(proc, f"checkpoint.dir = '{ro}/sub' cannot be created",
+                    "Read-only file system")
+    for name in "abcd":
+        p = tmp_path / f"{name}.h5"
+        assert not p.exists() or status_of(p) != "completed"
+
+
+def test_resume_with_another_world_size_or_model_is_refused(tmp_path, run_ts, checkpoints):
+    """--resume of a 2-rank run on 4 ranks, or with other model options: a configuration error on
+    every rank naming what differs (exit 2)."""
+    import shutil
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints / "ckpt", ckpt)
+    proc = run_ts(4, *SHORT, "--train.max_iters=4", "--resume", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/four.h5", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    for rank in range(4):
+        assert any(l.startswith(f"[rank {rank}/4 ") and "written by 2 ranks, this job has 4" in l
+                   and "resume with the same number of ranks" in l
+                   for l in said.splitlines()), said
+    proc = run_ts(2, *SHORT, "--train.max_iters=4", "--cv.width_mult=0.75",
+                  "--cv.image_size=48", "--resume", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/model.h5", timeout=90)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    both_ranks_said(proc, "differs from checkpoint", "in 2 option(s)",
+                    "cv.image_size: checkpoint '32', now '48'",
+                    "cv.width_mult: checkpoint '0.5', now '0.75'",
+                    "Resume with the original configuration")

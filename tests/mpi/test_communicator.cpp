@@ -9,12 +9,14 @@
 #include <regex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "dist_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
@@ -29,8 +31,6 @@ namespace {
 using trainscope::testing::world_rank;
 using trainscope::testing::world_size;
 
-using trainscope::testing::mpi_communicator;
-
 // 0, 1, ..., n-1 as `dtype`.
 torch::Tensor iota(std::int64_t n, torch::Dtype dtype) {
     return torch::arange(n, torch::TensorOptions().dtype(torch::kInt64)).to(dtype);
@@ -40,8 +40,25 @@ const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kFloat64, tor
 
 } // namespace
 
-TEST(MpiCommunicator, AllreduceMatchesClosedForms) {
-    auto comm = mpi_communicator();
+// Every collective of the MPI communicator is checked in both of its modes: without a timeout
+// (blocking calls on the caller's thread, as the comm benchmark runs) and with dist.timeout set
+// (collectives on the progress thread, the caller waiting with a deadline; see communicator.cpp).
+class MpiCommunicator : public ::testing::TestWithParam<double> {
+  protected:
+    std::unique_ptr<dist::Communicator> make() const {
+        return dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU),
+                                       GetParam());
+    }
+};
+
+INSTANTIATE_TEST_SUITE_P(Modes, MpiCommunicator, ::testing::Values(0.0, 120.0),
+                         [](const ::testing::TestParamInfo<double>& info) {
+                             return info.param > 0 ? std::string("WithTimeout")
+                                                   : std::string("WithoutTimeout");
+                         });
+
+TEST_P(MpiCommunicator, AllreduceMatchesClosedForms) {
+    auto comm = make();
     const int r = world_rank(), w = world_size();
     ASSERT_EQ(comm->rank(), r);
     ASSERT_EQ(comm->size(), w);
@@ -76,8 +93,8 @@ TEST(MpiCommunicator, AllreduceMatchesClosedForms) {
     }
 }
 
-TEST(MpiCommunicator, BroadcastFromLastRank) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, BroadcastFromLastRank) {
+    auto comm = make();
     const int r = world_rank(), w = world_size(), root = w - 1;
     for (auto dtype : {torch::kFloat32, torch::kFloat64, torch::kInt64, torch::kUInt8}) {
         auto t = (iota(7, torch::kInt64) + 10 * r).to(dtype);
@@ -88,8 +105,8 @@ TEST(MpiCommunicator, BroadcastFromLastRank) {
     EXPECT_THROW(comm->broadcast(torch::zeros({3}), w), core::InternalError);
 }
 
-TEST(MpiCommunicator, AllgatherInRankOrder) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, AllgatherInRankOrder) {
+    auto comm = make();
     const int r = world_rank(), w = world_size();
     for (auto dtype : kDtypes) {
         auto in = (iota(7, torch::kInt64) + 100 * r).to(dtype);
@@ -104,8 +121,8 @@ TEST(MpiCommunicator, AllgatherInRankOrder) {
                  core::InternalError);
 }
 
-TEST(MpiCommunicator, ReduceScatterBlocks) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, ReduceScatterBlocks) {
+    auto comm = make();
     const int r = world_rank(), w = world_size();
     const std::int64_t m = 5;
     for (auto dtype : kDtypes) {
@@ -125,8 +142,8 @@ TEST(MpiCommunicator, ReduceScatterBlocks) {
         core::InternalError);
 }
 
-TEST(MpiCommunicator, EmptyTensorsAreNoOpsAndKeepRanksInStep) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, EmptyTensorsAreNoOpsAndKeepRanksInStep) {
+    auto comm = make();
     const int w = world_size();
     auto empty = torch::zeros({0}, torch::kFloat64);
     auto work = comm->allreduce_async(empty, dist::ReduceOp::Sum);
@@ -142,8 +159,8 @@ TEST(MpiCommunicator, EmptyTensorsAreNoOpsAndKeepRanksInStep) {
     EXPECT_TRUE(torch::equal(one, torch::full({3}, double(w), torch::kFloat64)));
 }
 
-TEST(MpiCommunicator, AsyncAllreducesCompleteInLaunchOrder) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, AsyncAllreducesCompleteInLaunchOrder) {
+    auto comm = make();
     const int r = world_rank(), w = world_size();
     std::vector<torch::Tensor> tensors;
     std::vector<std::shared_ptr<dist::Work>> works;
@@ -169,8 +186,8 @@ TEST(MpiCommunicator, AsyncAllreducesCompleteInLaunchOrder) {
     }
 }
 
-TEST(MpiCommunicator, WorkReportsTheCollectivesOwnDuration) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, WorkReportsTheCollectivesOwnDuration) {
+    auto comm = make();
     auto t = torch::ones({1 << 18}, torch::kFloat32); // 1 MiB
     const auto t0 = std::chrono::steady_clock::now();
     auto work = comm->allreduce_async(t, dist::ReduceOp::Sum);
@@ -185,8 +202,8 @@ TEST(MpiCommunicator, WorkReportsTheCollectivesOwnDuration) {
     EXPECT_EQ(empty->seconds(), 0.0); // no-op
 }
 
-TEST(MpiCommunicator, AccountsCallsAndBytesPerKind) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, AccountsCallsAndBytesPerKind) {
+    auto comm = make();
     const int w = world_size();
     for (int i = 0; i < 3; ++i)
         comm->allreduce(torch::ones({7}, torch::kFloat64), dist::ReduceOp::Sum);
@@ -207,10 +224,10 @@ TEST(MpiCommunicator, AccountsCallsAndBytesPerKind) {
 // Point-to-point: each rank's payload encodes (sender, receiver), so a message delivered to the
 // wrong rank or out of order shows. Blocking sends are ordered by rank parity (even ranks send
 // first), the deadlock-free schedule the pipeline engine relies on for its neighbour exchanges.
-TEST(MpiCommunicator, SendRecvPairsAndRing) {
+TEST_P(MpiCommunicator, SendRecvPairsAndRing) {
     const int r = world_rank(), w = world_size();
     if (w < 2) GTEST_SKIP() << "point-to-point needs at least 2 ranks";
-    auto comm = mpi_communicator();
+    auto comm = make();
     auto payload = [](int from, int to, std::int64_t n, torch::Dtype dtype) {
         return (iota(n, torch::kInt64) + 1000 * from + 100 * to).to(dtype);
     };
@@ -269,8 +286,8 @@ TEST(MpiCommunicator, SendRecvPairsAndRing) {
     EXPECT_THROW(comm->send(torch::ones({4, 4}).t(), next), core::InternalError); // strided
 }
 
-TEST(MpiCommunicator, RejectsWhatItCannotReduce) {
-    auto comm = mpi_communicator();
+TEST_P(MpiCommunicator, RejectsWhatItCannotReduce) {
+    auto comm = make();
     EXPECT_THROW(comm->allreduce(torch::ones({3}, torch::kInt64), dist::ReduceOp::Average),
                  core::InternalError);
     try {
@@ -299,6 +316,126 @@ TEST(MakeCommunicator, RejectsImpossibleBackends) {
     }
     EXPECT_THROW(dist::make_communicator("gloo", MPI_COMM_WORLD, torch::Device(torch::kCPU)),
                  core::ConfigError);
+}
+
+// ---- dist.timeout: a peer that stops without dying ----------------------------------------------
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool contains(const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+}
+
+// A receive nobody sends (one rank suffices): wait_for_peers gives up after the timeout with a
+// PeerTimeoutError naming the wait and dist.timeout; without a limit it completes once the
+// message is there.
+TEST(PeerTimeout, WaitForPeersGivesUpAfterTheTimeout) {
+    const int r = world_rank();
+    int token = 0;
+    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_Irecv(&token, 1, MPI_INT, r, /*tag=*/4242, MPI_COMM_WORLD, &request);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        core::wait_for_peers(request, 0.3, "a test receive");
+        ADD_FAILURE() << "nobody sent: the wait must time out";
+    } catch (const core::PeerTimeoutError& e) {
+        const double waited = seconds_since(t0);
+        EXPECT_GE(waited, 0.3);
+        EXPECT_LT(waited, 1.5);
+        EXPECT_TRUE(contains(e.what(), "a test receive did not complete within dist.timeout=0.3 s"))
+            << e.what();
+        EXPECT_TRUE(contains(e.what(), "Raise dist.timeout")) << e.what();
+        EXPECT_EQ(e.kind(), core::ErrorKind::Distributed);
+    }
+    MPI_Cancel(&request); // point-to-point can be cancelled (a collective cannot)
+    MPI_Wait(&request, MPI_STATUS_IGNORE);
+
+    MPI_Request send = MPI_REQUEST_NULL;
+    const int seven = 7;
+    MPI_Irecv(&token, 1, MPI_INT, r, /*tag=*/4243, MPI_COMM_WORLD, &request);
+    MPI_Isend(&seven, 1, MPI_INT, r, /*tag=*/4243, MPI_COMM_WORLD, &send);
+    core::wait_for_peers(request, 0, "a test receive");
+    core::wait_for_peers(send, 0, "a test send");
+    EXPECT_EQ(token, 7);
+}
+
+// Rank 0 waits for a gradient-style allreduce that the other ranks join 2 s late, with a 0.5 s
+// timeout: its wait ends with a PeerTimeoutError naming the operation, and the communicator then
+// refuses every call at once (its progress thread is still inside the pending collective). The
+// late ranks' allreduce still completes: rank 0's progress thread was waiting inside it.
+TEST(PeerTimeout, ALatePeerEndsTheWaitAndBreaksTheCommunicator) {
+    const int r = world_rank(), w = world_size();
+    if (w < 2) GTEST_SKIP() << "needs a peer";
+    auto comm = dist::make_communicator("mpi", MPI_COMM_WORLD, torch::Device(torch::kCPU),
+                                        /*timeout_s=*/0.5);
+    auto t = torch::ones({1000}, torch::kFloat32);
+    if (r == 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto work = comm->allreduce_async(t, dist::ReduceOp::Sum);
+        try {
+            work->wait();
+            ADD_FAILURE() << "the peers are 2 s late: the wait must time out";
+        } catch (const core::PeerTimeoutError& e) {
+            const double waited = seconds_since(t0);
+            EXPECT_GE(waited, 0.5);
+            EXPECT_LT(waited, 1.9);
+            EXPECT_TRUE(contains(e.what(), "an asynchronous MPI allreduce (gradient buckets) did "
+                                           "not complete within dist.timeout=0.5 s"))
+                << e.what();
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        std::vector<double> v = {1.0};
+        EXPECT_THROW(comm->allreduce_host(v, dist::ReduceOp::Sum), core::PeerTimeoutError);
+        EXPECT_THROW(comm->barrier(), core::PeerTimeoutError);
+        EXPECT_THROW(comm->send(torch::ones({1}), 1), core::PeerTimeoutError);
+        try {
+            comm->allreduce_async(torch::ones({2}), dist::ReduceOp::Sum)->wait();
+            ADD_FAILURE() << "a broken communicator must refuse";
+        } catch (const core::PeerTimeoutError& e) {
+            EXPECT_TRUE(contains(e.what(), "cannot be used any more")) << e.what();
+        }
+        EXPECT_LT(seconds_since(t1), 0.3); // refused at once, nothing waited for
+        // The late ranks complete the first allreduce; then rank 0's progress thread has left MPI
+        // and the world can meet again.
+        const auto t2 = std::chrono::steady_clock::now();
+        while (!work->completed() && seconds_since(t2) < 20)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_TRUE(work->completed());
+    } else {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        comm->allreduce_async(t, dist::ReduceOp::Sum)->wait();
+        EXPECT_TRUE(torch::equal(t, torch::full({1000}, float(w))));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// agree_on_errors with a timeout gives up on a late peer too; and a PeerTimeoutError thrown
+// inside it passes through at once (no agreement with peers that cannot be reached).
+TEST(PeerTimeout, AgreeOnErrorsGivesUpOnALatePeer) {
+    const int r = world_rank(), w = world_size();
+    try {
+        dist::agree_on_errors(
+            MPI_COMM_WORLD, [] { throw core::PeerTimeoutError("gone"); }, 0.5);
+        ADD_FAILURE() << "must rethrow";
+    } catch (const core::PeerTimeoutError& e) {
+        EXPECT_STREQ(e.what(), "gone");
+        EXPECT_FALSE(e.collective());
+    }
+    if (w < 2) return;
+    if (r == 0) {
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_THROW(dist::agree_on_errors(
+                         MPI_COMM_WORLD, [] {}, 0.5),
+                     core::PeerTimeoutError);
+        EXPECT_LT(seconds_since(t0), 1.9);
+    } else {
+        std::this_thread::sleep_for(std::chrono::seconds(2));
+        dist::agree_on_errors(
+            MPI_COMM_WORLD, [] {}, 0.5); // completes: rank 0 progresses below
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // ---- collective error agreement ---------------------------------------------------------------

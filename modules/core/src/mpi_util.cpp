@@ -1,9 +1,15 @@
 // The shared MPI helpers (see mpi_util.hpp).
 #include "trainscope/core/mpi_util.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <exception>
+#include <iomanip>
+#include <sstream>
+#include <thread>
 
 #include "trainscope/core/error.hpp"
 
@@ -50,17 +56,65 @@ void mpi_check(int code, const char* call, const char* file, int line) {
                            ":" + std::to_string(line) + ")");
 }
 
-std::string broadcast_string(MPI_Comm comm, const std::string& text, int root) {
-    std::string out = text;
-    std::uint64_t size = out.size();
-    MPI_CHECK(MPI_Bcast(&size, 1, MPI_UINT64_T, root, comm));
-    out.resize(size);
-    constexpr std::uint64_t piece = 1u << 30; // MPI counts are int
-    for (std::uint64_t off = 0; off < size; off += piece) {
-        const int n = static_cast<int>(std::min(piece, size - off));
-        MPI_CHECK(MPI_Bcast(out.data() + off, n, MPI_CHAR, root, comm));
+std::string peer_timeout_message(const std::string& what, double timeout_s) {
+    std::ostringstream o;
+    o << what << " did not complete within dist.timeout=" << std::setprecision(6) << timeout_s
+      << " s: a peer rank stopped making progress (stopped or hung process, stalled file system, "
+         "unreachable node) or is far behind. The job is aborted so that no rank waits forever; "
+         "the ranks that do not report this wait are the ones to look at. Raise dist.timeout if "
+         "steps, evaluation or checkpoint writes legitimately take longer";
+    return o.str();
+}
+
+void wait_for_peers(MPI_Request& request, double timeout_s, const char* what) {
+    int done = 0;
+    MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return; // the common case of a small collective: no clock read at all
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    // The polling schedule of the header: spin, then yield, then sleep with a growing interval.
+    constexpr double kSpinS = 2e-3, kYieldS = 20e-3;
+    auto nap = std::chrono::microseconds(50);
+    bool spinning = true;
+    for (unsigned polls = 1;; ++polls) {
+        MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        if (spinning && polls % 64 != 0) continue; // spinning: the clock every 64th poll only
+        const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (timeout_s > 0 && waited > timeout_s)
+            throw PeerTimeoutError(peer_timeout_message(what, timeout_s));
+        spinning = waited < kSpinS;
+        if (spinning) continue;
+        if (waited < kYieldS) {
+            sched_yield();
+            continue;
+        }
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds(250));
     }
-    return out;
+}
+
+std::string broadcast_string(MPI_Comm comm, const std::string& text, int root, double timeout_s) {
+    constexpr const char* kWhat = "a broadcast of a string between the ranks";
+    // On the heap: a timed-out broadcast may still write into its buffers (wait_for_peers).
+    struct Buffers {
+        std::uint64_t size = 0;
+        std::string text;
+    };
+    auto b = std::make_unique<Buffers>();
+    b->text = text;
+    b->size = text.size();
+    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Ibcast(&b->size, 1, MPI_UINT64_T, root, comm, &request));
+    wait_for_peers(request, b, timeout_s, kWhat);
+    b->text.resize(b->size);
+    constexpr std::uint64_t piece = 1u << 30; // MPI counts are int
+    for (std::uint64_t off = 0; off < b->size; off += piece) {
+        const int n = static_cast<int>(std::min(piece, b->size - off));
+        MPI_CHECK(MPI_Ibcast(b->text.data() + off, n, MPI_CHAR, root, comm, &request));
+        wait_for_peers(request, b, timeout_s, kWhat);
+    }
+    return std::move(b->text);
 }
 
 std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine) {
@@ -94,12 +148,14 @@ std::string first_failure(MPI_Comm comm, const std::string& local_error) {
     return message;
 }
 
-void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn) {
+void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn, double timeout_s) {
     std::exception_ptr error;
     std::string message;
     ErrorKind kind = ErrorKind::Internal;
     try {
         fn();
+    } catch (const PeerTimeoutError&) {
+        throw; // the peers are out of reach: agreeing with them would wait again
     } catch (const Error& e) {
         error = std::current_exception();
         message = e.what();
@@ -115,20 +171,31 @@ void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn) {
     int rank = 0, size = 1;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
     MPI_CHECK(MPI_Comm_size(comm, &size));
-    int failed = error ? 1 : 0;
-    std::vector<int> flags(static_cast<std::size_t>(size));
-    MPI_CHECK(MPI_Allgather(&failed, 1, MPI_INT, flags.data(), 1, MPI_INT, comm));
+    // On the heap: a timed-out collective may still write into its buffers (wait_for_peers).
+    struct Buffers {
+        int failed = 0, header = 0;
+        std::vector<int> flags;
+    };
+    auto b = std::make_unique<Buffers>();
+    b->failed = error ? 1 : 0;
+    b->flags.resize(static_cast<std::size_t>(size));
+    constexpr const char* kWhat = "the ranks' agreement on errors";
+    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_CHECK(MPI_Iallgather(&b->failed, 1, MPI_INT, b->flags.data(), 1, MPI_INT, comm, &request));
+    wait_for_peers(request, b, timeout_s, kWhat);
     std::vector<int> failing;
     for (int r = 0; r < size; ++r)
-        if (flags[r]) failing.push_back(r);
+        if (b->flags[r]) failing.push_back(r);
     if (failing.empty()) return;
 
     // Every rank, failing or not, joins the broadcast of the lowest failing rank's error kind and
     // first message line; then each rank raises.
     const int root = failing.front();
-    int header = static_cast<int>(kind);
-    MPI_CHECK(MPI_Bcast(&header, 1, MPI_INT, root, comm));
-    const std::string line = broadcast_string(comm, first_line(message), root);
+    b->header = static_cast<int>(kind);
+    MPI_CHECK(MPI_Ibcast(&b->header, 1, MPI_INT, root, comm, &request));
+    wait_for_peers(request, b, timeout_s, kWhat);
+    const int header = b->header;
+    const std::string line = broadcast_string(comm, first_line(message), root, timeout_s);
 
     if (error) {
         // Our own error, unchanged but marked: every rank is raising together.

@@ -10,11 +10,26 @@
 // thread, and while a caller thread is inside a blocking call nothing new is enqueued (the caller's
 // thread is the only one that enqueues). Outside the communicators, trainscope calls MPI only while
 // no asynchronous collective is in flight (every Work is waited for before the iteration ends).
+//
+// dist.timeout (set_timeout): a peer that stops without dying (SIGSTOP, a hung file system) leaves
+// its partners inside MPI forever, and MPI cannot cancel a collective. So with a timeout the
+// caller's thread never blocks in MPI itself. Collectives run on the progress thread, blocking
+// calls too (after the same wait for the serializer to be idle), as MPI's blocking collectives,
+// which are Open MPI's fast "tuned" algorithms (its nonblocking ones measured 1.4-9x slower
+// here), and the caller waits for their Work with the deadline. Small blocking allreduces (the
+// per-iteration agreement, synchronised batch norm) and point-to-point messages are nonblocking
+// on the caller's thread instead, completed by core::wait_for_peers: a hand-off would cost more
+// than it saves. A wait that expires throws core::PeerTimeoutError naming the operation and
+// breaks the communicator (its progress thread may be stuck in the pending collective): every
+// later call fails at once, and the error ends the job with MPI_Abort (app/main.cpp). Without a
+// timeout (tests, the comm benchmark at MPI_THREAD_SINGLE) blocking calls run on the caller's
+// thread as plain MPI calls.
 #include "trainscope/dist/communicator.hpp"
 
 #include <sched.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -140,6 +155,10 @@ __attribute__((always_inline)) inline void require_contiguous(const torch::Tenso
 // MPI counts are int: large buffers go in pieces of at most 2^30 elements.
 constexpr std::int64_t kMaxChunk = std::int64_t{1} << 30;
 
+// With a timeout, blocking allreduces up to this size run nonblocking on the caller's thread;
+// larger ones on the progress thread (see MpiCommunicator::blocking_allreduce).
+constexpr std::uint64_t kCallerThreadMaxBytes = 64 << 10;
+
 void allreduce_chunked(void* data, std::int64_t count, std::size_t elem, MPI_Datatype type,
                        MPI_Op op, MPI_Comm comm) {
     nvtx::ScopedRange range("MPI_Allreduce");
@@ -159,21 +178,29 @@ void bcast_bytes(void* data, std::int64_t bytes, int root, MPI_Comm comm) {
 }
 
 // Point-to-point in pieces of at most 2^30 bytes; MPI keeps messages between two ranks on one
-// communicator and tag in order, so the pieces arrive in sequence.
-void send_bytes(const void* data, std::int64_t bytes, int peer, MPI_Comm comm) {
+// communicator and tag in order, so the pieces arrive in sequence. Nonblocking, completed by
+// core::wait_for_peers within timeout_s (0: no limit): point-to-point runs on the caller's thread
+// (its nonblocking form is the same protocol as the blocking one, so nothing is lost).
+void send_bytes(const void* data, std::int64_t bytes, int peer, MPI_Comm comm, double timeout_s) {
     nvtx::ScopedRange range("MPI_Send");
     const auto* p = static_cast<const char*>(data);
-    for (std::int64_t off = 0; off < bytes; off += kMaxChunk)
-        MPI_CHECK(MPI_Send(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
-                           peer, /*tag=*/0, comm));
+    for (std::int64_t off = 0; off < bytes; off += kMaxChunk) {
+        MPI_Request request = MPI_REQUEST_NULL;
+        MPI_CHECK(MPI_Isend(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
+                            peer, /*tag=*/0, comm, &request));
+        core::wait_for_peers(request, timeout_s, "an MPI send (pipeline stages)");
+    }
 }
 
-void recv_bytes(void* data, std::int64_t bytes, int peer, MPI_Comm comm) {
+void recv_bytes(void* data, std::int64_t bytes, int peer, MPI_Comm comm, double timeout_s) {
     nvtx::ScopedRange range("MPI_Recv");
     auto* p = static_cast<char*>(data);
-    for (std::int64_t off = 0; off < bytes; off += kMaxChunk)
-        MPI_CHECK(MPI_Recv(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
-                           peer, /*tag=*/0, comm, MPI_STATUS_IGNORE));
+    for (std::int64_t off = 0; off < bytes; off += kMaxChunk) {
+        MPI_Request request = MPI_REQUEST_NULL;
+        MPI_CHECK(MPI_Irecv(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
+                            peer, /*tag=*/0, comm, &request));
+        core::wait_for_peers(request, timeout_s, "an MPI receive (pipeline stages)");
+    }
 }
 
 int checked_int(std::int64_t n, const char* what) {
@@ -183,9 +210,14 @@ int checked_int(std::int64_t n, const char* what) {
     return static_cast<int>(n);
 }
 
-// Async handle of the MPI backend: completed by the progress thread.
+struct ProgressState;
+
+// Async handle of the MPI backend: completed by the progress thread. wait() and seconds() give up
+// after the communicator's dist.timeout (PeerTimeoutError naming `what`, the communicator broken).
 class MpiWork final : public Work {
   public:
+    MpiWork(const char* what, double timeout_s, std::shared_ptr<ProgressState> state)
+        : what_(what), timeout_s_(timeout_s), state_(std::move(state)) {}
     void finish(std::exception_ptr error, double seconds = 0) {
         {
             std::lock_guard<std::mutex> lock(m_);
@@ -197,7 +229,7 @@ class MpiWork final : public Work {
     }
     void wait() override {
         std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return done_; });
+        wait_done(lock);
         if (error_) std::rethrow_exception(error_);
         if (after_) {
             // CUDA tensors were staged through host memory: copy the result back on the waiter.
@@ -213,18 +245,23 @@ class MpiWork final : public Work {
     }
     double seconds() override {
         std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return done_; });
+        wait_done(lock);
         return seconds_;
     }
     void set_after(std::function<void()> fn) { after_ = std::move(fn); }
 
   private:
+    void wait_done(std::unique_lock<std::mutex>& lock); // defined after ProgressState
+
     std::mutex m_;
     std::condition_variable cv_;
     bool done_ = false;
     std::exception_ptr error_;
     std::function<void()> after_;
     double seconds_ = 0; // the collective's duration on the progress thread
+    const char* what_;   // names the operation in a timeout's message
+    double timeout_s_;   // 0: no limit
+    std::shared_ptr<ProgressState> state_;
 };
 
 // What the accounting counts; names are the keys of Communicator::stats().
@@ -251,17 +288,27 @@ struct MpiSerializer {
         }
         idle.notify_all();
     }
-    // For a blocking call on the caller's thread: an empty lock on the fast path.
-    std::unique_lock<std::mutex> serialize() {
+    // For a blocking call on the caller's thread: an empty lock on the fast path. With
+    // timeout_s > 0 the wait for the collectives in flight gives up after it (PeerTimeoutError).
+    std::unique_lock<std::mutex> serialize(double timeout_s = 0, const char* what = "") {
         if (inflight.load(std::memory_order_acquire) == 0) return {};
-        return wait_idle_and_lock();
+        return wait_idle_and_lock(timeout_s, what);
     }
-    __attribute__((noinline)) std::unique_lock<std::mutex> wait_idle_and_lock() {
-        {
-            std::unique_lock<std::mutex> lock(m);
-            idle.wait(lock, [&] { return inflight.load(std::memory_order_acquire) == 0; });
-        }
+    __attribute__((noinline)) std::unique_lock<std::mutex> wait_idle_and_lock(double timeout_s,
+                                                                              const char* what) {
+        wait_idle(timeout_s, what);
         return std::unique_lock<std::mutex>(mpi);
+    }
+    // Until no asynchronous collective is in flight (PeerTimeoutError after timeout_s > 0).
+    void wait_idle(double timeout_s, const char* what) {
+        if (inflight.load(std::memory_order_acquire) == 0) return;
+        std::unique_lock<std::mutex> lock(m);
+        const auto idle_now = [&] { return inflight.load(std::memory_order_acquire) == 0; };
+        if (timeout_s <= 0)
+            idle.wait(lock, idle_now);
+        else if (!idle.wait_for(lock, std::chrono::duration<double>(timeout_s), idle_now))
+            throw core::PeerTimeoutError(core::peer_timeout_message(
+                std::string("the asynchronous collectives in flight before ") + what, timeout_s));
     }
 };
 
@@ -286,6 +333,24 @@ struct ProgressState {
     bool stop = false;
     bool running = false;
     MPI_Comm comm = MPI_COMM_NULL; // the progress thread's own duplicate
+
+    // dist.timeout in seconds (0: no limit) and whether a wait has exceeded it. Once broken, a
+    // collective stays pending forever (the progress thread may be stuck inside it), so every
+    // later call fails at once with the first timeout's message instead of waiting again.
+    std::atomic<double> timeout_s{0};
+    std::atomic<bool> broken{false};
+    std::string broken_reason; // under m
+    void mark_broken(const std::string& why) {
+        std::lock_guard<std::mutex> lock(m);
+        if (!broken.load(std::memory_order_relaxed)) broken_reason = why;
+        broken.store(true, std::memory_order_release);
+    }
+    bool usable() const { return !broken.load(std::memory_order_acquire); }
+    core::PeerTimeoutError broken_error() {
+        std::lock_guard<std::mutex> lock(m);
+        return core::PeerTimeoutError("the MPI communicator cannot be used any more: " +
+                                      broken_reason);
+    }
 
     // Accounting per kind, one set of counters per writing thread: the caller's thread (blocking
     // calls) and the thread that runs asynchronous collectives (the progress thread, or the
@@ -327,6 +392,19 @@ struct ProgressState {
     }
 };
 
+void MpiWork::wait_done(std::unique_lock<std::mutex>& lock) {
+    const auto finished = [&] { return done_; };
+    if (timeout_s_ <= 0) {
+        cv_.wait(lock, finished);
+        return;
+    }
+    if (cv_.wait_for(lock, std::chrono::duration<double>(timeout_s_), finished)) return;
+    lock.unlock();
+    const std::string why = core::peer_timeout_message(what_, timeout_s_);
+    if (state_) state_->mark_broken(why);
+    throw core::PeerTimeoutError(why);
+}
+
 void progress_loop(std::shared_ptr<ProgressState> s) {
     for (;;) {
         Task task;
@@ -341,6 +419,7 @@ void progress_loop(std::shared_ptr<ProgressState> s) {
         std::exception_ptr error;
         const auto t0 = Clock::now();
         try {
+            if (!s->usable()) throw s->broken_error(); // never start what no peer will match
             std::lock_guard<std::mutex> mpi(mpi_serializer().mpi);
             task.run();
         } catch (...) {
@@ -359,7 +438,7 @@ void progress_loop(std::shared_ptr<ProgressState> s) {
 
 class MpiCommunicator final : public Communicator {
   public:
-    MpiCommunicator(MPI_Comm comm, torch::Device device) : device_(device) {
+    MpiCommunicator(MPI_Comm comm, torch::Device device, double timeout_s) : device_(device) {
         int level = MPI_THREAD_SINGLE;
         MPI_CHECK(MPI_Query_thread(&level));
         // Below MPI_THREAD_SERIALIZED no other thread may call MPI: asynchronous allreduces then
@@ -373,6 +452,7 @@ class MpiCommunicator final : public Communicator {
         // ones on the progress thread never share a communicator, so they cannot mismatch.
         MPI_CHECK(MPI_Comm_dup(comm, &comm_));
         state_ = std::make_shared<ProgressState>();
+        state_->timeout_s.store(timeout_s);
         MPI_CHECK(MPI_Comm_dup(comm, &state_->comm));
         MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN);
@@ -393,6 +473,12 @@ class MpiCommunicator final : public Communicator {
             mpi_serializer().finished(); // never started: no longer in flight
             t.work->finish(std::make_exception_ptr(core::DistributedError(
                 "collective cancelled: the communicator was destroyed before it started")));
+        }
+        if (!state_->usable()) {
+            // A wait timed out: the progress thread may be inside a collective that never
+            // completes, and the communicators have a pending operation. Leave both behind.
+            if (thread_.joinable()) thread_.detach();
+            return;
         }
         if (std::uncaught_exceptions() > 0) {
             // Unwinding: a collective in flight may never complete if a peer failed. Give it a
@@ -416,60 +502,100 @@ class MpiCommunicator final : public Communicator {
     int size() const override { return size_; }
     std::string backend() const override { return "mpi"; }
     torch::Device device() const override { return device_; }
+    void set_timeout(double seconds) override { state_->timeout_s.store(seconds); }
 
     std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
+        return allreduce_work(tensor, op, "an asynchronous MPI allreduce (gradient buckets)",
+                              /*blocking=*/false);
+    }
+
+    void allreduce(const torch::Tensor& tensor, ReduceOp op) override {
+        blocking_allreduce(tensor, op, "a blocking MPI allreduce (e.g. synchronised batch norm)");
+    }
+
+    void allreduce_host(std::vector<double>& values, ReduceOp op) override {
+        if (values.empty()) return;
+        constexpr const char* kWhat = "a host-side MPI allreduce (the ranks' per-iteration "
+                                      "agreement, progress totals or evaluation sums)";
+        if (bounded()) {
+            // A tensor of its own, not a view of `values`: after a timeout the collective may
+            // still write into its buffer when a late peer arrives (its handle is kept then).
+            torch::Tensor owned = torch::tensor(values, torch::kFloat64);
+            blocking_allreduce(owned, op, kWhat);
+            std::copy_n(owned.data_ptr<double>(), values.size(), values.begin());
+            return;
+        }
+        blocking_allreduce(torch::from_blob(values.data(),
+                                            {static_cast<std::int64_t>(values.size())},
+                                            torch::kFloat64),
+                           op, kWhat);
+    }
+
+  private:
+    std::shared_ptr<MpiWork> allreduce_work(torch::Tensor tensor, ReduceOp op, const char* what,
+                                            bool blocking) {
         require_contiguous(tensor, "allreduce");
         check_reduction(tensor, op);
-        auto work = std::make_shared<MpiWork>();
         if (tensor.numel() == 0) {
+            auto work = std::make_shared<MpiWork>("", 0.0, nullptr);
             work->finish(nullptr);
             return work;
         }
         torch::Tensor host = tensor;
+        std::function<void()> after;
         if (!tensor.is_cpu()) {
             host = tensor.to(torch::kCPU); // synchronous with the caller's stream
-            work->set_after([tensor, host]() mutable {
+            after = [tensor, host]() mutable {
                 torch::NoGradGuard no_grad;
                 tensor.copy_(host);
-            });
+            };
         }
         const MPI_Datatype type = mpi_reduce_type(host);
         const std::uint64_t bytes = host.nbytes();
         const int size = size_;
         ProgressState* state = state_.get(); // alive while the thread runs (it co-owns it)
-        Task task{[host, op, type, bytes, size, state]() mutable {
-                      const auto t0 = Clock::now();
-                      allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
-                                        mpi_op(op), state->comm);
-                      if (op == ReduceOp::Average) host.div_(size);
-                      state->account_async(Kind::Allreduce, bytes, seconds_since(t0));
-                  },
-                  work};
-        if (!threaded_) { // MPI_THREAD_SINGLE/FUNNELED: run it here and now
-            const auto t0 = Clock::now();
-            std::exception_ptr error;
-            try {
-                task.run();
-            } catch (...) {
-                error = std::current_exception();
-            }
-            work->finish(error, seconds_since(t0));
-            return work;
-        }
-        mpi_serializer().enqueued();
-        {
-            std::lock_guard<std::mutex> lock(state_->m);
-            state_->queue.push_back(std::move(task));
-        }
-        state_->cv.notify_all();
-        return work;
+        return submit(
+            what,
+            [host, op, type, bytes, size, state]() mutable {
+                const auto t0 = Clock::now();
+                allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
+                                  mpi_op(op), state->comm);
+                if (op == ReduceOp::Average) host.div_(size);
+                state->account_async(Kind::Allreduce, bytes, seconds_since(t0));
+            },
+            std::move(after), blocking);
     }
 
-    void allreduce(const torch::Tensor& tensor, ReduceOp op) override {
+    void blocking_allreduce(const torch::Tensor& tensor, ReduceOp op, const char* what) {
         require_contiguous(tensor, "allreduce");
         const MPI_Datatype type = check_reduction(tensor, op);
         const std::int64_t count = tensor.numel();
         if (count == 0) return;
+        if (bounded()) {
+            const std::uint64_t bytes = tensor.nbytes();
+            if (tensor.is_cpu() && bytes <= kCallerThreadMaxBytes) {
+                // Small: nonblocking on this thread, polled with the deadline. Handing it to the
+                // progress thread would cost a thread wake-up (measured: the per-iteration
+                // agreement 4.6 -> 7.3 ms on a loaded 2-core machine), more than MPI's slower
+                // nonblocking algorithm costs at this size (a few microseconds).
+                const double timeout_s = checked_timeout();
+                bounded_call(tensor, [&] {
+                    std::unique_lock<std::mutex> mpi = serialize(timeout_s, what);
+                    MPI_Request request = MPI_REQUEST_NULL;
+                    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(),
+                                             static_cast<int>(count), type, mpi_op(op), comm_,
+                                             &request));
+                    core::wait_for_peers(request, timeout_s, what);
+                });
+                if (op == ReduceOp::Average) tensor.div_(size_);
+                state_->account(Kind::Allreduce, bytes);
+                return;
+            }
+            // Larger: on the progress thread, as MPI's blocking (fast) collective; this thread
+            // waits with the deadline (see the top of this file).
+            allreduce_work(tensor, op, what, /*blocking=*/true)->wait();
+            return;
+        }
         if (tensor.is_cpu() && count <= kMaxChunk) {
             // The hot path of small blocking allreduces (comm benchmark, sync BN, evaluation): one
             // dtype switch, no tensor copies, no clock reads, no NVTX range (nsys --trace=mpi shows
@@ -497,25 +623,33 @@ class MpiCommunicator final : public Communicator {
         account(Kind::Allreduce, host.nbytes(), seconds);
     }
 
-    void allreduce_host(std::vector<double>& values, ReduceOp op) override {
-        if (values.empty()) return;
-        allreduce(torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())},
-                                   torch::kFloat64),
-                  op);
-    }
-
+  public:
     void broadcast(torch::Tensor tensor, int root) override {
         require_contiguous(tensor, "broadcast");
         check_root(root);
         if (tensor.numel() == 0) return;
         torch::Tensor host = tensor.is_cpu() ? tensor : tensor.to(torch::kCPU);
-        std::unique_lock<std::mutex> mpi = serialize();
-        const auto t0 = Clock::now();
-        bcast_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), root, comm_);
-        const double seconds = seconds_since(t0);
-        if (mpi.owns_lock()) mpi.unlock();
+        const auto bytes = static_cast<std::int64_t>(host.nbytes());
+        if (bounded()) {
+            ProgressState* state = state_.get();
+            submit(
+                "an MPI broadcast (initial parameters and buffers, or a pipeline's losses)",
+                [host, bytes, root, state] {
+                    const auto t0 = Clock::now();
+                    bcast_bytes(host.data_ptr(), bytes, root, state->comm);
+                    state->account_async(Kind::Broadcast, bytes, seconds_since(t0));
+                },
+                /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
+        } else {
+            std::unique_lock<std::mutex> mpi = serialize();
+            const auto t0 = Clock::now();
+            bcast_bytes(host.data_ptr(), bytes, root, comm_);
+            const double seconds = seconds_since(t0);
+            if (mpi.owns_lock()) mpi.unlock();
+            account(Kind::Broadcast, host.nbytes(), seconds);
+        }
         if (!tensor.is_cpu()) copy_back(tensor, host);
-        account(Kind::Broadcast, host.nbytes(), seconds);
     }
 
     void allgather(const torch::Tensor& in, torch::Tensor out) override {
@@ -532,11 +666,20 @@ class MpiCommunicator final : public Communicator {
         torch::Tensor dst =
             out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
         const int bytes = checked_int(static_cast<std::int64_t>(src.nbytes()), "allgather");
-        {
-            std::unique_lock<std::mutex> mpi = serialize();
+        auto run = [src, dst, bytes](MPI_Comm comm) {
             nvtx::ScopedRange range("MPI_Allgather");
             MPI_CHECK(MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes,
-                                    MPI_BYTE, comm_));
+                                    MPI_BYTE, comm));
+        };
+        if (bounded()) {
+            ProgressState* state = state_.get();
+            submit(
+                "an MPI allgather (ZeRO parameter shards)", [run, state] { run(state->comm); },
+                /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
+        } else {
+            std::unique_lock<std::mutex> mpi = serialize();
+            run(comm_);
         }
         if (!out.is_cpu()) copy_back(out, dst);
         account(Kind::Allgather, src.nbytes(), seconds_since(t0));
@@ -556,12 +699,23 @@ class MpiCommunicator final : public Communicator {
         torch::Tensor src = in.to(torch::kCPU).contiguous();
         torch::Tensor dst =
             out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
-        {
-            std::unique_lock<std::mutex> mpi = serialize();
+        const int count = checked_int(dst.numel(), "reduce_scatter");
+        const MPI_Datatype type = mpi_reduce_type(dst);
+        const MPI_Op mop = mpi_op(op);
+        auto run = [src, dst, count, type, mop](MPI_Comm comm) {
             nvtx::ScopedRange range("MPI_Reduce_scatter_block");
-            MPI_CHECK(MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(),
-                                               checked_int(dst.numel(), "reduce_scatter"),
-                                               mpi_reduce_type(dst), mpi_op(op), comm_));
+            MPI_CHECK(
+                MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(), count, type, mop, comm));
+        };
+        if (bounded()) {
+            ProgressState* state = state_.get();
+            submit(
+                "an MPI reduce-scatter (ZeRO gradient shards)", [run, state] { run(state->comm); },
+                /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
+        } else {
+            std::unique_lock<std::mutex> mpi = serialize();
+            run(comm_);
         }
         if (op == ReduceOp::Average) dst.div_(size_);
         if (!out.is_cpu()) copy_back(out, dst);
@@ -569,6 +723,14 @@ class MpiCommunicator final : public Communicator {
     }
 
     void barrier() override {
+        if (bounded()) {
+            ProgressState* state = state_.get();
+            submit(
+                "an MPI barrier", [state] { MPI_CHECK(MPI_Barrier(state->comm)); },
+                /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
+            return;
+        }
         std::unique_lock<std::mutex> mpi = serialize();
         MPI_CHECK(MPI_Barrier(comm_));
     }
@@ -578,12 +740,14 @@ class MpiCommunicator final : public Communicator {
         check_peer(peer, "send");
         if (t.numel() == 0) return;
         torch::Tensor host = t.is_cpu() ? t : t.to(torch::kCPU);
-        std::unique_lock<std::mutex> mpi = serialize();
+        const double timeout_s = checked_timeout();
         const auto t0 = Clock::now();
-        send_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), peer, comm_);
-        const double seconds = seconds_since(t0);
-        if (mpi.owns_lock()) mpi.unlock();
-        account(Kind::Send, host.nbytes(), seconds);
+        bounded_call(host, [&] {
+            std::unique_lock<std::mutex> mpi = serialize(timeout_s, "an MPI send");
+            send_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), peer, comm_,
+                       timeout_s);
+        });
+        account(Kind::Send, host.nbytes(), seconds_since(t0));
     }
 
     void recv(torch::Tensor t, int peer) override {
@@ -592,23 +756,92 @@ class MpiCommunicator final : public Communicator {
         if (t.numel() == 0) return;
         torch::Tensor host =
             t.is_cpu() ? t : torch::empty(t.sizes(), t.options().device(torch::kCPU));
-        std::unique_lock<std::mutex> mpi = serialize();
+        const double timeout_s = checked_timeout();
         const auto t0 = Clock::now();
-        recv_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), peer, comm_);
-        const double seconds = seconds_since(t0);
-        if (mpi.owns_lock()) mpi.unlock();
+        bounded_call(host, [&] {
+            std::unique_lock<std::mutex> mpi = serialize(timeout_s, "an MPI receive");
+            recv_bytes(host.data_ptr(), static_cast<std::int64_t>(host.nbytes()), peer, comm_,
+                       timeout_s);
+        });
         if (!t.is_cpu()) copy_back(t, host);
-        account(Kind::Recv, host.nbytes(), seconds);
+        account(Kind::Recv, host.nbytes(), seconds_since(t0));
     }
 
     std::map<std::string, CommStats> stats() const override { return state_->stats(); }
 
   private:
+    // Whether waits have a deadline, so that blocking collectives go through the progress thread.
+    bool bounded() const {
+        return threaded_ && state_->timeout_s.load(std::memory_order_relaxed) > 0;
+    }
+    // The timeout for a wait on this thread; throws if an earlier wait already timed out.
+    double checked_timeout() {
+        if (!state_->usable()) throw state_->broken_error();
+        return state_->timeout_s.load(std::memory_order_relaxed);
+    }
+    // Runs fn, a nonblocking operation on `buffer`; a PeerTimeoutError from it breaks the
+    // communicator on its way out and keeps the buffer alive for good (a late peer may still
+    // make MPI write into or read from it; see core::wait_for_peers).
+    template <class Fn> void bounded_call(const torch::Tensor& buffer, Fn&& fn) {
+        try {
+            fn();
+        } catch (const core::PeerTimeoutError& e) {
+            state_->mark_broken(e.what());
+            (void)new torch::Tensor(buffer); // leaked on purpose: the job is being aborted
+            throw;
+        }
+    }
+
+    // Runs `run` on the progress thread (at MPI_THREAD_SINGLE: here and now) and returns its
+    // handle; `after` runs on the waiter once it completed. A broken communicator fails at once.
+    // blocking: a blocking call's collective, which first waits (within the timeout) until no
+    // asynchronous collective of any communicator is in flight, as blocking calls on the
+    // caller's thread do (see serialize): so it never runs between another communicator's
+    // asynchronous collectives, which could deadlock across ranks.
+    std::shared_ptr<MpiWork> submit(const char* what, std::function<void()> run,
+                                    std::function<void()> after = nullptr, bool blocking = false) {
+        auto work = std::make_shared<MpiWork>(
+            what, threaded_ ? state_->timeout_s.load(std::memory_order_relaxed) : 0.0, state_);
+        if (after) work->set_after(std::move(after));
+        if (!state_->usable()) {
+            work->finish(std::make_exception_ptr(state_->broken_error()));
+            return work;
+        }
+        if (blocking && threaded_) {
+            try {
+                mpi_serializer().wait_idle(state_->timeout_s.load(std::memory_order_relaxed), what);
+            } catch (const core::PeerTimeoutError& e) {
+                state_->mark_broken(e.what());
+                throw;
+            }
+        }
+        if (!threaded_) { // MPI_THREAD_SINGLE/FUNNELED: run it here and now
+            const auto t0 = Clock::now();
+            std::exception_ptr error;
+            try {
+                run();
+            } catch (...) {
+                error = std::current_exception();
+            }
+            work->finish(error, seconds_since(t0));
+            return work;
+        }
+        mpi_serializer().enqueued();
+        {
+            std::lock_guard<std::mutex> lock(state_->m);
+            state_->queue.push_back(Task{std::move(run), work});
+        }
+        state_->cv.notify_all();
+        return work;
+    }
+
     // Blocking collectives first let every asynchronous one issued before them finish: ranks issue
     // collectives in the same order, and at MPI_THREAD_SERIALIZED a blocking collective entered on
     // one rank while its peer's progress thread holds MPI for an earlier allreduce would deadlock.
     // The communicator is driven from one thread, so nothing is enqueued while we wait.
-    std::unique_lock<std::mutex> serialize() { return mpi_serializer().serialize(); }
+    std::unique_lock<std::mutex> serialize(double timeout_s = 0, const char* what = "") {
+        return mpi_serializer().serialize(timeout_s, what);
+    }
 
     void check_root(int root) const {
         if (root < 0 || root >= size_)
@@ -641,15 +874,15 @@ class MpiCommunicator final : public Communicator {
 } // namespace
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                torch::Device device) {
-    if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm, device);
+                                                torch::Device device, double timeout_s) {
+    if (backend == "mpi") return std::make_unique<MpiCommunicator>(comm, device, timeout_s);
     if (backend == "nccl") {
 #if TRAINSCOPE_HAVE_NCCL
         if (!device.is_cuda())
             throw core::ConfigError("dist.backend=nccl needs a CUDA device but this rank computes "
                                     "on " +
                                     device.str() + ": use dist.backend=mpi for CPU runs");
-        return detail::make_nccl_communicator(comm, device);
+        return detail::make_nccl_communicator(comm, device, timeout_s);
 #else
         throw core::ConfigError("dist.backend=nccl but this trainscope was built without NCCL: "
                                 "use dist.backend=mpi, or rebuild with CUDA and NCCL available");

@@ -1,6 +1,16 @@
 // The NCCL communicator (compiled only in builds with NCCL): GPU collectives on a dedicated CUDA
 // stream that first waits for the caller's compute stream; Work::wait() makes the compute stream
 // wait for the collective in turn, so nothing synchronises the host in the training loop.
+//
+// dist.timeout: the communicator is created nonblocking (ncclConfig_t::blocking = 0), so neither
+// ncclCommInitRankConfig nor an enqueue can block the host forever in NCCL: both return
+// ncclInProgress and we poll ncclCommGetAsyncError until the communicator is ready, with the
+// deadline. Every host wait on the device (barrier, Work::seconds, synchronize) polls a CUDA event
+// and NCCL's asynchronous error with the deadline too, and the MPI traffic on the side (the
+// unique id's broadcast, allreduce_host) is nonblocking and bounded (core::wait_for_peers). On
+// expiry the communicator is aborted (ncclCommAbort ends kernels waiting for an absent peer) and
+// the wait throws core::PeerTimeoutError. Needs a GPU: compiled and linked everywhere, exercised
+// only on GPU machines (docs/faults.md says what holds where).
 #include "nccl_communicator.hpp"
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -17,6 +27,8 @@
 
 #include "mpi_check.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/log.hpp"
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/core/nvtx.hpp"
 
 namespace trainscope::dist::detail {
@@ -95,6 +107,33 @@ ncclRedOp_t nccl_op(ReduceOp op, const torch::Tensor& t) {
     return ncclSum;
 }
 
+Clock::time_point deadline_after(double seconds) {
+    if (seconds <= 0) return Clock::time_point::max();
+    return Clock::now() +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// The communicator's fate, shared with its Works: a wait that times out (on any thread) aborts it
+// once, and nothing may be finalized afterwards.
+struct NcclHealth {
+    std::mutex m;
+    ncclComm_t comm = nullptr;
+    bool aborted = false;
+    double timeout_s = 600; // dist.timeout
+    void abort() {
+        std::lock_guard<std::mutex> lock(m);
+        if (aborted || !comm) return;
+        aborted = true;
+        ncclCommAbort(comm); // unblocks kernels waiting for a peer that will never come
+    }
+    // The error of a wait for `what` that exceeded the timeout, after aborting the communicator.
+    core::PeerTimeoutError timed_out(const std::string& what) {
+        abort();
+        return core::PeerTimeoutError(core::peer_timeout_message(what, timeout_s) +
+                                      " (the NCCL communicator was aborted)");
+    }
+};
+
 void check_async_error(ncclComm_t comm) {
     ncclResult_t async = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
@@ -108,9 +147,10 @@ class NcclWork final : public Work {
   public:
     // start/done: timing events around the collective on the communicator's stream (null for a
     // no-op). timeout_s: how long host_wait() may block before it aborts the communicator.
-    NcclWork(cudaEvent_t start, cudaEvent_t done, c10::DeviceIndex device, ncclComm_t comm,
-             double timeout_s = 600)
-        : start_(start), done_(done), device_(device), comm_(comm), timeout_s_(timeout_s) {}
+    NcclWork(cudaEvent_t start, cudaEvent_t done, c10::DeviceIndex device,
+             std::shared_ptr<NcclHealth> health, const char* what)
+        : start_(start), done_(done), device_(device), comm_(health->comm),
+          timeout_s_(health->timeout_s), health_(std::move(health)), what_(what) {}
     ~NcclWork() override {
         // Safe while pending: the driver releases an event once its work completed.
         if (start_) cudaEventDestroy(start_);
@@ -137,17 +177,10 @@ class NcclWork final : public Work {
     // A collective still pending after timeout_s (a peer stopped without an NCCL error, e.g. it
     // is stuck or its network is down) aborts the communicator, so the wait ends with an error.
     void host_wait() {
-        const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                                 std::chrono::duration<double>(timeout_s_));
+        const auto deadline = deadline_after(timeout_s_);
         while (!completed()) {
-            if (timeout_s_ > 0 && Clock::now() > deadline) {
-                ncclCommAbort(comm_);
-                throw core::DistributedError(
-                    "an NCCL collective did not complete within dist.timeout=" +
-                    std::to_string(timeout_s_) +
-                    " s: a peer rank stalled or died; the communicator was aborted (raise "
-                    "dist.timeout for very slow steps)");
-            }
+            if (Clock::now() > deadline)
+                throw health_->timed_out(std::string("an NCCL ") + what_ + " (on the GPU)");
             std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
     }
@@ -166,61 +199,111 @@ class NcclWork final : public Work {
     c10::DeviceIndex device_;
     ncclComm_t comm_;
     double timeout_s_;
+    std::shared_ptr<NcclHealth> health_;
+    const char* what_; // the collective's kind, for a timeout's message
 };
 
 class NcclCommunicator final : public Communicator {
   public:
-    NcclCommunicator(MPI_Comm comm, torch::Device device)
+    NcclCommunicator(MPI_Comm comm, torch::Device device, double timeout_s)
         : device_(device),
-          stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())) {
+          stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
+          health_(std::make_shared<NcclHealth>()) {
+        health_->timeout_s = timeout_s;
         MPI_CHECK(MPI_Comm_rank(comm, &rank_));
         MPI_CHECK(MPI_Comm_size(comm, &size_));
         c10::cuda::CUDAGuard guard(device_.index());
         CUDA_CHECK(cudaSetDevice(device_.index())); // NCCL binds the communicator to this device
         // Rank 0's id travels with its status, so a failure there does not leave the other ranks
         // waiting in ncclCommInitRank.
-        struct {
+        // On the heap: a timed-out broadcast may still write into it (core::wait_for_peers).
+        struct Boot {
             int status = ncclSuccess;
             ncclUniqueId id{};
-        } boot;
+        };
+        auto boot_buffer = std::make_unique<Boot>();
+        Boot& boot = *boot_buffer;
         if (rank_ == 0) boot.status = ncclGetUniqueId(&boot.id);
-        MPI_CHECK(MPI_Bcast(&boot, sizeof(boot), MPI_BYTE, 0, comm));
+        MPI_Request request = MPI_REQUEST_NULL;
+        MPI_CHECK(MPI_Ibcast(&boot, sizeof(boot), MPI_BYTE, 0, comm, &request));
+        core::wait_for_peers(request, boot_buffer, timeout_s,
+                             "the broadcast of NCCL's unique id (NCCL communicator set-up)");
         if (boot.status != ncclSuccess)
             throw core::DistributedError(
                 std::string("ncclGetUniqueId failed on rank 0: ") +
                 ncclGetErrorString(static_cast<ncclResult_t>(boot.status)) +
                 " (set NCCL_DEBUG=WARN; check the network interfaces NCCL may use)");
-        NCCL_CHECK(ncclCommInitRank(&comm_, size_, boot.id, rank_));
+        // Nonblocking: ncclCommInitRankConfig returns at once (ncclInProgress) and the connection
+        // to the peers is polled with the deadline, so a peer that never arrives costs
+        // dist.timeout, not a hang.
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, boot.id, rank_, &config));
+        health_->comm = comm_;
+        wait_ready("NCCL communicator initialisation (ncclCommInitRankConfig)");
         MPI_CHECK(MPI_Comm_dup(comm, &host_comm_)); // allreduce_host: control traffic
     }
 
     ~NcclCommunicator() override {
-        if (host_comm_ != MPI_COMM_NULL && std::uncaught_exceptions() == 0)
+        if (host_comm_ != MPI_COMM_NULL && std::uncaught_exceptions() == 0 && !host_broken_)
             MPI_Comm_free(&host_comm_);
-        if (!comm_ || aborted_) return;
+        if (!comm_ || is_aborted()) return;
         if (std::uncaught_exceptions() > 0) {
-            ncclCommAbort(comm_); // a peer may be gone: do not wait for outstanding work
-        } else {
-            ncclCommFinalize(comm_);
-            ncclCommDestroy(comm_);
+            health_->abort(); // a peer may be gone: do not wait for outstanding work
+            return;
         }
+        // Nonblocking finalize: flushes outstanding work, polled with the deadline.
+        const ncclResult_t r = ncclCommFinalize(comm_);
+        try {
+            if (r == ncclSuccess || r == ncclInProgress) wait_ready("NCCL communicator finalize");
+        } catch (const std::exception& e) {
+            core::log::warn() << e.what();
+            return; // aborted by wait_ready
+        }
+        if (!is_aborted()) ncclCommDestroy(comm_);
     }
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string backend() const override { return "nccl"; }
-    void set_timeout(double seconds) override { timeout_s_ = seconds; }
+    void set_timeout(double seconds) override { health_->timeout_s = seconds; }
     std::string poll_async_error() override {
-        std::lock_guard<std::mutex> lock(health_mutex_);
-        if (!comm_ || aborted_) return aborted_ ? "the NCCL communicator was aborted" : "";
+        {
+            std::lock_guard<std::mutex> lock(health_->m);
+            if (!comm_) return "";
+            if (health_->aborted) return "the NCCL communicator was aborted";
+        }
         ncclResult_t async = ncclSuccess;
         const ncclResult_t q = ncclCommGetAsyncError(comm_, &async);
         if (q == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return "";
-        aborted_ = true;
-        ncclCommAbort(comm_); // unblocks kernels waiting for a peer that will never come
+        health_->abort();
         return std::string("NCCL communicator failed asynchronously: ") +
                ncclGetErrorString(q != ncclSuccess ? q : async) +
                " (a peer rank may have died; set NCCL_DEBUG=WARN)";
+    }
+
+    void synchronize(const char* what) override {
+        c10::cuda::CUDAGuard guard(device_.index());
+        cudaEvent_t reached = nullptr;
+        CUDA_CHECK(cudaEventCreateWithFlags(&reached, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventRecord(reached, c10::cuda::getCurrentCUDAStream(device_.index())));
+        const auto deadline = deadline_after(health_->timeout_s);
+        for (;;) {
+            const cudaError_t q = cudaEventQuery(reached);
+            if (q == cudaSuccess) break;
+            if (q != cudaErrorNotReady) {
+                cudaEventDestroy(reached);
+                CUDA_CHECK(q);
+            }
+            check_async_error(comm_);
+            if (Clock::now() > deadline) {
+                cudaEventDestroy(reached); // released by the driver once the work completes
+                throw health_->timed_out(std::string("the GPU work ") + what +
+                                         " waits for (NCCL collectives included)");
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+        CUDA_CHECK(cudaEventDestroy(reached));
     }
     torch::Device device() const override { return device_; }
 
@@ -228,7 +311,8 @@ class NcclCommunicator final : public Communicator {
         check(tensor, "allreduce");
         const ncclRedOp_t red = nccl_op(op, tensor);
         if (tensor.numel() == 0)
-            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), comm_);
+            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), health_,
+                                              "allreduce");
         return launch("allreduce", tensor.nbytes(), {tensor}, [&](cudaStream_t s) {
             NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
                                      static_cast<size_t>(tensor.numel()),
@@ -239,8 +323,24 @@ class NcclCommunicator final : public Communicator {
     void allreduce_host(std::vector<double>& values, ReduceOp op) override {
         if (values.empty()) return;
         const MPI_Op mop = op == ReduceOp::Max ? MPI_MAX : op == ReduceOp::Min ? MPI_MIN : MPI_SUM;
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()),
-                                MPI_DOUBLE, mop, host_comm_));
+        if (host_broken_)
+            throw core::PeerTimeoutError("the MPI communicator beside NCCL cannot be used any "
+                                         "more: an earlier host-side allreduce timed out");
+        // Nonblocking and bounded: a few numbers per call, so MPI's slower nonblocking algorithms
+        // cost nothing that shows. On the heap: a timed-out allreduce may still write into it.
+        auto buffer = std::make_unique<std::vector<double>>(values);
+        MPI_Request request = MPI_REQUEST_NULL;
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()),
+                                 MPI_DOUBLE, mop, host_comm_, &request));
+        try {
+            core::wait_for_peers(request, buffer, health_->timeout_s,
+                                 "a host-side MPI allreduce (the ranks' per-iteration agreement, "
+                                 "progress totals or evaluation sums)");
+        } catch (const core::PeerTimeoutError&) {
+            host_broken_ = true; // its collective stays pending
+            throw;
+        }
+        values = *buffer;
         if (op == ReduceOp::Average)
             for (double& v : values)
                 v /= size_;
@@ -367,6 +467,9 @@ class NcclCommunicator final : public Communicator {
         for (const torch::Tensor& t : tensors)
             c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
         enqueue(stream_.stream());
+        // Nonblocking communicator: the enqueue may still be in progress; the events recorded
+        // next must follow the collective's kernel on the stream.
+        wait_ready(kind);
         CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDefault));
         CUDA_CHECK(cudaEventRecord(done, stream_.stream()));
         if (bytes > 0) {
@@ -375,25 +478,52 @@ class NcclCommunicator final : public Communicator {
             s.bytes += bytes;
             s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
         }
-        return std::make_shared<NcclWork>(start, done, device_.index(), comm_, timeout_s_);
+        return std::make_shared<NcclWork>(start, done, device_.index(), health_, kind);
+    }
+
+    bool is_aborted() {
+        std::lock_guard<std::mutex> lock(health_->m);
+        return health_->aborted;
+    }
+
+    // Polls the nonblocking communicator until its last call (initialisation, an enqueue,
+    // finalize) has completed on the host; aborts it and throws PeerTimeoutError naming `what`
+    // after dist.timeout, DistributedError on an NCCL error.
+    void wait_ready(const char* what) {
+        const auto deadline = deadline_after(health_->timeout_s);
+        for (;;) {
+            ncclResult_t state = ncclSuccess;
+            NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
+            if (state == ncclSuccess) return;
+            if (state != ncclInProgress) {
+                health_->abort();
+                throw core::DistributedError(std::string(what) +
+                                             " failed: " + ncclGetErrorString(state) +
+                                             " (set NCCL_DEBUG=WARN for NCCL's reason)");
+            }
+            if (Clock::now() > deadline) throw health_->timed_out(what);
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
     }
 
     torch::Device device_;
     c10::cuda::CUDAStream stream_; // where our collectives run
     int rank_ = 0, size_ = 1;
     ncclComm_t comm_ = nullptr;
-    double timeout_s_ = 600;  // dist.timeout
-    std::mutex health_mutex_; // poll_async_error runs on the watchdog thread
-    bool aborted_ = false;    // by poll_async_error: nothing may be finalized
+    // dist.timeout and whether the communicator was aborted (poll_async_error runs on the
+    // watchdog thread; a timed-out wait aborts it): nothing may be finalized afterwards.
+    std::shared_ptr<NcclHealth> health_;
+    bool host_broken_ = false; // an allreduce_host timed out: its collective stays pending
     mutable std::mutex mutex_;
     std::map<std::string, CommStats> stats_;
 };
 
 } // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device) {
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device,
+                                                     double timeout_s) {
     if (!device.has_index()) device = torch::Device(torch::kCUDA, c10::cuda::current_device());
-    return std::make_unique<NcclCommunicator>(comm, device);
+    return std::make_unique<NcclCommunicator>(comm, device, timeout_s);
 }
 
 } // namespace trainscope::dist::detail

@@ -12,7 +12,8 @@
 namespace trainscope::dist::detail {
 
 #if TRAINSCOPE_HAVE_NCCL
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device);
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, torch::Device device,
+                                                     double timeout_s);
 #endif
 
 } // namespace trainscope::dist::detail

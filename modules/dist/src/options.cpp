@@ -28,8 +28,10 @@ void declare_options(core::OptionRegistry& registry) {
                        0.0, 1048576.0);
     // run.workload=comm: the communication benchmark (dist/comm_benchmark.hpp).
     registry.add_float("dist.timeout", 600,
-                       "seconds an NCCL collective may stay pending before the communicator is "
-                       "aborted and the run fails (NCCL's asynchronous errors are polled too)",
+                       "seconds a rank may wait for its peers (MPI and NCCL collectives and "
+                       "set-up, host syncs, checkpoint agreement, collective run-file writes) "
+                       "before the job is aborted naming the wait; a stopped or hung peer costs "
+                       "this long, so keep it above the slowest step, evaluation or checkpoint",
                        1.0, 1e7);
     registry.add_int("comm.min_bytes", 8, "comm benchmark: smallest message in bytes", 1);
     registry.add_int("comm.max_bytes", 268435456,
@@ -86,6 +88,7 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
         const double bytes = std::round(mb * 1024.0 * 1024.0);
         return bytes < 1 ? std::size_t{1} : static_cast<std::size_t>(bytes);
     };
+    o.timeout_s = config.get_float("dist.timeout");
     o.bucket_cap_bytes = cap_bytes("dist.bucket_mb", "MiB per gradient bucket", o.bucket_mb);
     o.first_bucket_cap_bytes =
         cap_bytes("dist.first_bucket_mb", "MiB of the first gradient bucket", o.first_bucket_mb);

@@ -3,11 +3,14 @@
 #include "trainscope/train/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
@@ -22,6 +26,7 @@
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/io/run_file.hpp"
+#include "trainscope/train/run_control.hpp"
 
 #if TRAINSCOPE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -36,6 +41,7 @@ namespace {
 constexpr const char* kManifest = "MANIFEST.json";
 constexpr const char* kPrefix = "ckpt-";
 constexpr const char* kPartialPrefix = ".partial-ckpt-";
+constexpr const char* kLock = ".lock";
 
 std::string dir_name(std::int64_t iteration) {
     std::ostringstream o;
@@ -80,6 +86,88 @@ std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std
     return found;
 }
 
+// Rank 0's exclusive lock on <dir>/.lock (see checkpoint.hpp); returns its descriptor, or -1 when
+// the file system does not support locks (a warning: concurrent jobs then go unnoticed). A lock
+// held by another process is retried for a few seconds: a job that was just killed may still be
+// torn down by the kernel when its successor (--resume) starts.
+int lock_checkpoint_dir(const std::string& dir) {
+    const std::string path = dir + "/" + kLock;
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        throw core::OutputError("checkpoint.dir = '" + dir + "': cannot create its lock file " +
+                                path + ": " + std::strerror(errno) +
+                                " (choose a writable directory)");
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err == EINTR) continue;
+        if (err != EWOULDBLOCK) {
+            core::log::warn() << "checkpoint.dir = '" << dir << "': cannot lock " << path << " ("
+                              << std::strerror(err)
+                              << "): a second job using the same directory would not be noticed";
+            ::close(fd);
+            return -1;
+        }
+        if (std::chrono::steady_clock::now() > give_up) {
+            std::ifstream f(path);
+            std::string holder;
+            std::getline(f, holder);
+            ::close(fd);
+            throw core::OutputError(
+                "checkpoint.dir = '" + dir + "' is in use by another job (" +
+                (holder.empty() ? std::string("its lock file ") + path : holder) +
+                "): two jobs writing one checkpoint directory would delete each other's "
+                "checkpoints and --resume could continue the wrong run. Give each job its own "
+                "checkpoint.dir, or wait until the other job has ended");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    const std::string holder = "pid " + std::to_string(::getpid()) + " on " + host + ", since " +
+                               io::utc_now_iso8601() + "\n";
+    if (::ftruncate(fd, 0) == 0) {
+        const ssize_t written = ::pwrite(fd, holder.data(), holder.size(), 0);
+        (void)written; // the holder's name is a courtesy; the lock is what protects
+    }
+    return fd;
+}
+
+// TRAINSCOPE_FAULT=checkpoint_stall:rank=R:iteration=I (a test hook): rank R writes the first half
+// of its archive for the checkpoint that resumes at iteration I, says so and hangs, so that a
+// test can kill it in the middle of the write.
+[[noreturn]] void stall_while_writing(torch::serialize::OutputArchive& out,
+                                      const std::string& file) {
+    std::ostringstream bytes;
+    out.save_to(bytes);
+    const std::string all = bytes.str();
+    {
+        std::ofstream f(file, std::ios::binary);
+        f.write(all.data(), static_cast<std::streamsize>(all.size() / 2));
+    }
+    sync_path(file);
+    core::log::warn() << "TRAINSCOPE_FAULT: stalling while writing " << file << " ("
+                      << all.size() / 2 << " of " << all.size() << " bytes written)";
+    for (;;)
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// `text` with every byte outside printable ASCII as \xNN: the JSON parser's messages quote what
+// it read, and a damaged manifest's bytes must not reach the terminal or the log raw.
+std::string printable(const std::string& text) {
+    std::string out;
+    for (const unsigned char c : text) {
+        if (c >= 0x20 && c < 0x7f) {
+            out += static_cast<char>(c);
+        } else {
+            char hex[8];
+            std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+            out += hex;
+        }
+    }
+    return out;
+}
+
 CheckpointManifest parse_manifest(const std::string& dir, const std::string& text) {
     CheckpointManifest m;
     m.path = dir;
@@ -95,7 +183,7 @@ CheckpointManifest parse_manifest(const std::string& dir, const std::string& tex
             m.config.emplace_back(k, v.get<std::string>());
     } catch (const nlohmann::json::exception& e) {
         throw core::InputError("checkpoint manifest " + dir + "/" + kManifest +
-                               " is not valid: " + e.what() +
+                               " is not valid: " + printable(e.what()) +
                                " (delete that checkpoint directory to resume from an older one)");
     }
     return m;
@@ -113,14 +201,19 @@ bool may_differ_on_resume(const std::string& key) {
 Checkpointer::Checkpointer(std::string dir, int keep, MPI_Comm world, const core::Config& config,
                            std::string run_file, int restart_index)
     : dir_(std::move(dir)), keep_(keep), world_(world), config_(config),
-      run_file_(std::move(run_file)), restart_index_(restart_index) {
+      run_file_(std::move(run_file)), restart_index_(restart_index),
+      timeout_s_(config.get_float("dist.timeout")) {
     MPI_Comm_rank(world, &rank_);
     MPI_Comm_size(world, &size_);
     if (!enabled()) return;
     // Checked at start, so a wrong directory fails now and not at the first checkpoint hours in.
-    dist::agree_on_errors(world_, [&] {
+    agree([&] {
         if (rank_ != 0) return;
         std::error_code ec;
+        if (fs::exists(dir_, ec) && !fs::is_directory(dir_, ec))
+            throw core::OutputError("checkpoint.dir = '" + dir_ +
+                                    "' exists but is not a directory (a file?): give a "
+                                    "directory, or a path that does not exist yet");
         fs::create_directories(dir_, ec);
         if (ec || !fs::is_directory(dir_))
             throw core::OutputError("checkpoint.dir = '" + dir_ + "' cannot be created: " +
@@ -129,7 +222,16 @@ Checkpointer::Checkpointer(std::string dir, int keep, MPI_Comm world, const core
         if (::access(dir_.c_str(), W_OK | X_OK) != 0)
             throw core::OutputError("checkpoint.dir = '" + dir_ + "' is not writable: " +
                                     std::strerror(errno) + " (choose a writable directory)");
+        lock_fd_ = lock_checkpoint_dir(dir_);
     });
+}
+
+Checkpointer::~Checkpointer() {
+    if (lock_fd_ >= 0) ::close(lock_fd_); // releases the flock
+}
+
+void Checkpointer::agree(const std::function<void()>& fn) const {
+    dist::agree_on_errors(world_, fn, timeout_s_);
 }
 
 std::string Checkpointer::save(std::int64_t next_iteration,
@@ -142,8 +244,10 @@ std::string Checkpointer::save(std::int64_t next_iteration,
                                  " (free space in checkpoint.dir or choose another one; the "
                                  "previous checkpoint is kept)");
     };
+    // Every step ends in an agreement of all ranks, bounded by dist.timeout: a rank that stalls
+    // while writing costs its peers that long, not forever.
     // 1. rank 0 prepares an empty partial directory (left-overs of a crashed save are removed).
-    dist::agree_on_errors(world_, [&] {
+    agree([&] {
         if (rank_ != 0) return;
         std::error_code ec;
         for (const auto& e : fs::directory_iterator(dir_, ec))
@@ -153,12 +257,15 @@ std::string Checkpointer::save(std::int64_t next_iteration,
         if (ec) throw fail("cannot create " + partial, ec);
     });
     // 2. every rank writes and syncs its archive.
-    dist::agree_on_errors(world_, [&] {
+    agree([&] {
         torch::serialize::OutputArchive out;
         write_int(out, "next_iteration", next_iteration);
         write_int(out, "rank", rank_);
         fill(out);
         const std::string file = rank_file(partial, rank_);
+        if (FaultInjection::from_environment().fires(FaultInjection::Kind::CheckpointStall, rank_,
+                                                     next_iteration))
+            stall_while_writing(out, file);
         try {
             out.save_to(file);
         } catch (const c10::Error& e) {
@@ -169,7 +276,7 @@ std::string Checkpointer::save(std::int64_t next_iteration,
         sync_path(file);
     });
     // 3. rank 0 seals it: manifest, sync, atomic rename, sync the parent, prune old ones.
-    dist::agree_on_errors(world_, [&] {
+    agree([&] {
         if (rank_ != 0) return;
         nlohmann::json j;
         j["format"] = "trainscope-checkpoint/1";
@@ -213,15 +320,21 @@ std::string Checkpointer::save(std::int64_t next_iteration,
     return final_dir;
 }
 
-CheckpointManifest Checkpointer::find_latest(const std::string& dir, MPI_Comm world) {
+CheckpointManifest Checkpointer::find_latest(const std::string& dir, MPI_Comm world,
+                                             double timeout_s) {
     int rank = 0;
     MPI_Comm_rank(world, &rank);
     std::string text, path;
-    dist::agree_on_errors(world, [&] {
+    // Rank 0 looks; every rank gets the verdict.
+    const auto look = [&] {
         if (dir.empty())
             throw core::ConfigError("--resume needs checkpoint.dir: the directory the "
                                     "interrupted run wrote its checkpoints to");
         if (rank != 0) return;
+        if (fs::exists(dir) && !fs::is_directory(dir))
+            throw core::InputError("--resume: checkpoint.dir = '" + dir +
+                                   "' is not a directory (a file?): give the directory the "
+                                   "interrupted run wrote its checkpoints to");
         if (!fs::is_directory(dir))
             throw core::InputError("--resume: checkpoint.dir = '" + dir +
                                    "' does not exist (run without --resume to start afresh)");
@@ -236,9 +349,10 @@ CheckpointManifest Checkpointer::find_latest(const std::string& dir, MPI_Comm wo
         s << f.rdbuf();
         text = s.str();
         parse_manifest(path, text); // a broken manifest fails here, on every rank
-    });
-    text = core::broadcast_string(world, text, 0);
-    path = core::broadcast_string(world, path, 0);
+    };
+    dist::agree_on_errors(world, look, timeout_s);
+    text = core::broadcast_string(world, text, 0, timeout_s);
+    path = core::broadcast_string(world, path, 0, timeout_s);
     return parse_manifest(path, text);
 }
 

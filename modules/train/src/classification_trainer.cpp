@@ -417,7 +417,9 @@ StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer&
 bool ClassificationTrainer::local_nonfinite(const StepResult&) {
     State& s = *s_;
     // The loss scaler handles its own inf/NaN steps.
-    return !s.scaler->enabled() && !all_finite(s.loss, s.params);
+    if (s.scaler->enabled()) return false;
+    s.comm.synchronize("the non-finite check"); // NCCL: its host read, bounded by dist.timeout
+    return !all_finite(s.loss, s.params);
 }
 
 bool ClassificationTrainer::apply(bool skip, double& optimizer_peak) {

@@ -22,7 +22,10 @@ class CommWorkload final : public Workload {
 
     void build() override {
         dist::agree_on_errors(env_.world, [&] {
-            comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device);
+            // MPI: the benchmark runs at MPI_THREAD_SINGLE and times MPI's blocking calls on this
+            // thread, so dist.timeout bounds only NCCL here (see Communicator::set_timeout).
+            comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
+                                            env_.dist.timeout_s);
         });
     }
 

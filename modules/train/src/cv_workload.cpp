@@ -184,11 +184,13 @@ void CvWorkload::build() {
                                     to_string(env_.strategy) + ", " +
                                     std::to_string(layout.world_size) +
                                     " ranks): use a smaller batch or data.drop_last=false");
-        comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device);
+        comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
+                                        env_.dist.timeout_s);
     });
     if (env_.strategy == Strategy::Pipeline) // collective: splits the world into pipe and dp groups
-        t.pipeline = std::shared_ptr<PipelineGroups>(new PipelineGroups(make_pipeline_groups(
-            env_.world, layout.stages, env_.dist.backend, env_.device.device)));
+        t.pipeline = std::shared_ptr<PipelineGroups>(
+            new PipelineGroups(make_pipeline_groups(env_.world, layout.stages, env_.dist.backend,
+                                                    env_.device.device, env_.dist.timeout_s)));
 
     const auto image_size = c.get_int("cv.image_size");
     torch::manual_seed(c.get_int("run.seed"));

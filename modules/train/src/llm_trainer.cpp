@@ -468,6 +468,7 @@ bool LlmTrainer::local_nonfinite(const StepResult&) {
     State& s = *s_;
     // The loss scaler handles its own inf/NaN steps.
     if (s.scaler->enabled()) return false;
+    s.comm.synchronize("the non-finite check"); // NCCL: its host read, bounded by dist.timeout
     if (s.zero) return !all_finite(s.loss_acc, {}) || !s.zero->shard_gradients_finite();
     return !all_finite(s.loss_acc, s.m.trainable);
 }

@@ -108,7 +108,8 @@ void LlmWorkload::build() {
         tokenizer_ = data::load_tokenizer(l_.tokenizer);
         llama_ = resolve_llama_config(l_, tokenizer_->vocab_size());
         text_ = std::make_unique<data::TextDataset>(l_.dataset, *tokenizer_);
-        comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device);
+        comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
+                                        env_.dist.timeout_s);
     });
     dataset_description_ =
         std::string(data::to_string(l_.dataset.format)) + " " + l_.dataset.path + " (" +

@@ -14,6 +14,7 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/prof/phase_timer.hpp"
@@ -55,7 +56,8 @@ FaultInjection FaultInjection::from_environment() {
     const std::string text = env;
     auto bad = [&] {
         return core::ConfigError("TRAINSCOPE_FAULT='" + text +
-                                 "' (a test hook): expected stall|nonfinite:rank=R:iteration=I");
+                                 "' (a test hook): expected "
+                                 "stall|nonfinite|checkpoint_stall|flush_stall:rank=R:iteration=I");
     };
     std::istringstream in(text);
     std::string part;
@@ -64,6 +66,10 @@ FaultInjection FaultInjection::from_environment() {
         f.kind = Kind::Stall;
     else if (part == "nonfinite")
         f.kind = Kind::NonFinite;
+    else if (part == "checkpoint_stall")
+        f.kind = Kind::CheckpointStall;
+    else if (part == "flush_stall")
+        f.kind = Kind::FlushStall;
     else
         throw bad();
     while (std::getline(in, part, ':')) {
@@ -114,9 +120,18 @@ void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tens
         loss = loss * std::numeric_limits<double>::quiet_NaN();
 }
 
+void inject_flush_fault(const RunControl& control, std::int64_t last_iteration) {
+    const FaultInjection& f = control.fault();
+    if (f.kind == FaultInjection::Kind::FlushStall && f.rank == control.rank() &&
+        last_iteration >= f.iteration)
+        for (;;)
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 RunControlOptions RunControlOptions::from_config(const core::Config& c) {
     RunControlOptions o;
     o.iteration_timeout_s = c.get_float("run.iteration_timeout");
+    o.peer_timeout_s = c.get_float("dist.timeout");
     o.skip_nonfinite = c.get_string("run.nonfinite") == "skip";
     o.checkpointing = !c.get_string("checkpoint.dir").empty();
     const std::string every = c.get_string("checkpoint.every");
@@ -160,7 +175,8 @@ RunControl::RunControl(const RunControlOptions& options, MPI_Comm world,
     MPI_Comm_size(world, &size_);
     fault_ = FaultInjection::from_environment();
     stop_signals::install();
-    if (o_.iteration_timeout_s > 0 || comm_) watchdog_ = std::thread([this] { watch(); });
+    if (o_.iteration_timeout_s > 0 || o_.peer_timeout_s > 0 || comm_)
+        watchdog_ = std::thread([this] { watch(); });
 }
 
 RunControl::~RunControl() {
@@ -190,6 +206,17 @@ void RunControl::begin_activity(const char* what) {
 void RunControl::idle() {
     std::lock_guard<std::mutex> lock(mutex_);
     armed_ = false;
+}
+
+void RunControl::begin_peer_wait(const char* what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peer_wait_ = what;
+    peer_wait_since_ = std::chrono::steady_clock::now();
+}
+
+void RunControl::end_peer_wait() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peer_wait_ = nullptr;
 }
 
 Verdict RunControl::agree(std::int64_t iteration, bool local_nonfinite) {
@@ -242,6 +269,10 @@ void RunControl::watch() {
                             "; aborting the job so that no rank waits "
                             "forever");
         }
+        if (peer_wait_ && o_.peer_timeout_s > 0 &&
+            duration<double>(steady_clock::now() - peer_wait_since_).count() > o_.peer_timeout_s)
+            abort_world(std::string(core::to_string(core::ErrorKind::Distributed)) + ": " +
+                        core::peer_timeout_message(peer_wait_, o_.peer_timeout_s));
         if (!armed_ || o_.iteration_timeout_s <= 0) continue;
         const double waited = duration<double>(steady_clock::now() - since_).count();
         if (waited <= o_.iteration_timeout_s) continue;

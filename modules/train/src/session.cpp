@@ -150,7 +150,8 @@ void Session::open_run_file() {
     int restart_index = 0;
     if (s.resume) {
         // The newest complete checkpoint, checked against this configuration on every rank.
-        s.env.resumed = Checkpointer::find_latest(c.get_string("checkpoint.dir"), world);
+        s.env.resumed =
+            Checkpointer::find_latest(c.get_string("checkpoint.dir"), world, s.env.dist.timeout_s);
         dist::agree_on_errors(
             world, [&] { Checkpointer::check_compatible(*s.env.resumed, c, topo.world_size); });
         restart_index = s.env.resumed->restart_index + 1;

@@ -41,6 +41,7 @@ TrainingLoop::TrainingLoop(const LoopOptions& options, TrainStep& step, dist::Co
 
 void TrainingLoop::resolve_pending() {
     if (pending_.empty()) return;
+    comm_.synchronize("the loss resolution"); // NCCL: the host read below, bounded
     step_.resolve(pending_);
     const std::vector<int> columns = step_.metric_columns();
     for (const DeferredStep& d : pending_) {
@@ -60,7 +61,11 @@ void TrainingLoop::resolve_pending() {
 
 void TrainingLoop::flush() {
     resolve_pending();
-    if (recorder_) recorder_->flush();
+    if (!recorder_) return;
+    if (control_) inject_flush_fault(*control_, last_resolved_.iteration);
+    // Collective HDF5 writes wait inside MPI-IO for every rank, with no deadline of their own.
+    RunControl::PeerWait wait(control_, "a run-file flush (collective HDF5 write of every rank)");
+    recorder_->flush();
 }
 
 void TrainingLoop::progress_line(std::int64_t iteration, std::int64_t epoch) {
@@ -93,6 +98,7 @@ void TrainingLoop::checkpoint(std::int64_t next_iteration) {
     flush(); // the file holds every iteration the checkpoint covers
     control_->begin_activity("checkpoint write");
     const auto t0 = Clock::now();
+    comm_.synchronize("a checkpoint write"); // NCCL: the state's copy to the host, bounded
     const std::string dir = step_.save_checkpoint(*checkpointer_, next_iteration);
     control_->checkpoint_written();
     control_->idle();
@@ -214,6 +220,7 @@ void TrainingLoop::run() {
         ev.val_loss = ev.val_accuracy = kNaN;
         if (step_.evaluates()) {
             if (control_) control_->begin_activity("evaluation");
+            comm_.synchronize("the evaluation");
             std::tie(ev.val_loss, ev.val_accuracy) = step_.evaluate();
             if (control_) control_->idle();
             core::log::info() << "epoch " << epoch + 1 << "/" << step_.epochs() << "  train_loss "

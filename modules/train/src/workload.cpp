@@ -123,7 +123,6 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
                       static_cast<int>(warmup), extra_columns());
     recorder.set_telemetry(&telemetry);
     recorder.declare_buckets(bucket_bytes());
-    comm.set_timeout(env_.cfg.get_float("dist.timeout"));
     RunControl control(RunControlOptions::from_config(env_.cfg), env_.world, &timer, &comm);
 
     LoopOptions lo;
@@ -139,6 +138,9 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
     telemetry.stop();
     const double wall =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Collective writes of the run file's tables wait for every rank inside MPI-IO.
+    RunControl::PeerWait wait(&control, "writing the run file's profile, telemetry and summary "
+                                        "(collective HDF5 writes of every rank)");
     write_profile(file, window);
     write_telemetry(file, telemetry, env_.world);
     after_training(file);

@@ -45,6 +45,12 @@ struct OutputError : Error {
 struct DistributedError : Error {
     explicit DistributedError(const std::string& m) : Error(ErrorKind::Distributed, m) {}
 };
+// A wait for the peers that exceeded dist.timeout (core::wait_for_peers and the communicators):
+// the peers cannot be reached, so nothing may try to agree with them about it (agree_on_errors
+// rethrows it at once) and the job is aborted.
+struct PeerTimeoutError : DistributedError {
+    explicit PeerTimeoutError(const std::string& m) : DistributedError(m) {}
+};
 struct NumericalError : Error {
     explicit NumericalError(const std::string& m) : Error(ErrorKind::Numerical, m) {}
 };

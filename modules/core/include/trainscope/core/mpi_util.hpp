@@ -1,12 +1,13 @@
-// The torch-free MPI helpers every module shares, in one place: MPI_CHECK, string broadcast and
-// allgather, the lowest failing rank's message, and agree_on_errors (every rank fails together
-// with the same typed error, or none does). io, prof, dist and train use these instead of their
-// own copies.
+// The torch-free MPI helpers every module shares, in one place: MPI_CHECK, the bounded wait for
+// peers (dist.timeout), string broadcast and allgather, the lowest failing rank's message, and
+// agree_on_errors (every rank fails together with the same typed error, or none does). io, prof,
+// dist and train use these instead of their own copies.
 #pragma once
 
 #include <mpi.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,49 @@ namespace trainscope::core {
 // default MPI_ERRORS_ARE_FATAL aborts before we could report).
 void mpi_check(int code, const char* call, const char* file, int line);
 
+// A wait on peers (dist.timeout, in seconds) ------------------------------------------------------
+// A rank that waits for its peers inside a blocking MPI call waits forever when one of them is
+// stopped (SIGSTOP, a hung file system, a swapping node) without dying: MPI notices dead processes,
+// not stalled ones. So the waits of a training run have a deadline: the communicators' (see
+// dist/communicator.hpp), these helpers' (nonblocking calls completed by wait_for_peers) and the
+// watchdog's for collective file writes (train/run_control.hpp).
+
+// The message of a wait on peers that exceeded its limit: names the wait, dist.timeout and what to
+// do. Shared with the watchdog, which bounds waits inside libraries (collective HDF5 writes).
+std::string peer_timeout_message(const std::string& what, double timeout_s);
+
+// Completes `request` (a nonblocking operation that peers must join) by polling MPI_Test, which is
+// also what makes Open MPI progress it. The poll spins for the first 2 ms (a collective about to
+// complete keeps its latency), then yields the core between polls, and after 20 ms sleeps 50 us
+// growing to 250 us between polls, so a long wait for a late peer does not take a core from
+// computation (~4000 wake-ups/s at most) and adds at most 250 us once the peer arrives (Open MPI
+// progresses the operation only inside MPI_Test, on both sides).
+// When timeout_s > 0 and the request is still pending after timeout_s seconds, throws
+// PeerTimeoutError(peer_timeout_message(what, timeout_s)); the request stays pending (MPI cannot
+// cancel a collective), so the communicator it belongs to cannot be used again: the caller lets
+// the error end the job (main aborts the world, so no peer is left waiting either).
+// timeout_s <= 0 waits without limit.
+void wait_for_peers(MPI_Request& request, double timeout_s, const char* what);
+
+// wait_for_peers for a request whose buffers `keep` owns: when the wait times out, a late peer may
+// still make MPI write into (or read from) them, so `keep` is released on purpose and never freed
+// (the job is being aborted). Allocate the buffers of a bounded nonblocking call this way, never
+// on the stack.
+template <class T>
+void wait_for_peers(MPI_Request& request, std::unique_ptr<T>& keep, double timeout_s,
+                    const char* what) {
+    try {
+        wait_for_peers(request, timeout_s, what);
+    } catch (...) {
+        (void)keep.release(); // leaked: see above
+        throw;
+    }
+}
+
 // Collective over comm: rank `root`'s string on every rank (any length: sent in pieces).
-std::string broadcast_string(MPI_Comm comm, const std::string& text, int root = 0);
+// timeout_s bounds the wait for the peers as in wait_for_peers (0: no limit).
+std::string broadcast_string(MPI_Comm comm, const std::string& text, int root = 0,
+                             double timeout_s = 0);
 // Collective over comm: every rank's string, in rank order, on every rank.
 std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine);
 // Collective over comm, for a step that may fail on some ranks only: "" when local_error is empty
@@ -27,6 +69,8 @@ std::string first_failure(MPI_Comm comm, const std::string& local_error);
 
 // Runs `fn` on every rank of `comm`, then agrees (one MPI_Allgather) on whether any rank threw.
 // - nobody threw: returns normally;
+// - this rank's wait for its peers timed out (PeerTimeoutError): rethrown at once, unmarked (the
+//   peers cannot take part in an agreement);
 // - this rank threw: rethrows its own error, marked collective (a std::exception that is not a
 //   core::Error becomes a core::InternalError with the same message);
 // - another rank threw: throws an error of the *same kind* as the lowest failing rank's (so every
@@ -35,8 +79,9 @@ std::string first_failure(MPI_Comm comm, const std::string& local_error);
 //   several).
 // Use it around configuration, data and output checks, so that every rank can report and finalize
 // MPI cleanly instead of one rank calling MPI_Abort. `fn` must not itself communicate in a way
-// that a failing rank would skip.
-void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn);
+// that a failing rank would skip. timeout_s bounds the agreement's wait for the peers as in
+// wait_for_peers (0: no limit; pass dist.timeout where it is known, e.g. checkpoint writes).
+void agree_on_errors(MPI_Comm comm, const std::function<void()>& fn, double timeout_s = 0);
 
 } // namespace trainscope::core
 

@@ -22,8 +22,9 @@ class Work {
   public:
     virtual ~Work() = default;
     // MPI: blocks until the collective finished and its result is in the tensor; rethrows its
-    // error. NCCL: makes the caller's current CUDA stream wait for it (no host synchronisation), so
-    // work queued afterwards on that stream sees the result.
+    // error; with a timeout (Communicator::set_timeout) gives up after it with
+    // core::PeerTimeoutError. NCCL: makes the caller's current CUDA stream wait for it (no host
+    // synchronisation), so work queued afterwards on that stream sees the result.
     virtual void wait() = 0;
     virtual bool completed() = 0; // non-blocking query
     // Seconds the collective itself took where it ran, for communication accounting. MPI: from
@@ -96,16 +97,31 @@ class Communicator {
     // error, after which the communicator is aborted). MPI reports its errors synchronously
     // (MPI_ERRORS_ARE_FATAL), so its default is always healthy.
     virtual std::string poll_async_error() { return ""; }
-    // Seconds a host-side wait for one collective may take before the communicator is aborted
-    // and the wait throws DistributedError (dist.timeout; NCCL only, MPI blocks in the library).
+    // dist.timeout: seconds any host-side wait for the peers may take (0: no limit; the factory
+    // sets it). A wait that exceeds it throws core::PeerTimeoutError naming the operation, and
+    // the communicator cannot be used again (NCCL: it is aborted; MPI: the pending collective
+    // cannot be cancelled); the error is meant to end the job with MPI_Abort. MPI: every
+    // collective and point-to-point call and Work::wait/seconds (collectives then run on the
+    // progress thread, see communicator.cpp; needs MPI_THREAD_SERIALIZED, at MPI_THREAD_SINGLE
+    // waits stay unbounded). NCCL: communicator initialisation, host waits (barrier,
+    // Work::seconds, synchronize) and allreduce_host.
     virtual void set_timeout(double /*seconds*/) {}
+    // Blocks the host until the work queued so far on the caller's current CUDA stream has
+    // finished, the collectives it waits for included; throws core::PeerTimeoutError naming
+    // `what` after dist.timeout (NCCL: its asynchronous errors are polled meanwhile and the
+    // communicator is aborted on expiry). Call it before a host read of device results (the
+    // loss, the non-finite check, a checkpoint): the read's own synchronisation would block in
+    // the CUDA driver forever when a peer stalls. MPI: returns at once (its collectives complete
+    // on the host, with the timeout of set_timeout).
+    virtual void synchronize(const char* /*what*/) {}
 };
 
 // backend "mpi" or "nccl". Collective over `comm` (duplicates it, so user traffic on `comm` never
 // mixes with ours). "mpi" needs MPI_THREAD_SERIALIZED and accepts host tensors (CUDA tensors are
-// staged through host memory); "nccl" needs a CUDA `device` and a build with NCCL. Errors are
-// ConfigError (impossible choice) or DistributedError (MPI/NCCL failure).
+// staged through host memory); "nccl" needs a CUDA `device` and a build with NCCL. timeout_s:
+// dist.timeout (see set_timeout; 0: no limit), which also bounds NCCL's initialisation. Errors
+// are ConfigError (impossible choice) or DistributedError (MPI/NCCL failure, PeerTimeoutError).
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                torch::Device device);
+                                                torch::Device device, double timeout_s = 0);
 
 } // namespace trainscope::dist

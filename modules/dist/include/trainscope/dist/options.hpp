@@ -25,6 +25,9 @@ struct DistOptions {
     // min(first, bucket cap)), as DDP's dist._DEFAULT_FIRST_BUCKET_BYTES.
     double first_bucket_mb = 1;
     std::size_t first_bucket_cap_bytes = 0; // first_bucket_mb * 2^20, at least 1
+    // dist.timeout: seconds any wait for the peers may take (communicators, checkpoint
+    // agreement, collective run-file writes; see docs/faults.md).
+    double timeout_s = 600;
 };
 
 // Resolves the "auto" values. `visible_cuda_devices` is what this process sees (pass

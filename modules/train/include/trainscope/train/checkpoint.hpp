@@ -6,6 +6,9 @@
 //   rename .partial-ckpt-<iteration> -> ckpt-<iteration> (atomic), fsync <dir>, then the oldest
 //   complete checkpoints beyond checkpoint.keep are deleted.
 // A checkpoint is complete iff its directory is named ckpt-* and holds MANIFEST.json.
+// One job at a time: rank 0 holds an exclusive flock on <dir>/.lock for the job's lifetime (the
+// kernel drops it when the process ends, however it ends), so a second job given the same
+// directory is refused at start instead of deleting the first one's checkpoints.
 // State that every rank holds identically (data-parallel model and optimizer) is written once, by
 // the rank the trainer names as its source; per-rank state (RNG, ZeRO shards) by every rank.
 #pragma once
@@ -41,9 +44,14 @@ bool may_differ_on_resume(const std::string& key);
 
 class Checkpointer {
   public:
-    // dir: checkpoint.dir (empty: disabled). Collective over world.
+    // dir: checkpoint.dir (empty: disabled). Collective over world: creates the directory, checks
+    // that it is writable and takes its lock (OutputError on every rank otherwise, e.g. when
+    // another job holds it). The collectives of save() wait for the peers at most dist.timeout.
     Checkpointer(std::string dir, int keep, MPI_Comm world, const core::Config& config,
                  std::string run_file, int restart_index);
+    ~Checkpointer(); // releases the lock
+    Checkpointer(const Checkpointer&) = delete;
+    Checkpointer& operator=(const Checkpointer&) = delete;
     bool enabled() const { return !dir_.empty(); }
     const std::string& dir() const { return dir_; }
 
@@ -54,8 +62,10 @@ class Checkpointer {
                      const std::function<void(torch::serialize::OutputArchive&)>& fill);
 
     // Collective: the newest complete checkpoint in dir (rank 0 looks, everyone gets its
-    // manifest). Throws InputError when there is none, naming the directory.
-    static CheckpointManifest find_latest(const std::string& dir, MPI_Comm world);
+    // manifest). Throws InputError when there is none, naming the directory. timeout_s bounds
+    // the wait for the peers (dist.timeout; 0: no limit).
+    static CheckpointManifest find_latest(const std::string& dir, MPI_Comm world,
+                                          double timeout_s = 0);
     // Collective: a ConfigError naming every option that differs (and the world size) unless
     // the configuration resumes what the checkpoint saved.
     static void check_compatible(const CheckpointManifest& m, const core::Config& config,
@@ -64,6 +74,9 @@ class Checkpointer {
     static void load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in);
 
   private:
+    // agree_on_errors over world_ with dist.timeout as the limit of the wait for the peers.
+    void agree(const std::function<void()>& fn) const;
+
     std::string dir_;
     int keep_;
     MPI_Comm world_;
@@ -71,6 +84,8 @@ class Checkpointer {
     const core::Config& config_;
     std::string run_file_;
     int restart_index_;
+    double timeout_s_ = 0; // dist.timeout
+    int lock_fd_ = -1;     // rank 0: <dir>/.lock, flock'ed
 };
 
 // RNG states of this process (CPU generator, and the CUDA generator of `cuda_index` >= 0).

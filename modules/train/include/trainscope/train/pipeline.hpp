@@ -87,9 +87,9 @@ struct PipelineGroups {
     std::unique_ptr<dist::Communicator> pipe; // the ranks of this replica, rank() == stage
     std::unique_ptr<dist::Communicator> dp;   // this stage across replicas, rank() == replica
 };
-// Collective over `world`. backend/device as for dist::make_communicator.
+// Collective over `world`. backend/device/timeout_s as for dist::make_communicator.
 PipelineGroups make_pipeline_groups(MPI_Comm world, int stages, const std::string& backend,
-                                    torch::Device device);
+                                    torch::Device device, double timeout_s = 0);
 
 // One stage of the network: the units [first_unit, last_unit] of a full MobileNetV2, shared with
 // it (not copied), so every rank can build the full model with the run's seed and keep its own

@@ -1,6 +1,7 @@
 // Run control: what keeps a job safe on a shared cluster. SIGTERM/SIGUSR1/SIGINT become a request
 // to stop at the next iteration boundary (a second signal ends the process at once); a watchdog
-// thread aborts the world when an iteration stalls or the communicator fails asynchronously; and
+// thread aborts the world when an iteration stalls, the communicator fails asynchronously or a
+// wait for the peers inside a library (collective HDF5 writes) exceeds dist.timeout; and
 // once per iteration all ranks agree, in one small allreduce, on non-finite values, stop requests
 // and whether a checkpoint is due, so that every rank takes the same decision at the same step.
 #pragma once
@@ -35,11 +36,15 @@ void install();
 int received(); // the first signal's number, 0 when none arrived
 } // namespace stop_signals
 
-// Test hook (never set by users): TRAINSCOPE_FAULT="stall|nonfinite:rank=R:iteration=I" makes rank
-// R hang in the forward phase of iteration I, or turn its loss into NaN there, so that the
-// watchdog and run.nonfinite can be tested on real runs.
+// Test hook (never set by users):
+// TRAINSCOPE_FAULT="stall|nonfinite|checkpoint_stall|flush_stall:rank=R:iteration=I" makes rank R
+// hang in the forward phase of iteration I, or turn its loss into NaN there, or hang half-way
+// through writing its file of the checkpoint that resumes at iteration I (checkpoint.cpp), or hang
+// before the first run-file flush that holds iteration I (so that its peers wait inside the
+// collective HDF5 write), so that the watchdog, run.nonfinite, a crash during a checkpoint write
+// and dist.timeout around collective I/O can be tested on real runs.
 struct FaultInjection {
-    enum class Kind { None, Stall, NonFinite } kind = Kind::None;
+    enum class Kind { None, Stall, NonFinite, CheckpointStall, FlushStall } kind = Kind::None;
     int rank = -1;
     std::int64_t iteration = -1;
     static FaultInjection from_environment(); // throws ConfigError on a malformed value
@@ -50,6 +55,7 @@ struct FaultInjection {
 
 struct RunControlOptions {
     double iteration_timeout_s = 1800; // 0: no watchdog
+    double peer_timeout_s = 600;       // dist.timeout: bounds begin_peer_wait .. end_peer_wait
     bool skip_nonfinite = false;       // run.nonfinite=skip
     bool checkpointing = false;        // checkpoint.dir set
     std::int64_t checkpoint_every_iters = 0;
@@ -74,9 +80,27 @@ bool all_finite(const torch::Tensor& loss, const std::vector<torch::Tensor>& par
 [[noreturn]] void throw_nonfinite(std::int64_t iteration);
 // TRAINSCOPE_FAULT at this point of the forward phase: hangs, or makes `loss` NaN.
 void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tensor& loss);
+// TRAINSCOPE_FAULT=flush_stall at a run-file flush holding iterations up to `last_iteration`.
+void inject_flush_fault(const RunControl& control, std::int64_t last_iteration);
 
 class RunControl {
   public:
+    // RAII for begin_peer_wait/end_peer_wait; a null control does nothing.
+    class PeerWait {
+      public:
+        PeerWait(RunControl* control, const char* what) : control_(control) {
+            if (control_) control_->begin_peer_wait(what);
+        }
+        ~PeerWait() {
+            if (control_) control_->end_peer_wait();
+        }
+        PeerWait(const PeerWait&) = delete;
+        PeerWait& operator=(const PeerWait&) = delete;
+
+      private:
+        RunControl* control_;
+    };
+
     // timer: where the watchdog reads the current phase (may be null); comm: polled for
     // asynchronous failures (may be null). Starts the watchdog thread when a timeout is set.
     RunControl(const RunControlOptions& options, MPI_Comm world, const prof::PhaseTimer* timer,
@@ -94,6 +118,13 @@ class RunControl {
     void begin_iteration(std::int64_t iteration);
     void begin_activity(const char* what);
     void idle();
+
+    // A wait for the peers inside a library that has no deadline of its own (the collective HDF5
+    // writes of a run-file flush wait inside MPI-IO for every rank): the watchdog ends the job
+    // (exit 5) when it lasts longer than dist.timeout, naming `what` (a literal: it must outlive
+    // the wait). Independent of the iteration clock; not nested.
+    void begin_peer_wait(const char* what);
+    void end_peer_wait();
 
     // Collective over the world, once per iteration after the gradients are final and before the
     // optimizer step: one MPI_Allreduce (max) of this rank's flags.
@@ -120,6 +151,8 @@ class RunControl {
     std::int64_t iteration_ = -1;
     std::string activity_; // "" inside an iteration
     std::chrono::steady_clock::time_point since_;
+    const char* peer_wait_ = nullptr; // begin_peer_wait's `what` while one is open
+    std::chrono::steady_clock::time_point peer_wait_since_;
     std::thread watchdog_;
 };
 
