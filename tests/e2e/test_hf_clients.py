@@ -246,20 +246,21 @@ def truncated(hf, tmp):
     return d
 
 
-def config_edit(kind, edit):
+def edited(kind, editor, edit):
+    """A case's setup: a copy of the `kind` model with editor(dir, edit) applied."""
     def setup(hf, tmp):
         d = copy_of(hf, kind, tmp)
-        edit_config(d, edit)
+        editor(d, edit)
         return d
     return setup
+
+
+def config_edit(kind, edit):
+    return edited(kind, edit_config, edit)
 
 
 def tensors_edit(kind, edit):
-    def setup(hf, tmp):
-        d = copy_of(hf, kind, tmp)
-        edit_tensors(d, edit)
-        return d
-    return setup
+    return edited(kind, edit_tensors, edit)
 
 
 def not_json(hf, tmp):
