@@ -82,10 +82,21 @@ void declare_llm_options(core::OptionRegistry& r) {
                  "PEFT adapter directory for the trained LoRA adapters (adapter_model.safetensors "
                  "+ adapter_config.json): auto = beside the run file (<output.file>.adapter), none "
                  "= not saved, or a directory path");
-    r.add_choice("dist.zero", "0", {"0", "1", "2"},
-                 "ZeRO sharding for full-weight training (llm.method=full, or qat without LoRA): 1 "
-                 "= optimizer state sharded (reduce-scatter "
-                 "gradients, step the shard, all-gather parameters); 2 = gradients sharded too");
+    r.add_choice("dist.zero", "0", {"0", "1", "2", "3"},
+                 "ZeRO sharding over the data-parallel ranks: 1 = optimizer state sharded "
+                 "(full-weight training: reduce-scatter gradients, step the shard, all-gather "
+                 "parameters); 2 = gradients sharded too; 3 = parameters sharded too (FSDP as "
+                 "torchtune's distributed recipes run it, every llm.method: one flat shard per "
+                 "decoder layer, the embedding and the head, all-gathered before a unit's forward "
+                 "and backward, gradients reduce-scattered per unit)");
+    r.add_bool("dist.reshard_after_forward", true,
+               "dist.zero=3: free a unit's gathered parameters after its forward and all-gather "
+               "them again for its backward (FSDP's reshard_after_forward); false keeps them from "
+               "forward to backward (less communication, more memory)");
+    r.add_bool("dist.prefetch", true,
+               "dist.zero=3: issue the next unit's all-gather before the current unit computes "
+               "(forward and backward), so communication overlaps compute; false gathers each "
+               "unit when it is needed");
 }
 
 LlmMethod parse_llm_method(const std::string& name) {
@@ -206,12 +217,15 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
     o.activation_checkpointing = c.get_bool("llm.activation_checkpointing");
     o.gradient_accumulation = c.get_int("llm.gradient_accumulation");
     o.zero = static_cast<int>(std::stoi(c.get_string("dist.zero")));
-    if (o.zero > 0 && uses_lora(o))
+    if ((o.zero == 1 || o.zero == 2) && uses_lora(o))
         throw core::ConfigError("dist.zero=" + std::to_string(o.zero) +
                                 " shards the optimizer state of full-weight training; llm.method=" +
                                 to_string(o.method) +
                                 (o.method == LlmMethod::Qat ? " with llm.qat.lora=true" : "") +
-                                " trains only LoRA adapters (small): set dist.zero=0");
+                                " trains only LoRA adapters (small): set dist.zero=0, or "
+                                "dist.zero=3 to shard the frozen base weights too");
+    o.reshard_after_forward = c.get_bool("dist.reshard_after_forward");
+    o.prefetch = c.get_bool("dist.prefetch");
     const std::string save = c.get_string("llm.save_adapters");
     if (save == "auto")
         o.save_adapters = adapter_dir_beside(c.get_string("output.file"));

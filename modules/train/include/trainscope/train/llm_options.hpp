@@ -40,6 +40,8 @@ struct LlmOptions {
     bool activation_checkpointing = false;
     std::int64_t gradient_accumulation = 1;
     int zero = 0;
+    // dist.zero=3 (FSDP): reshard after each unit's forward; prefetch the next unit's all-gather.
+    bool reshard_after_forward = true, prefetch = true;
     std::string save_adapters;             // PEFT adapter directory ("" = none)
     bool adapters_beside_run_file = false; // llm.save_adapters=auto: <run file>.adapter
     // train.* as resolved for the LLM run (torchtune defaults where the user left them).
