@@ -276,4 +276,17 @@ def test_bad_llm_input_is_refused_on_every_rank(run_ts, tmp_path):
     proc = run_ts(2, "--config", LLM / "lora-tiny.ini", "--dist.zero=1", out, timeout=120)
     assert proc.returncode != 0
     both_ranks_said(proc, "dist.zero=1", "set dist.zero=0")
+    # dist.zero=3 has no loss scaler; the sharding options mean nothing to other workloads.
+    proc = run_ts(2, "--config", LLM / "lora-tiny.ini", "--dist.zero=3",
+                  "--run.precision=fp16-mixed", out, timeout=120)
+    assert proc.returncode == 2
+    both_ranks_said(proc, "dist.zero=3 has no loss scaler", "bf16-mixed")
+    proc = run_ts(2, "--config", LLM / "lora-tiny.ini", "--dist.zero=3", "--train.optimizer=sgd",
+                  out, timeout=120)
+    assert proc.returncode == 2
+    both_ranks_said(proc, "dist.zero=3 implements AdamW", "train.optimizer=adamw")
+    proc = run_ts(2, "--config", ROOT / "inputs/quickstart.ini", "--dist.prefetch=false", out,
+                  timeout=120)
+    assert proc.returncode == 2
+    both_ranks_said(proc, "dist.prefetch (set at command line)", "run.workload=llm")
     assert not (tmp_path / "x.h5").exists()

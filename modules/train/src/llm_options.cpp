@@ -255,6 +255,14 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
     take("train.weight_decay", o.weight_decay, 0.01, "0.01");
     take("train.schedule", o.schedule, std::string("cosine"), "cosine");
     take("run.precision", o.precision, std::string("bf16"), "bf16");
+    // The sharded optimizers (ZeRO-1/2, FSDP) implement AdamW and step without a loss scaler.
+    if (o.zero > 0 && o.optimizer != "adamw")
+        throw core::ConfigError("dist.zero=" + std::to_string(o.zero) +
+                                " implements AdamW: set train.optimizer=adamw");
+    if (o.zero > 0 && o.precision == "fp16-mixed")
+        throw core::ConfigError("dist.zero=" + std::to_string(o.zero) +
+                                " has no loss scaler for run.precision=fp16-mixed: use "
+                                "bf16-mixed (as torchtune's recipes) or fp32, or dist.zero=0");
     return o;
 }
 

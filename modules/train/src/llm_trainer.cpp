@@ -217,14 +217,9 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
         ZeroAdamW h;
         h.lr = l.lr;
         h.weight_decay = l.weight_decay;
-        if (l.optimizer != "adamw")
-            throw core::ConfigError("dist.zero=" + std::to_string(l.zero) +
-                                    " implements AdamW: set train.optimizer=adamw");
-        // The sharded optimizers step without GradScaler (no unscaling, no skipped steps).
-        if (s.o.precision.loss_scaling)
-            throw core::ConfigError("dist.zero=" + std::to_string(l.zero) +
-                                    " has no loss scaler for run.precision=fp16-mixed: use "
-                                    "bf16-mixed (as torchtune's recipes) or fp32, or dist.zero=0");
+        // LlmOptions::from_config refused other optimizers and fp16-mixed's loss scaling.
+        if (l.optimizer != "adamw" || s.o.precision.loss_scaling)
+            throw core::InternalError("dist.zero > 0 without AdamW or with loss scaling");
         if (l.zero == 3) {
             FsdpOptions fo;
             fo.reshard_after_forward = l.reshard_after_forward;

@@ -86,7 +86,22 @@ std::string Workload::precision() const {
 }
 
 std::unique_ptr<Workload> make_workload(const RunEnvironment& env) {
-    switch (parse_workload(env.cfg.get_string("run.workload"))) {
+    const WorkloadKind kind = parse_workload(env.cfg.get_string("run.workload"));
+    // The sharding options exist for LLM fine-tuning only: changed elsewhere they would be
+    // ignored, so they are refused.
+    if (kind != WorkloadKind::Llm) {
+        const auto& c = env.cfg;
+        const char* changed = c.get_string("dist.zero") != "0"         ? "dist.zero"
+                              : !c.get_bool("dist.reshard_after_forward") ? "dist.reshard_after_forward"
+                              : !c.get_bool("dist.prefetch")              ? "dist.prefetch"
+                                                                          : nullptr;
+        if (changed)
+            throw core::ConfigError(std::string(changed) + " (set at " + c.origin(changed) +
+                                    ") shards LLM fine-tuning (ZeRO / FSDP) and has no effect on "
+                                    "run.workload=" + c.get_string("run.workload") +
+                                    ": remove it, or use run.workload=llm");
+    }
+    switch (kind) {
     case WorkloadKind::Cv:
         return make_cv_workload(env);
     case WorkloadKind::Llm:
