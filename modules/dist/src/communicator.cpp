@@ -728,12 +728,8 @@ class MpiCommunicator final : public Communicator {
             throw core::InternalError("allgather_async: output must hold size() x input elements "
                                       "of the same dtype");
         if (in.numel() == 0) return finished_work();
-        torch::Tensor src = in.to(torch::kCPU).contiguous();
-        torch::Tensor dst =
-            out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        auto [src, dst, after] = stage(in, out);
         const int bytes = checked_int(static_cast<std::int64_t>(src.nbytes()), "allgather");
-        std::function<void()> after;
-        if (!out.is_cpu()) after = [out, dst]() mutable { copy_back(out, dst); };
         ProgressState* state = state_.get();
         return submit(
             "an asynchronous MPI allgather (FSDP parameter units)",
@@ -756,15 +752,11 @@ class MpiCommunicator final : public Communicator {
             throw core::InternalError("reduce_scatter_async: input must hold size() x output "
                                       "elements of the same dtype; pad to an exact split");
         if (out.numel() == 0) return finished_work();
-        torch::Tensor src = in.to(torch::kCPU).contiguous();
-        torch::Tensor dst =
-            out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        auto [src, dst, after] = stage(in, out);
         const int count = checked_int(dst.numel(), "reduce_scatter");
         const MPI_Datatype type = mpi_reduce_type(dst);
         const MPI_Op mop = mpi_op(op);
         const int size = size_;
-        std::function<void()> after;
-        if (!out.is_cpu()) after = [out, dst]() mutable { copy_back(out, dst); };
         ProgressState* state = state_.get();
         return submit(
             "an asynchronous MPI reduce-scatter (FSDP gradient units)",
@@ -911,6 +903,20 @@ class MpiCommunicator final : public Communicator {
             throw core::InternalError(std::string(what) + " peer " + std::to_string(peer) +
                                       " is not another rank of [0, " + std::to_string(size_) +
                                       ") (this is rank " + std::to_string(rank_) + ")");
+    }
+    // Host buffers of an asynchronous collective from `in` into `out`: the input on the host (the
+    // tensor itself when it is a contiguous host tensor), the output's host buffer and, for a
+    // device output, the copy back that Work::wait runs.
+    struct Staged {
+        torch::Tensor src, dst;
+        std::function<void()> after;
+    };
+    static Staged stage(const torch::Tensor& in, torch::Tensor out) {
+        Staged s;
+        s.src = in.to(torch::kCPU).contiguous();
+        s.dst = out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        if (!out.is_cpu()) s.after = [out, dst = s.dst]() mutable { copy_back(out, dst); };
+        return s;
     }
     std::shared_ptr<Work> finished_work() {
         auto work = std::make_shared<MpiWork>("", 0.0, nullptr);

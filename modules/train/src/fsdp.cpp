@@ -18,6 +18,9 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+double nbytes(const torch::Tensor& t) {
+    return static_cast<double>(t.nbytes());
+}
 
 // Reduce-scatters in flight before the oldest is waited for: bounds the full flat gradients
 // alive at once (FSDP keeps a similar small window), so memory does not grow with the depth.
@@ -419,42 +422,33 @@ void FsdpModel::load(torch::serialize::InputArchive& in) {
     step_count_ = v.toInt();
 }
 
-double FsdpModel::trainable_shard_bytes() const {
+double FsdpModel::sum_groups(const std::function<double(const Group&)>& bytes) const {
     double b = 0;
     for (const auto& u : units_)
         for (const Group& g : u->groups)
-            if (g.trainable) b += static_cast<double>(g.local.nbytes());
+            b += bytes(g);
     return b;
+}
+double FsdpModel::trainable_shard_bytes() const {
+    return sum_groups([](const Group& g) { return g.trainable ? nbytes(g.local) : 0.0; });
 }
 double FsdpModel::frozen_shard_bytes() const {
-    double b = 0;
-    for (const auto& u : units_)
-        for (const Group& g : u->groups)
-            if (!g.trainable && !g.nf4) b += static_cast<double>(g.local.nbytes());
-    return b;
+    return sum_groups(
+        [](const Group& g) { return !g.trainable && !g.nf4 ? nbytes(g.local) : 0.0; });
 }
 double FsdpModel::nf4_shard_bytes() const {
-    double b = 0;
-    for (const auto& u : units_)
-        for (const Group& g : u->groups)
-            if (g.nf4) b += static_cast<double>(g.local.nbytes());
-    return b;
+    return sum_groups([](const Group& g) { return g.nf4 ? nbytes(g.local) : 0.0; });
 }
 double FsdpModel::gradient_bytes() const {
-    double b = 0;
-    for (const auto& u : units_)
-        for (const Group& g : u->groups)
-            if (g.trainable) b += static_cast<double>(g.grad_shard.nbytes());
+    double b = sum_groups([](const Group& g) { return g.trainable ? nbytes(g.grad_shard) : 0.0; });
     for (const auto& r : reduces_)
-        b += static_cast<double>(r.flat.nbytes() + r.out.nbytes());
+        b += nbytes(r.flat) + nbytes(r.out);
     return b;
 }
 double FsdpModel::optimizer_state_bytes() const {
-    double b = 0;
-    for (const auto& u : units_)
-        for (const Group& g : u->groups)
-            if (g.trainable) b += static_cast<double>(g.exp_avg.nbytes() + g.exp_avg_sq.nbytes());
-    return b;
+    return sum_groups([](const Group& g) {
+        return g.trainable ? nbytes(g.exp_avg) + nbytes(g.exp_avg_sq) : 0.0;
+    });
 }
 double FsdpModel::gathered_bytes() const {
     double b = 0;

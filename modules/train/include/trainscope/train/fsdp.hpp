@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,7 @@ class FsdpModel final : public models::UnitHooks {
     void reduce_gradients(Unit& u);
     void retire_reduce(); // waits for the oldest reduce-scatter and accumulates it
     bool keep_after_forward(int unit) const;
+    double sum_groups(const std::function<double(const Group&)>& bytes) const;
 
     dist::Communicator& comm_;
     models::LlamaForCausalLMImpl& model_;
