@@ -162,7 +162,7 @@ def run_trainscope(cmd, timeout):
                 continue
         else:
             out, err = "", ""
-        sys.exit(f"trainscope timed out after {timeout:.0f} s (--timeout) and was killed:\n"
+        sys.exit(f"trainscope timed out after {timeout:g} s (--timeout) and was killed:\n"
                  f"  {' '.join(map(str, cmd))}\n{out}\n{err}")
     if proc.returncode != 0:
         sys.exit(f"trainscope failed with exit {proc.returncode}:\n  {' '.join(map(str, cmd))}\n"
