@@ -313,10 +313,13 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, run_ts):
     both_ranks_said(proc, "checkpoint.every = '5h'", "Nmin")
 
 
-@pytest.mark.parametrize("method,extra", [("lora", []), ("full", ["--dist.zero=2"])])
+@pytest.mark.parametrize("method,extra", [("lora", []), ("full", ["--dist.zero=2"]),
+                                          ("lora", ["--dist.zero=3"]),
+                                          ("full", ["--dist.zero=3"])])
 def test_llm_resume_continues_adapters_and_zero_shards(tmp_path, method, extra):
-    """LoRA adapters, and full fine-tuning with ZeRO-2's sharded optimizer state: resuming from
-    the iteration-3 checkpoint repeats iterations 3-5 of the run that wrote it exactly."""
+    """LoRA adapters, full fine-tuning with ZeRO-2's sharded optimizer state, and both under
+    dist.zero=3 (every rank saves and restores its parameter shard): resuming from the iteration-3
+    checkpoint repeats iterations 3-5 of the run that wrote it exactly."""
     out, ckpt = tmp_path / "llm.h5", tmp_path / "ckpt"
     args = ["--config", ROOT / f"inputs/llm/{method}-tiny.ini", *extra, "--train.max_iters=6",
             "--log.every=1", f"--checkpoint.dir={ckpt}", "--checkpoint.every=3",

@@ -177,6 +177,37 @@ def test_zero_shards_the_optimizer_state(run_ts, tmp_path, zero):
         assert np.all(it["comm_bytes"][...] > 0)
 
 
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_zero3_shards_the_weights_and_records_its_traffic(run_ts, tmp_path, method):
+    """dist.zero=3 (FSDP) at 2 ranks: each rank stores half of the weights, the run file counts
+    the per-unit all-gathers and gradient reduce-scatters, and the adapters still load whole."""
+    f, _ = tiny_run(run_ts, tmp_path, method, "--dist.zero=3", iters=3)
+    (tmp_path / "ref").mkdir()
+    ref, _ = tiny_run(run_ts, tmp_path / "ref", method, iters=1)  # unsharded
+    with f, ref:
+        common_checks(f)
+        it, it0 = f["iterations"], ref["iterations"]
+        # Per rank about half of the unsharded weights (padding: a few elements per group).
+        half = it0["parameter_bytes"][:, 0] / 2
+        assert np.all(np.abs(it["parameter_bytes"][...] - half[:, None]) < 4096)
+        ag, rs = it["allgather_bytes"][...], it["reduce_scatter_bytes"][...]
+        # Every unit is gathered at least once per forward: at least this rank's shard of all.
+        assert np.all(ag >= it["parameter_bytes"][...] * 0.99)
+        assert np.all(rs > 0) and np.all(it["comm_bytes"][...] == ag + rs)
+        for col in ("allgather_s", "reduce_scatter_s"):
+            assert np.all(it[col][...] > 0)
+        for col in ("allgather_exposed_s", "reduce_scatter_exposed_s"):
+            assert np.all(it[col][...] >= 0)
+        assert np.all(it["gathered_weight_bytes"][...] == 0)
+        assert it["allgather_bytes"].attrs["units"] in ("B", b"B")
+        assert np.all(np.isnan(it0["allgather_bytes"][...]))
+        if method == "lora":
+            adapter = tmp_path / "lora.h5.adapter"
+            header = safetensors_header(adapter / "adapter_model.safetensors")
+            a = [k for k in header if k.endswith("lora_A.weight")][0]
+            assert header[a]["shape"][0] == 8  # the full rank-8 adapter, not a shard
+
+
 def test_qat_with_lora_and_activation_checkpointing(run_ts, tmp_path):
     f, _ = tiny_run(run_ts, tmp_path, "qat", "--llm.qat.lora=true",
                     "--llm.activation_checkpointing=true", iters=4)

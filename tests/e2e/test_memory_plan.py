@@ -13,13 +13,20 @@ Model state must match the plan to TOL_STATE, activations to TOL_ACT, the total 
 (relative to the measurement; reached: state exact, activations within 3.5 %, totals within
 2.5 %). Every sequence has the planned length (packed SFT data; preference pairs truncated to
 max_seq_len), as the plan assumes the full max_seq_len. fp32 for every method, plus pure bf16 for
-LoRA (bf16 activations, fp32 norm inputs). Run with -s to see the table of plan vs measured."""
+LoRA (bf16 activations, fp32 norm inputs). Run with -s to see the table of plan vs measured.
+
+dist.zero=3 (FSDP, issue 17): the --dry-run of the Llama-3-8B lora and full inis at 4 and 8 ranks
+prints a stage-3 row for every method whose per-rank shards are the model's bytes / N (computed
+here from Llama-3-8B's architecture) plus the units in flight (2 x the largest unit, the head,
+with dist.prefetch; its gradient), and every stage-3 total falls from 4 to 8 ranks."""
 
 import h5py
 import numpy as np
 import pytest
 
 from conftest import ROOT
+
+LLM = ROOT / "inputs/llm"
 
 TOL_STATE = 0.01
 TOL_ACT = 0.06
@@ -103,6 +110,69 @@ def test_cv_plan_matches_measured(run_ts, tmp_path):
     proc = run_ts(1, *CV_ARGS, f"--output.file={out}", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check("cv", *measure(out))
+
+
+# Llama-3-8B by its architecture: vocab 128256, hidden 4096, 32 layers, KV width 1024, FFN 14336.
+V, H, KV, F, L = 128256, 4096, 1024, 14336, 32
+LAYER = 2 * H * H + 2 * H * KV + 3 * H * F + 2 * H  # q, o, k, v, MLP, 2 norms
+HEAD = V * H + H  # lm_head + final norm: the largest unit
+PARAMS = V * H + L * LAYER + HEAD
+ADAPTERS = L * 8 * ((H + H) + (H + KV) + (H + H) + 3 * (H + F))  # rank 8 on q, v, o, MLP
+METHODS = ("full", "lora", "qlora", "dpo", "qat")
+COLUMNS = ("trainable_parameters", "frozen", "nf4", "trainable", "grads", "optim", "activ",
+           "logits", "gathered", "unitgrad", "total")
+GIB = 2**30
+
+
+def plan_rows(stdout):
+    """{(method, zero): {column: GiB per rank, "this_run": bool}} from the dry run's table."""
+    rows = {}
+    for line in stdout.splitlines():
+        cells = line.split()
+        if len(cells) >= 2 + len(COLUMNS) and cells[0] in METHODS and cells[1].isdigit():
+            row = dict(zip(COLUMNS, map(float, cells[2:2 + len(COLUMNS)])))
+            row["this_run"] = "<- this run" in line
+            rows[(cells[0], int(cells[1]))] = row
+    return rows
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_8b_stage3_dry_run_shards_by_rank_count(run_ts, method):
+    plans = {}
+    for ranks in (4, 8):
+        proc = run_ts(ranks, "--config", LLM / f"llama3-8b-{method}.ini", "--dry-run",
+                      "--run.device=cpu", "--dist.zero=3", timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = plans[ranks] = plan_rows(proc.stdout)
+        assert {(m, 3) for m in METHODS} <= rows.keys(), sorted(rows)
+        assert [k for k, r in rows.items() if r["this_run"]] == [(method, 3)]
+        gib = lambda b: pytest.approx(b / GIB, abs=0.006)  # noqa: E731 (printed to 0.01 GiB)
+        full = rows[("full", 3)]
+        assert full["trainable"] == gib(2 * PARAMS / ranks)
+        assert full["grads"] == gib(2 * PARAMS / ranks)
+        assert full["optim"] == gib(4 * PARAMS / ranks)
+        assert full["gathered"] == gib(2 * 2 * HEAD)  # the head and the next unit (prefetch)
+        assert full["unitgrad"] == gib(2 * HEAD)
+        for m in ("lora", "dpo"):
+            r = rows[(m, 3)]
+            assert r["frozen"] == gib(2 * PARAMS / ranks)
+            assert r["trainable"] == gib(2 * ADAPTERS / ranks)
+            assert r["optim"] == gib(4 * ADAPTERS / ranks)
+            assert r["gathered"] == gib(2 * 2 * HEAD)  # frozen, still gathered
+        qlora = rows[("qlora", 3)]
+        proj = L * (LAYER - 2 * H)
+        assert qlora["nf4"] == gib(proj * (0.5 + 1 / 64 + 4 / (64 * 256)) / ranks)
+        assert qlora["frozen"] == gib(2 * (PARAMS - proj) / ranks)
+        # Unsharded rows do not depend on the rank count; activations do not shard.
+        assert rows[("lora", 0)]["frozen"] == gib(2 * PARAMS)
+        assert rows[("full", 0)]["gathered"] == 0 and rows[("full", 0)]["unitgrad"] == 0
+        for m in METHODS:
+            assert rows[(m, 3)]["activ"] == rows[(m, 0)]["activ"], m
+    for m in METHODS:
+        assert plans[8][(m, 3)]["total"] < plans[4][(m, 3)]["total"], m
+    # Full fine-tuning: 8 bytes of state per parameter, 1/N each.
+    assert plans[4][("full", 3)]["total"] - plans[8][("full", 3)]["total"] == pytest.approx(
+        8 * PARAMS * (1 / 4 - 1 / 8) / GIB, abs=0.02)
 
 
 def teardown_module(module):

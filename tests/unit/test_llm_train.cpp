@@ -4,6 +4,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "trainscope/models/llama.hpp"
 #include "trainscope/train/llm_loss.hpp"
@@ -152,4 +154,138 @@ TEST(LlmMemoryPlan, Llama3_8BFiguresFollowTheParameterArithmetic) {
     // The expected ordering of the studies: QLoRA < LoRA < DPO < full (no ZeRO).
     EXPECT_LT(lora.total_bytes(), dpo.total_bytes());
     EXPECT_LT(dpo.total_bytes(), full.total_bytes());
+}
+
+// dist.zero=3 (FSDP) on Llama-3-8B, bf16: units are the embedding, 32 decoder layers and the head
+// (final norm + lm_head), each sharded 1/N. The unit sizes are spelled out here from the
+// architecture, not taken from the plan.
+TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
+    tt::LlmMemoryInputs in;
+    in.micro_batch = 2;
+    in.seq_len = 2048;
+    in.zero = 3;
+    const double n = 8030261248.0;
+    const double V = 128256, h = 4096, f = 14336, kv = 1024;
+    const double layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h; // q, o, k, v, MLP, 2 norms
+    const double head = V * h + h;                                   // lm_head + final norm
+    ASSERT_DOUBLE_EQ(V * h + 32 * layer + head, n);
+    // LoRA rank 8 on q, v, o, gate, up, down: r (in + out) per adapter.
+    const double adapters = 8 * ((h + h) + (h + kv) + (h + h) + 3 * (h + f));
+    ASSERT_DOUBLE_EQ(32 * adapters, 19660800);
+    const double proj = 32 * (layer - 2 * h);
+    const double nf4 = proj * (0.5 + 1.0 / 64 + 4.0 / (64 * 256));
+
+    std::map<int, double> full_total, lora_total;
+    for (int N : {4, 8}) {
+        in.world_size = N;
+        SCOPED_TRACE("N = " + std::to_string(N));
+        // Every unit's numel divides by 4 and 8 on this model: no padding.
+        in.method = tt::LlmMethod::Full;
+        const tt::LlmMemoryPlan full = tt::plan_llm_memory(in);
+        EXPECT_EQ(full.zero, 3);
+        EXPECT_DOUBLE_EQ(full.trainable_weight_bytes, 2 * n / N);
+        EXPECT_DOUBLE_EQ(full.gradient_bytes, 2 * n / N);
+        EXPECT_DOUBLE_EQ(full.optimizer_state_bytes, 4 * n / N);
+        EXPECT_DOUBLE_EQ(full.frozen_weight_bytes + full.nf4_weight_bytes, 0);
+        // The head is the largest unit: itself and the next one gathered (prefetch), its gradient.
+        EXPECT_DOUBLE_EQ(full.gathered_weight_bytes, 2 * 2 * head);
+        EXPECT_DOUBLE_EQ(full.unit_gradient_bytes, 2 * head);
+        // Stage 3 keeps activations and logits as unsharded data parallelism.
+        in.zero = 0;
+        const tt::LlmMemoryPlan full0 = tt::plan_llm_memory(in);
+        in.zero = 3;
+        EXPECT_DOUBLE_EQ(full.activation_bytes, full0.activation_bytes);
+        EXPECT_DOUBLE_EQ(full.logits_bytes, full0.logits_bytes);
+        EXPECT_DOUBLE_EQ(full0.gathered_weight_bytes + full0.unit_gradient_bytes, 0);
+        EXPECT_DOUBLE_EQ(full.total_bytes(),
+                         8 * n / N + 6 * head + full0.activation_bytes + full0.logits_bytes);
+        full_total[N] = full.total_bytes();
+
+        in.prefetch = false; // one unit gathered at a time
+        EXPECT_DOUBLE_EQ(tt::plan_llm_memory(in).gathered_weight_bytes, 2 * head);
+        in.prefetch = true;
+        in.reshard_after_forward = false; // every unit stays gathered: the whole model
+        EXPECT_DOUBLE_EQ(tt::plan_llm_memory(in).gathered_weight_bytes, 2 * n);
+        in.reshard_after_forward = true;
+
+        in.method = tt::LlmMethod::Lora;
+        const tt::LlmMemoryPlan lora = tt::plan_llm_memory(in);
+        EXPECT_DOUBLE_EQ(lora.frozen_weight_bytes, 2 * n / N);
+        EXPECT_DOUBLE_EQ(lora.trainable_weight_bytes, 2 * 32 * adapters / N);
+        EXPECT_DOUBLE_EQ(lora.gradient_bytes, 2 * 32 * adapters / N);
+        EXPECT_DOUBLE_EQ(lora.optimizer_state_bytes, 4 * 32 * adapters / N);
+        EXPECT_DOUBLE_EQ(lora.gathered_weight_bytes, 2 * 2 * head); // the frozen head
+        EXPECT_DOUBLE_EQ(lora.unit_gradient_bytes, 2 * adapters);   // one layer's adapters
+        lora_total[N] = lora.total_bytes();
+
+        in.method = tt::LlmMethod::Qlora;
+        const tt::LlmMemoryPlan qlora = tt::plan_llm_memory(in);
+        EXPECT_NEAR(qlora.nf4_weight_bytes, nf4 / N, 1e-3);
+        EXPECT_DOUBLE_EQ(qlora.frozen_weight_bytes, 2 * (n - proj) / N);
+        EXPECT_DOUBLE_EQ(qlora.trainable_weight_bytes, 2 * 32 * adapters / N);
+        EXPECT_DOUBLE_EQ(qlora.gathered_weight_bytes, 2 * 2 * head);
+        in.reshard_after_forward = false; // NF4 layers are gathered as NF4
+        EXPECT_NEAR(tt::plan_llm_memory(in).gathered_weight_bytes,
+                    2 * (n - proj) + nf4 + 2 * 32 * adapters, 1e-3);
+        in.reshard_after_forward = true;
+
+        in.method = tt::LlmMethod::Dpo; // the LoRA state; twice the sequences
+        const tt::LlmMemoryPlan dpo = tt::plan_llm_memory(in);
+        EXPECT_DOUBLE_EQ(dpo.frozen_weight_bytes, lora.frozen_weight_bytes);
+        EXPECT_DOUBLE_EQ(dpo.gathered_weight_bytes, lora.gathered_weight_bytes);
+        EXPECT_DOUBLE_EQ(dpo.activation_bytes, 2 * lora.activation_bytes);
+
+        in.method = tt::LlmMethod::Qat; // every weight trains, as full
+        const tt::LlmMemoryPlan qat = tt::plan_llm_memory(in);
+        EXPECT_DOUBLE_EQ(qat.trainable_weight_bytes, 2 * n / N);
+        EXPECT_DOUBLE_EQ(qat.optimizer_state_bytes, 4 * n / N);
+        EXPECT_DOUBLE_EQ(qat.gathered_weight_bytes, 2 * 2 * head);
+    }
+    // Per-rank state falls ~1/N; the units in flight do not.
+    EXPECT_DOUBLE_EQ(full_total[4] - full_total[8], 8 * n / 4 - 8 * n / 8);
+    EXPECT_LT(lora_total[8], lora_total[4]);
+}
+
+// Odd sizes: every (dtype, trainable) group of a unit is padded to a multiple of N; a tied
+// embedding stays gathered (and keeps its full gradient) for the whole step.
+TEST(LlmMemoryPlan, Stage3PadsEachGroupAndKeepsATiedEmbeddingGathered) {
+    tt::LlmMemoryInputs in;
+    in.config.vocab_size = 1001;
+    in.config.hidden_size = 64;
+    in.config.intermediate_size = 160;
+    in.config.num_hidden_layers = 3;
+    in.config.num_attention_heads = 4;
+    in.config.num_key_value_heads = 2;
+    in.config.head_dim = 16;
+    in.config.tie_word_embeddings = true;
+    in.param_dtype = in.compute_dtype = torch::kFloat32;
+    in.method = tt::LlmMethod::Full;
+    in.zero = 3;
+    in.world_size = 3;
+    in.micro_batch = 1;
+    in.seq_len = 16;
+    const std::int64_t V = 1001, h = 64, f = 160, kv = 32;
+    const std::int64_t embed = V * h;                                      // 64064
+    const std::int64_t layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h; // 43136
+    const std::int64_t head = h;                                           // the norm (tied)
+    ASSERT_EQ(embed + 3 * layer + head, in.config.num_parameters());
+    auto up = [](std::int64_t x) { return (x + 2) / 3; }; // ceil(x / 3)
+    ASSERT_NE(embed % 3, 0);
+    ASSERT_NE(layer % 3, 0);
+    const double shard = 4.0 * static_cast<double>(up(embed) + 3 * up(layer) + up(head));
+    const tt::LlmMemoryPlan p = tt::plan_llm_memory(in);
+    EXPECT_DOUBLE_EQ(p.trainable_weight_bytes, shard);
+    EXPECT_GT(shard, 4.0 * static_cast<double>(in.config.num_parameters()) / 3);
+    EXPECT_DOUBLE_EQ(p.gradient_bytes, shard);
+    EXPECT_DOUBLE_EQ(p.optimizer_state_bytes, 2 * shard);
+    // Gathered: the tied embedding throughout, plus 2 x the largest other unit (a layer), all
+    // padded to 3 shards.
+    EXPECT_DOUBLE_EQ(p.gathered_weight_bytes,
+                     4.0 * 3 * static_cast<double>(up(embed) + 2 * up(layer)));
+    EXPECT_DOUBLE_EQ(p.unit_gradient_bytes, 4.0 * 3 * static_cast<double>(up(embed) + up(layer)));
+    in.config.tie_word_embeddings = false; // the head (V h + h) is now the largest unit
+    const tt::LlmMemoryPlan untied = tt::plan_llm_memory(in);
+    EXPECT_DOUBLE_EQ(untied.gathered_weight_bytes,
+                     4.0 * 3 * 2 * static_cast<double>(up(embed + h)));
+    EXPECT_DOUBLE_EQ(untied.unit_gradient_bytes, 4.0 * 3 * static_cast<double>(up(embed + h)));
 }

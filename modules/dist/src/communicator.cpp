@@ -722,6 +722,63 @@ class MpiCommunicator final : public Communicator {
         account(Kind::ReduceScatter, dst.nbytes(), seconds_since(t0));
     }
 
+    std::shared_ptr<Work> allgather_async(const torch::Tensor& in, torch::Tensor out) override {
+        require_contiguous(out, "allgather output");
+        if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("allgather_async: output must hold size() x input elements "
+                                      "of the same dtype");
+        if (in.numel() == 0) return finished_work();
+        torch::Tensor src = in.to(torch::kCPU).contiguous();
+        torch::Tensor dst =
+            out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        const int bytes = checked_int(static_cast<std::int64_t>(src.nbytes()), "allgather");
+        std::function<void()> after;
+        if (!out.is_cpu()) after = [out, dst]() mutable { copy_back(out, dst); };
+        ProgressState* state = state_.get();
+        return submit(
+            "an asynchronous MPI allgather (FSDP parameter units)",
+            [src, dst, bytes, state] {
+                nvtx::ScopedRange range("MPI_Allgather");
+                const auto t0 = Clock::now();
+                MPI_CHECK(MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes,
+                                        MPI_BYTE, state->comm));
+                state->account_async(Kind::Allgather, static_cast<std::uint64_t>(bytes),
+                                     seconds_since(t0));
+            },
+            std::move(after));
+    }
+
+    std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& in, torch::Tensor out,
+                                               ReduceOp op) override {
+        require_contiguous(out, "reduce_scatter output");
+        check_reduction(out, op);
+        if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("reduce_scatter_async: input must hold size() x output "
+                                      "elements of the same dtype; pad to an exact split");
+        if (out.numel() == 0) return finished_work();
+        torch::Tensor src = in.to(torch::kCPU).contiguous();
+        torch::Tensor dst =
+            out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
+        const int count = checked_int(dst.numel(), "reduce_scatter");
+        const MPI_Datatype type = mpi_reduce_type(dst);
+        const MPI_Op mop = mpi_op(op);
+        const int size = size_;
+        std::function<void()> after;
+        if (!out.is_cpu()) after = [out, dst]() mutable { copy_back(out, dst); };
+        ProgressState* state = state_.get();
+        return submit(
+            "an asynchronous MPI reduce-scatter (FSDP gradient units)",
+            [src, dst, count, type, mop, op, size, state]() mutable {
+                nvtx::ScopedRange range("MPI_Reduce_scatter_block");
+                const auto t0 = Clock::now();
+                MPI_CHECK(MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(), count, type,
+                                                   mop, state->comm));
+                if (op == ReduceOp::Average) dst.div_(size);
+                state->account_async(Kind::ReduceScatter, dst.nbytes(), seconds_since(t0));
+            },
+            std::move(after));
+    }
+
     void barrier() override {
         if (bounded()) {
             ProgressState* state = state_.get();
@@ -854,6 +911,11 @@ class MpiCommunicator final : public Communicator {
             throw core::InternalError(std::string(what) + " peer " + std::to_string(peer) +
                                       " is not another rank of [0, " + std::to_string(size_) +
                                       ") (this is rank " + std::to_string(rank_) + ")");
+    }
+    std::shared_ptr<Work> finished_work() {
+        auto work = std::make_shared<MpiWork>("", 0.0, nullptr);
+        work->finish(nullptr);
+        return work;
     }
     static void copy_back(torch::Tensor& device_tensor, const torch::Tensor& host) {
         torch::NoGradGuard no_grad;

@@ -388,6 +388,40 @@ class NcclCommunicator final : public Communicator {
         })->wait();
     }
 
+    std::shared_ptr<Work> allgather_async(const torch::Tensor& in, torch::Tensor out) override {
+        check(out, "allgather output");
+        if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("allgather_async: output must hold size() x input elements "
+                                      "of the same dtype");
+        if (in.numel() == 0)
+            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), health_,
+                                              "allgather");
+        torch::Tensor src = in.contiguous();
+        return launch("allgather", src.nbytes(), {src, out}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclAllGather(src.data_ptr(), out.data_ptr(),
+                                     static_cast<size_t>(src.numel()), nccl_type(src.scalar_type()),
+                                     comm_, s));
+        });
+    }
+
+    std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& in, torch::Tensor out,
+                                               ReduceOp op) override {
+        check(out, "reduce_scatter output");
+        const ncclRedOp_t red = nccl_op(op, out);
+        if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError("reduce_scatter_async: input must hold size() x output "
+                                      "elements of the same dtype; pad to an exact split");
+        if (out.numel() == 0)
+            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), health_,
+                                              "reduce_scatter");
+        torch::Tensor src = in.contiguous();
+        return launch("reduce_scatter", out.nbytes(), {src, out}, [&](cudaStream_t s) {
+            NCCL_CHECK(ncclReduceScatter(src.data_ptr(), out.data_ptr(),
+                                         static_cast<size_t>(out.numel()),
+                                         nccl_type(out.scalar_type()), red, comm_, s));
+        });
+    }
+
     void barrier() override {
         // A one-element allreduce, waited for on the host (so it is a real barrier).
         auto token = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt32).device(device_));

@@ -504,6 +504,28 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     }
 };
 
+// Identity in forward; in backward calls the hooks' before_backward(unit) (pre = true, placed on a
+// unit's output) or after_backward(unit) (placed on its input), then passes the gradient on.
+struct UnitBoundary : torch::autograd::Function<UnitBoundary> {
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
+                                 UnitHooks* hooks, std::int64_t unit, bool pre) {
+        ctx->saved_data["hooks"] = reinterpret_cast<std::int64_t>(hooks);
+        ctx->saved_data["unit"] = unit;
+        ctx->saved_data["pre"] = pre;
+        return x.view_as(x);
+    }
+    static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::tensor_list grads) {
+        auto* hooks = reinterpret_cast<UnitHooks*>(ctx->saved_data["hooks"].toInt());
+        const int unit = static_cast<int>(ctx->saved_data["unit"].toInt());
+        if (ctx->saved_data["pre"].toBool())
+            hooks->before_backward(unit);
+        else
+            hooks->after_backward(unit);
+        return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+};
+
 } // namespace
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config,
@@ -565,24 +587,55 @@ torch::Tensor LlamaForCausalLMImpl::hidden_states(const torch::Tensor& input_ids
             in.mask = same.logical_and(causal).unsqueeze(1);
         }
     }
+    UnitHooks* hooks = hooks_;
+    const bool grad = torch::GradMode::is_enabled();
+    // FSDP boundaries (see UnitHooks): only where a gradient will flow.
+    auto enter = [&](torch::Tensor x, std::int64_t unit) {
+        hooks->before_forward(static_cast<int>(unit));
+        return grad && x.requires_grad() ? UnitBoundary::apply(x, hooks, unit, false) : x;
+    };
+    auto leave = [&](torch::Tensor y, std::int64_t unit) {
+        if (grad && y.requires_grad()) y = UnitBoundary::apply(y, hooks, unit, true);
+        hooks->after_forward(static_cast<int>(unit));
+        return y;
+    };
+    if (hooks) hooks->before_forward(0);
     torch::Tensor h = embed_tokens->forward(input_ids);
-    const bool checkpoint = checkpointing_ && torch::GradMode::is_enabled();
+    if (hooks) hooks->after_forward(0);
+    const bool checkpoint = checkpointing_ && grad;
     // A checkpointed layer is recorded in the graph only if its input requires grad; with a frozen
     // embedding (LoRA, QLoRA, DPO) it does not, and the adapters inside would get no gradient.
     // (The reentrant checkpoint of PyTorch has the same trap.) A detached copy that requires grad
     // fixes it without changing any value.
     if (checkpoint && !h.requires_grad()) h = h.detach().requires_grad_(true);
+    std::int64_t unit = 1;
     for (const auto& m : *layers) {
         auto* layer = m->as<LlamaDecoderLayerImpl>();
+        if (hooks) h = enter(h, unit);
         h = checkpoint ? CheckpointedLayer::apply(h, layer, &in) : layer->forward(h, in);
+        if (hooks) h = leave(h, unit);
+        ++unit;
     }
+    // The head unit (norm and lm_head) begins here and ends in head().
+    if (hooks) h = enter(h, unit);
     return norm->forward(h);
 }
 
 torch::Tensor LlamaForCausalLMImpl::head(const torch::Tensor& hidden) {
-    if (config_.tie_word_embeddings) return F::linear(hidden, embed_tokens->weight);
-    auto p = std::dynamic_pointer_cast<ProjectionImpl>(named_children()["lm_head"]);
-    return p->forward(hidden);
+    torch::Tensor logits;
+    if (config_.tie_word_embeddings) {
+        logits = F::linear(hidden, embed_tokens->weight);
+    } else {
+        auto p = std::dynamic_pointer_cast<ProjectionImpl>(named_children()["lm_head"]);
+        logits = p->forward(hidden);
+    }
+    if (hooks_) {
+        const std::int64_t unit = num_units() - 1;
+        if (torch::GradMode::is_enabled() && logits.requires_grad())
+            logits = UnitBoundary::apply(logits, hooks_, unit, true);
+        hooks_->after_forward(static_cast<int>(unit));
+    }
+    return logits;
 }
 
 torch::Tensor LlamaForCausalLMImpl::forward(const torch::Tensor& input_ids,

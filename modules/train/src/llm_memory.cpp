@@ -26,6 +26,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "trainscope/models/nf4.hpp"
+
 namespace trainscope::train {
 
 namespace {
@@ -119,11 +121,110 @@ double activation_bytes(const LlmMemoryInputs& in) {
     return bytes;
 }
 
+// dist.zero=3 (FSDP) units as the engine wraps them: the embedding, one per decoder layer, and the
+// head (final norm + lm_head; the norm only when tied). Each unit's tensors form one flat group
+// per (dtype, trainable), padded to a multiple of the world size; every rank keeps 1/N of each.
+struct FsdpGroup {
+    std::int64_t numel = 0;
+    double elem = 0; // bytes per element
+    bool trainable = false;
+    bool nf4 = false;
+};
+double shard_bytes(const FsdpGroup& g, std::int64_t world) {
+    return static_cast<double>((g.numel + world - 1) / world) * g.elem;
+}
+struct FsdpUnit {
+    std::vector<FsdpGroup> groups;
+    // The all-gathered buffers (N shards each, padding included), or their trainable part: the
+    // unit's full gradient.
+    double full_bytes(std::int64_t world, bool trainable_only = false) const {
+        double b = 0;
+        for (const FsdpGroup& g : groups)
+            if (g.trainable || !trainable_only)
+                b += static_cast<double>(world) * shard_bytes(g, world);
+        return b;
+    }
+};
+
+std::vector<FsdpUnit> fsdp_units(const LlmMemoryInputs& in) {
+    const models::LlamaConfig& c = in.config;
+    const double e = elem(in.param_dtype);
+    const bool lora = is_lora_method(in);
+    const bool qlora = in.method == LlmMethod::Qlora;
+    auto targeted = [&](const char* name) {
+        return std::find(in.lora.targets.begin(), in.lora.targets.end(), name) !=
+               in.lora.targets.end();
+    };
+    // Dense weights in the parameter dtype: trainable unless a LoRA method freezes the base.
+    auto dense = [&](std::int64_t numel) { return FsdpGroup{numel, e, !lora, false}; };
+    auto adapters = [&](std::int64_t numel) { return FsdpGroup{numel, e, true, false}; };
+    std::vector<FsdpUnit> units;
+    units.push_back({{dense(c.embedding_parameters())}});
+
+    const std::int64_t projections = c.layer_parameters() - 2 * c.hidden_size; // per layer
+    models::LlamaConfig no_head = c; // LoRA parameters of one decoder layer
+    no_head.num_hidden_layers = 1;
+    no_head.tie_word_embeddings = true;
+    const std::int64_t layer_adapters = lora ? models::lora_parameter_count(no_head, in.lora) : 0;
+    FsdpUnit layer;
+    if (qlora) {
+        // NF4 buffers: uint8 codes (2 per byte), int8 scales (1 per 64), fp32 factors (1 per 256
+        // scales); the norms stay dense.
+        layer.groups = {
+            dense(2 * c.hidden_size), FsdpGroup{projections / 2, 1.0, false, true},
+            FsdpGroup{projections / models::kNf4BlockSize, 1.0, false, true},
+            FsdpGroup{projections / (models::kNf4BlockSize * models::kNf4ScalerBlockSize), 4.0,
+                      false, true}};
+    } else {
+        layer.groups = {dense(c.layer_parameters())};
+    }
+    if (layer_adapters > 0) layer.groups.push_back(adapters(layer_adapters));
+    for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+        units.push_back(layer);
+
+    FsdpUnit head{{dense(c.hidden_size + c.head_parameters())}};
+    if (lora && targeted("lm_head") && !c.tie_word_embeddings)
+        head.groups.push_back(adapters(in.lora.rank * (c.hidden_size + c.vocab_size)));
+    units.push_back(head);
+    return units;
+}
+
+// Stage 3 per rank: every unit's shards, plus the units (and the one gradient) in flight.
+void plan_fsdp(const LlmMemoryInputs& in, LlmMemoryPlan& p) {
+    const std::int64_t world = std::max(1, in.world_size);
+    const std::vector<FsdpUnit> units = fsdp_units(in);
+    const bool tied = in.config.tie_word_embeddings;
+    p.frozen_weight_bytes = p.nf4_weight_bytes = p.trainable_weight_bytes = 0;
+    double whole = 0, largest = 0, largest_grad = 0;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+        for (const FsdpGroup& g : units[i].groups)
+            (g.trainable ? p.trainable_weight_bytes
+                         : (g.nf4 ? p.nf4_weight_bytes : p.frozen_weight_bytes)) +=
+                shard_bytes(g, world);
+        whole += units[i].full_bytes(world);
+        // A tied embedding stays gathered (and, trainable, keeps its gradient) from the start of
+        // forward to the end of backward: counted below on its own, not as a unit in flight.
+        if (tied && i == 0) continue;
+        largest = std::max(largest, units[i].full_bytes(world));
+        largest_grad = std::max(largest_grad, units[i].full_bytes(world, true));
+    }
+    p.gradient_bytes = p.trainable_weight_bytes;
+    p.optimizer_state_bytes = 2.0 * p.trainable_weight_bytes;
+    if (!in.reshard_after_forward) {
+        p.gathered_weight_bytes = whole; // every unit from its forward until its backward ends
+    } else {
+        p.gathered_weight_bytes = largest * (in.prefetch ? 2.0 : 1.0);
+        if (tied) p.gathered_weight_bytes += units.front().full_bytes(world);
+    }
+    p.unit_gradient_bytes = largest_grad + (tied ? units.front().full_bytes(world, true) : 0.0);
+}
+
 } // namespace
 
 double LlmMemoryPlan::total_bytes() const {
     return frozen_weight_bytes + nf4_weight_bytes + trainable_weight_bytes + gradient_bytes +
-           optimizer_state_bytes + activation_bytes + logits_bytes;
+           optimizer_state_bytes + activation_bytes + logits_bytes + gathered_weight_bytes +
+           unit_gradient_bytes;
 }
 
 std::int64_t llama_projection_parameters(const models::LlamaConfig& c) {
@@ -167,25 +268,30 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     const double tokens = sequences * static_cast<double>(in.seq_len);
     const double forward = e_act + (e_act == 4.0 ? 4.0 : 8.0), backward = 12.0;
     p.logits_bytes = tokens * static_cast<double>(c.vocab_size) * std::max(forward, backward);
+    if (in.zero == 3) plan_fsdp(in, p);
     return p;
 }
 
-std::string format_memory_plans(const std::vector<LlmMemoryPlan>& plans, double device_bytes) {
+std::string format_memory_plans(const std::vector<LlmMemoryPlan>& plans, double device_bytes,
+                                int this_run) {
     const double gib = 1024.0 * 1024.0 * 1024.0;
     std::ostringstream o;
     o << std::fixed << std::setprecision(2);
     o << "    method  zero  trainable      frozen    nf4  trainable  grads  optim  activ  logits"
-         "   total [GiB/rank]"
+         "  gathered  unitgrad   total [GiB/rank]"
       << (device_bytes > 0 ? "  fits" : "") << "\n";
-    for (const LlmMemoryPlan& p : plans) {
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+        const LlmMemoryPlan& p = plans[i];
         o << "    " << std::left << std::setw(6) << to_string(p.method) << std::right
           << std::setw(6) << p.zero << std::setw(11) << p.trainable_parameters << std::setw(12)
           << p.frozen_weight_bytes / gib << std::setw(7) << p.nf4_weight_bytes / gib
           << std::setw(11) << p.trainable_weight_bytes / gib << std::setw(7)
           << p.gradient_bytes / gib << std::setw(7) << p.optimizer_state_bytes / gib << std::setw(7)
-          << p.activation_bytes / gib << std::setw(8) << p.logits_bytes / gib << std::setw(9)
-          << p.total_bytes() / gib;
+          << p.activation_bytes / gib << std::setw(8) << p.logits_bytes / gib << std::setw(10)
+          << p.gathered_weight_bytes / gib << std::setw(10) << p.unit_gradient_bytes / gib
+          << std::setw(9) << p.total_bytes() / gib;
         if (device_bytes > 0) o << "  " << (p.total_bytes() <= device_bytes ? "yes" : "NO");
+        if (static_cast<int>(i) == this_run) o << "  <- this run";
         o << "\n";
     }
     return o.str();

@@ -34,6 +34,7 @@
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/train/fsdp.hpp"
 #include "trainscope/train/llm_loss.hpp"
 #include "trainscope/train/zero.hpp"
 
@@ -56,6 +57,13 @@ enum Extra {
     kFrozenWeightBytes,
     kNf4WeightBytes,
     kTrainableWeightBytes,
+    kAllgatherBytes,
+    kAllgatherS,
+    kAllgatherExposedS,
+    kReduceScatterBytes,
+    kReduceScatterS,
+    kReduceScatterExposedS,
+    kGatheredWeightBytes,
     kExtraCount
 };
 
@@ -137,6 +145,7 @@ struct LlmTrainer::State {
     std::vector<data::PackedSample> packs; // llm.packed
     std::unique_ptr<dist::GradientSynchronizer> sync;
     std::unique_ptr<ZeroOptimizer> zero;
+    std::unique_ptr<FsdpModel> fsdp; // dist.zero=3
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<GradScaler> scaler;
     std::int64_t per_epoch = 0;
@@ -211,7 +220,24 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
         if (l.optimizer != "adamw")
             throw core::ConfigError("dist.zero=" + std::to_string(l.zero) +
                                     " implements AdamW: set train.optimizer=adamw");
-        s.zero = std::make_unique<ZeroOptimizer>(comm, s.m.trainable, l.zero, h);
+        // The sharded optimizers step without GradScaler (no unscaling, no skipped steps).
+        if (s.o.precision.loss_scaling)
+            throw core::ConfigError("dist.zero=" + std::to_string(l.zero) +
+                                    " has no loss scaler for run.precision=fp16-mixed: use "
+                                    "bf16-mixed (as torchtune's recipes) or fp32, or dist.zero=0");
+        if (l.zero == 3) {
+            FsdpOptions fo;
+            fo.reshard_after_forward = l.reshard_after_forward;
+            fo.prefetch = l.prefetch;
+            fo.adamw = h;
+            s.fsdp = std::make_unique<FsdpModel>(comm, *s.m.model, fo);
+            // Per rank: the shards (the gathered units come and go within an iteration).
+            s.frozen_bytes = s.fsdp->frozen_shard_bytes();
+            s.nf4_bytes = s.fsdp->nf4_shard_bytes();
+            ::malloc_trim(0); // the full weights built on every rank are gone
+        } else {
+            s.zero = std::make_unique<ZeroOptimizer>(comm, s.m.trainable, l.zero, h);
+        }
     } else {
         if (l.optimizer == "adamw")
             s.optimizer = std::make_unique<torch::optim::AdamW>(
@@ -265,6 +291,14 @@ const dist::GradientSynchronizer* LlmTrainer::synchronizer() const {
 const LlmModel& LlmTrainer::model() const {
     return s_->m;
 }
+std::vector<torch::Tensor> LlmTrainer::trainable_values() {
+    State& s = *s_;
+    if (s.fsdp) return s.fsdp->gather_trainable(s.m.trainable_names);
+    std::vector<torch::Tensor> out;
+    for (const auto& t : s.m.trainable)
+        out.push_back(t.detach().to(torch::kCPU).clone());
+    return out;
+}
 
 std::vector<io::Column> LlmTrainer::extra_columns() {
     return {{"padding_fraction", "1"},     {"seq_len_max", "tokens"},
@@ -272,7 +306,11 @@ std::vector<io::Column> LlmTrainer::extra_columns() {
             {"dpo_reward_chosen", "nats"}, {"dpo_reward_rejected", "nats"},
             {"dpo_reward_margin", "nats"}, {"dpo_reward_accuracy", "1"},
             {"qat_enabled", "1"},          {"frozen_weight_bytes", "B"},
-            {"nf4_weight_bytes", "B"},     {"trainable_weight_bytes", "B"}};
+            {"nf4_weight_bytes", "B"},     {"trainable_weight_bytes", "B"},
+            {"allgather_bytes", "B"},      {"allgather_s", "s"},
+            {"allgather_exposed_s", "s"},  {"reduce_scatter_bytes", "B"},
+            {"reduce_scatter_s", "s"},     {"reduce_scatter_exposed_s", "s"},
+            {"gathered_weight_bytes", "B"}};
 }
 
 double LlmTrainer::flops_per_token() const {
@@ -355,6 +393,7 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
     // Allocator peak per phase (CUDA caching allocator, or the host tensor counter on CPU);
     // forward and backward repeat per micro-batch and keep their largest peak.
     if (s.zero) s.zero->zero_grad();
+    if (s.fsdp) s.fsdp->begin_iteration();
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device);
     torch::Tensor loss_acc = torch::zeros({}, f64);
     // DPO, summed over micro-batches: chosen and rejected rewards, margin, accuracy.
@@ -412,6 +451,7 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
             s.peak.begin();
             if (a == accum - 1 && s.sync) s.sync->begin_iteration();
             s.scaler->scale(loss).backward();
+            if (s.fsdp) s.fsdp->end_backward();
             s.peak.end(r.backward_peak);
         }
     }
@@ -439,6 +479,8 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
                 for (auto& t : s.m.trainable)
                     if (t.grad().defined()) t.mutable_grad().mul_(scale);
             }
+        } else if (s.fsdp) {
+            s.fsdp->finish_gradients(scale);
         } else {
             s.comm_s = s.zero->reduce_gradients(scale);
             s.comm_bytes = s.zero->bytes_per_iteration();
@@ -470,6 +512,7 @@ bool LlmTrainer::local_nonfinite(const StepResult&) {
     if (s.scaler->enabled()) return false;
     s.comm.synchronize("the non-finite check"); // NCCL: its host read, bounded by dist.timeout
     if (s.zero) return !all_finite(s.loss_acc, {}) || !s.zero->shard_gradients_finite();
+    if (s.fsdp) return !all_finite(s.loss_acc, {}) || !s.fsdp->shard_gradients_finite();
     return !all_finite(s.loss_acc, s.m.trainable);
 }
 
@@ -482,6 +525,8 @@ bool LlmTrainer::apply(bool skip, double& optimizer_peak) {
         if (s.optimizer) s.optimizer->zero_grad(/*set_to_none=*/false);
     } else if (s.zero) {
         s.zero->step(s.lr);
+    } else if (s.fsdp) {
+        s.fsdp->step(s.lr);
     } else {
         if (s.scaler->enabled()) {
             stepped = s.scaler->step(*s.optimizer);
@@ -507,14 +552,30 @@ void LlmTrainer::account(IterationValues& v) {
     }
     v.memory = prof::sample_memory(s.cuda_index());
     double params = 0, grads = 0, state = 0;
-    for (const auto& t : s.m.trainable) {
-        params += bytes_of(t);
-        grads += bytes_of(t.grad());
+    if (s.fsdp) {
+        const FsdpIterationComm c = s.fsdp->iteration_comm();
+        v.comm_bytes = c.allgather_bytes + c.reduce_scatter_bytes;
+        v.comm_collective_s = c.allgather_s + c.reduce_scatter_s;
+        v.extra[kAllgatherBytes] = c.allgather_bytes;
+        v.extra[kAllgatherS] = c.allgather_s;
+        v.extra[kAllgatherExposedS] = c.allgather_exposed_s;
+        v.extra[kReduceScatterBytes] = c.reduce_scatter_bytes;
+        v.extra[kReduceScatterS] = c.reduce_scatter_s;
+        v.extra[kReduceScatterExposedS] = c.reduce_scatter_exposed_s;
+        v.extra[kGatheredWeightBytes] = s.fsdp->gathered_bytes();
+        params = s.fsdp->trainable_shard_bytes();
+        grads = s.fsdp->gradient_bytes();
+        state = s.fsdp->optimizer_state_bytes();
+    } else {
+        for (const auto& t : s.m.trainable) {
+            params += bytes_of(t);
+            grads += bytes_of(t.grad());
+        }
     }
     if (s.zero) {
         grads = s.zero->gradient_bytes();
         state = s.zero->optimizer_state_bytes();
-    } else {
+    } else if (s.optimizer) {
         for (const auto& [key, st] : s.optimizer->state())
             if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(st.get()))
                 state += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq());
@@ -581,7 +642,8 @@ std::string LlmTrainer::save_checkpoint(Checkpointer& checkpointer, std::int64_t
         // ZeRO's optimizer state is sharded: every rank writes its shard.
         if (s.rank == 0) {
             torch::serialize::OutputArchive weights, scaler;
-            save_named_tensors(weights, *s.m.model, /*trainable_only=*/true);
+            // dist.zero=3: the weights are sharded; every rank writes its shard below.
+            if (!s.fsdp) save_named_tensors(weights, *s.m.model, /*trainable_only=*/true);
             s.scaler->save(scaler);
             out.write("weights", weights);
             out.write("scaler", scaler);
@@ -595,6 +657,11 @@ std::string LlmTrainer::save_checkpoint(Checkpointer& checkpointer, std::int64_t
             torch::serialize::OutputArchive shard;
             s.zero->save(shard);
             out.write("zero_shard", shard);
+        }
+        if (s.fsdp) {
+            torch::serialize::OutputArchive shard;
+            s.fsdp->save(shard);
+            out.write("fsdp_shard", shard);
         }
         save_rng_state(out, cuda_index);
     });
@@ -614,7 +681,7 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
         torch::serialize::InputArchive weights, scaler;
         from->read("weights", weights);
         from->read("scaler", scaler);
-        load_named_tensors(weights, *s.m.model, m.path, /*trainable_only=*/true);
+        if (!s.fsdp) load_named_tensors(weights, *s.m.model, m.path, /*trainable_only=*/true);
         s.scaler->load(scaler);
         if (s.optimizer) {
             torch::serialize::InputArchive optimizer;
@@ -625,6 +692,11 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
             torch::serialize::InputArchive shard;
             mine.read("zero_shard", shard);
             s.zero->load(shard);
+        }
+        if (s.fsdp) {
+            torch::serialize::InputArchive shard;
+            mine.read("fsdp_shard", shard);
+            s.fsdp->load(shard);
         }
         load_rng_state(mine, cuda_index);
         s.start_iteration = read_int(mine, "next_iteration");
@@ -637,7 +709,7 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
 std::string LlmTrainer::save_adapters(const std::string& path) {
     State& s = *s_;
     if (path.empty() || models::lora_parameters(*s.m.model).empty()) return "";
-    if (s.rank == 0) {
+    auto write = [&] {
         // The weights the adapters were trained on; none when they were initialised at random
         // (no base model on disk reproduces them).
         const LlmOptions& l = s.o.llm;
@@ -646,7 +718,14 @@ std::string LlmTrainer::save_adapters(const std::string& path) {
                 ? std::string()
                 : std::filesystem::absolute(l.checkpoint).lexically_normal().string();
         models::save_peft_adapter(path, *s.m.model, l.lora, base);
-    }
+    };
+    // dist.zero=3: the full adapters are gathered on every rank (collective), rank 0 writes.
+    if (s.fsdp)
+        s.fsdp->with_trainable_gathered([&] {
+            if (s.rank == 0) write();
+        });
+    else if (s.rank == 0)
+        write();
     return path;
 }
 

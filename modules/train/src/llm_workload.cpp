@@ -4,9 +4,11 @@
 // directory written when training ends.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
+#include <utility>
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
@@ -131,19 +133,27 @@ void LlmWorkload::build() {
     mi.seq_len = l_.dataset.max_seq_len;
     mi.activation_checkpointing = l_.activation_checkpointing;
     mi.packed = l_.packed;
-    std::vector<LlmMemoryPlan> plans;
+    // Stage 3 rows with this run's dist.reshard_after_forward and dist.prefetch.
+    mi.reshard_after_forward = l_.reshard_after_forward;
+    mi.prefetch = l_.prefetch;
+    std::vector<std::pair<LlmMethod, int>> rows; // (method, dist.zero)
     for (LlmMethod m :
          {LlmMethod::Full, LlmMethod::Lora, LlmMethod::Qlora, LlmMethod::Dpo, LlmMethod::Qat}) {
-        mi.method = m;
-        for (int z : {0, 1, 2}) {
-            if (z > 0 && m != LlmMethod::Full) break;
-            mi.zero = z;
-            plans.push_back(plan_llm_memory(mi));
-        }
+        for (int z : {0, 1, 2, 3})
+            if (z == 0 || z == 3 || m == LlmMethod::Full) rows.emplace_back(m, z);
     }
-    mi.method = l_.method;
-    mi.zero = l_.zero;
-    const LlmMemoryPlan mine = plan_llm_memory(mi);
+    // The configured run is one of the rows, or appended last (e.g. QAT under dist.zero=1):
+    // its index either way.
+    auto found = std::find(rows.begin(), rows.end(), std::make_pair(l_.method, l_.zero));
+    const int this_run = static_cast<int>(found - rows.begin());
+    if (found == rows.end()) rows.emplace_back(l_.method, l_.zero);
+    std::vector<LlmMemoryPlan> plans;
+    for (const auto& [m, z] : rows) {
+        mi.method = m;
+        mi.zero = z;
+        plans.push_back(plan_llm_memory(mi));
+    }
+    const LlmMemoryPlan mine = plans[static_cast<std::size_t>(this_run)];
     memory_ = mine;
     const bool cuda = env_.device.device.is_cuda();
     const double device_bytes =
@@ -183,8 +193,14 @@ void LlmWorkload::build() {
       << (l_.activation_checkpointing ? ", activation checkpointing" : "") << "; fits: against "
       << std::fixed << std::setprecision(0) << device_bytes / 1e9 << " GB"
       << (cuda ? " (this device)" : " (an 80 GB H100/A100)") << ")\n"
-      << format_memory_plans(plans, device_bytes) << "  this run      ~" << mib(mine.total_bytes())
-      << " per rank\n";
+      << format_memory_plans(plans, device_bytes, this_run)
+      << "  zero 3        weights, grads, optim: this rank's 1/" << layout.world_size
+      << " shards; gathered: the units in flight ("
+      << (l_.reshard_after_forward
+              ? (l_.prefetch ? "2 x the largest, dist.prefetch" : "the largest unit")
+              : "the whole model, dist.reshard_after_forward=false")
+      << "); unitgrad: one unit's gradient before its reduce-scatter\n"
+      << "  this run      ~" << mib(mine.total_bytes()) << " per rank\n";
     plan_text_ = o.str();
     if (env_.dry_run) return;
 
@@ -255,7 +271,9 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"memory_plan_gradient_bytes", memory_.gradient_bytes},
         {"memory_plan_optimizer_state_bytes", memory_.optimizer_state_bytes},
         {"memory_plan_activation_bytes", memory_.activation_bytes},
-        {"memory_plan_logits_bytes", memory_.logits_bytes}};
+        {"memory_plan_logits_bytes", memory_.logits_bytes},
+        {"memory_plan_gathered_weight_bytes", memory_.gathered_weight_bytes},
+        {"memory_plan_unit_gradient_bytes", memory_.unit_gradient_bytes}};
     if (trainer_) {
         const LlmModel& m = trainer_->model();
         std::string kinds;

@@ -13,6 +13,19 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 } // namespace
 
+void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
+                  torch::Tensor& exp_avg_sq, std::int64_t step, double lr, const ZeroAdamW& h) {
+    torch::NoGradGuard no_grad;
+    // torch.optim.AdamW, operation for operation (decoupled decay, then the moments).
+    param.mul_(1.0 - lr * h.weight_decay);
+    exp_avg.mul_(h.beta1).add_(grad, 1.0 - h.beta1);
+    exp_avg_sq.mul_(h.beta2).addcmul_(grad, grad, 1.0 - h.beta2);
+    const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step));
+    const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step));
+    torch::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(h.eps);
+    param.addcdiv_(exp_avg, denom, -lr / bias1);
+}
+
 ZeroOptimizer::ZeroOptimizer(dist::Communicator& comm, std::vector<torch::Tensor> parameters,
                              int stage, ZeroAdamW hyper)
     : comm_(comm), params_(std::move(parameters)), stage_(stage), hyper_(hyper) {
@@ -79,16 +92,8 @@ double ZeroOptimizer::reduce_gradients(double grad_scale) {
 void ZeroOptimizer::step(double lr) {
     torch::NoGradGuard no_grad;
     ++step_count_;
-    const ZeroAdamW& h = hyper_;
     torch::Tensor param = flat_param_.narrow(0, rank_ * shard_, shard_);
-    // torch.optim.AdamW, operation for operation (decoupled decay, then the moments).
-    param.mul_(1.0 - lr * h.weight_decay);
-    exp_avg_.mul_(h.beta1).add_(shard_grad_, 1.0 - h.beta1);
-    exp_avg_sq_.mul_(h.beta2).addcmul_(shard_grad_, shard_grad_, 1.0 - h.beta2);
-    const double bias1 = 1.0 - std::pow(h.beta1, static_cast<double>(step_count_));
-    const double bias2 = 1.0 - std::pow(h.beta2, static_cast<double>(step_count_));
-    torch::Tensor denom = (exp_avg_sq_.sqrt() / std::sqrt(bias2)).add_(h.eps);
-    param.addcdiv_(exp_avg_, denom, -lr / bias1);
+    adamw_update(param, shard_grad_, exp_avg_, exp_avg_sq_, step_count_, lr, hyper_);
     // Every rank gets every updated shard; the parameters are views of flat_param_.
     const auto t0 = std::chrono::steady_clock::now();
     torch::Tensor mine = param.clone();

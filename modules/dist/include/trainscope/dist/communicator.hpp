@@ -68,6 +68,14 @@ class Communicator {
     // in: size() * out.numel() elements; rank r receives the reduction of block r. The split must
     // be exact (callers pad), as MPI_Reduce_scatter_block and ncclReduceScatter require.
     virtual void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) = 0;
+    // Asynchronous forms of the two (FSDP's per-unit all-gathers and gradient reduce-scatters,
+    // which overlap compute). Same shapes and rules; `in` and `out` must stay untouched until the
+    // handle's wait() returned. MPI: on the progress thread, in issue order with the other
+    // asynchronous collectives; NCCL: on the communicator's stream, ordered after the work queued
+    // so far on the caller's stream.
+    virtual std::shared_ptr<Work> allgather_async(const torch::Tensor& in, torch::Tensor out) = 0;
+    virtual std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& in, torch::Tensor out,
+                                                       ReduceOp op) = 0;
     virtual void barrier() = 0;
     // Host-side control traffic: a few numbers (flags, counts) that must neither wait for nor
     // synchronise with the device, e.g. the ranks' per-iteration stop/checkpoint agreement. In

@@ -1,7 +1,9 @@
 // Per-rank memory plan of an LLM fine-tuning run, by arithmetic before anything is allocated: what
 // --dry-run prints so a user sees, before submitting, whether a method fits the device (e.g. that
 // full fine-tuning of Llama-3-8B needs dist.zero >= 1 on 80 GB cards). Every figure is bytes per
-// rank; activations count the tensors autograd keeps (formula in llm_memory.cpp).
+// rank; activations count the tensors autograd keeps (formula in llm_memory.cpp). Under dist.zero=3
+// (FSDP) weights, gradients and optimizer state are the rank's padded 1/N shards, and the plan adds
+// what is full-size only while a unit is in flight: its gathered weights and its gradient.
 #pragma once
 
 #include <torch/types.h>
@@ -26,6 +28,9 @@ struct LlmMemoryInputs {
     torch::ScalarType compute_dtype = torch::kBFloat16; // activations
     int zero = 0;
     int world_size = 1;
+    bool reshard_after_forward =
+        true;                     // dist.zero=3: false keeps every unit gathered until backward
+    bool prefetch = true;         // dist.zero=3: the next unit is gathered during the current
     std::int64_t micro_batch = 1; // sequences per micro-batch per rank (DPO: pairs)
     std::int64_t seq_len = 2048;
     bool activation_checkpointing = false;
@@ -44,13 +49,21 @@ struct LlmMemoryPlan {
     double optimizer_state_bytes = 0; // AdamW exp_avg + exp_avg_sq
     double activation_bytes = 0;      // kept for backward (+ one layer's recompute with AC)
     double logits_bytes = 0;          // logits in the compute dtype + fp32 log-softmax for the loss
+    // dist.zero=3 only (0 otherwise): the full weights of the units gathered at once, in their
+    // stored dtypes (the largest unit x 2 with dist.prefetch, x 1 without; the whole model with
+    // dist.reshard_after_forward=false; + the tied embedding, gathered throughout), and the full
+    // gradient of the largest trainable unit during its backward (before its reduce-scatter).
+    double gathered_weight_bytes = 0;
+    double unit_gradient_bytes = 0;
     double total_bytes() const;
 };
 
 LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in);
 
-// A table of the given plans (GiB per rank) with a verdict against `device_bytes` (0: no verdict).
-std::string format_memory_plans(const std::vector<LlmMemoryPlan>& plans, double device_bytes);
+// A table of the given plans (GiB per rank) with a verdict against `device_bytes` (0: no verdict);
+// the row at index `this_run` (if any) is marked as the configured run.
+std::string format_memory_plans(const std::vector<LlmMemoryPlan>& plans, double device_bytes,
+                                int this_run = -1);
 
 // Projection weights of all decoder layers (what QLoRA stores in NF4).
 std::int64_t llama_projection_parameters(const models::LlamaConfig& config);

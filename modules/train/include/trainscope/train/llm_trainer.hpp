@@ -79,6 +79,9 @@ class LlmTrainer final : public TrainStep {
     // the path; "" when the method has no adapters.
     std::string save_adapters(const std::string& path);
     const LlmModel& model() const;
+    // Collective: the full values of the trainable tensors in model().trainable_names order, as
+    // CPU clones (gathered from the shards under dist.zero=3). For tests and exports.
+    std::vector<torch::Tensor> trainable_values();
     // Faults and restarts: the checkpoint holds the trainable weights (LoRA adapters, or all
     // weights for full/QAT), the optimizer (or this rank's ZeRO shard), the loss scaler and the
     // RNG; frozen and NF4 weights are rebuilt from llm.init.

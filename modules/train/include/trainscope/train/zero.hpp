@@ -23,6 +23,12 @@ struct ZeroAdamW {
     double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
 
+// One AdamW update of `param` in place, exactly torch.optim.AdamW's arithmetic (decoupled decay,
+// then the moments, bias corrections from `step` = 1, 2, ...). ZeRO and FSDP step their shards
+// with it, so sharding never changes the optimizer's arithmetic.
+void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
+                  torch::Tensor& exp_avg_sq, std::int64_t step, double lr, const ZeroAdamW& h);
+
 class ZeroOptimizer {
   public:
     // parameters: same dtype and device. Broadcasts rank 0's values first (all ranks start equal).

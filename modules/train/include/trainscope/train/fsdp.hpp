@@ -1,0 +1,122 @@
+// Fully sharded data parallelism (dist.zero=3; ZeRO stage 3, Rajbhandari et al. 2020; FSDP as
+// torchtune's distributed recipes run it) for the Llama model, every fine-tuning method.
+//
+// Units (models::UnitHooks): the embedding, each decoder layer, the head (final norm + lm_head).
+// A unit's tensors (parameters and buffers: dense, LoRA, NF4 codes and scales) are grouped by
+// (dtype, trainable); each group is one flat buffer of N x shard elements (N ranks, zero padding at
+// the end) of which rank r keeps elements [r * shard, (r + 1) * shard) permanently. The module's
+// tensors are views of the group's full buffer, whose storage exists only while the unit is
+// gathered: the engine swaps the storage's memory in and out, so every view (including those
+// autograd saved for backward) sees the gathered values when they are there.
+//
+//   forward, unit u:   wait for u's all-gather (issue it if no prefetch did), issue u+1's
+//                      (dist.prefetch), compute, free u (dist.reshard_after_forward; the head,
+//                      needed by backward at once, is kept; without grad every unit is freed).
+//   backward, unit u:  before: u gathered again (waits for its all-gather; issues u-1's); after:
+//                      u's trainable gradients are copied into one flat buffer per group,
+//                      reduce-scattered asynchronously (sum) into a buffer the shard gradient is
+//                      accumulated from, and u is freed. The embedding's backward needs no weights
+//                      (it is finished after backward()); with tied embeddings the embedding stays
+//                      gathered from forward to the end of backward (the head uses it).
+//   step:              AdamW on the local shard (torch.optim.AdamW's arithmetic); the next
+//                      forward's all-gathers distribute the updated values.
+// Gradient accumulation reduce-scatters every micro-batch (FSDP's default) and sums the shards.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainscope/dist/communicator.hpp"
+#include "trainscope/models/llama.hpp"
+#include "trainscope/train/zero.hpp"
+
+namespace trainscope::train {
+
+struct FsdpOptions {
+    bool reshard_after_forward = true;
+    bool prefetch = true;
+    ZeroAdamW adamw;
+};
+
+// Communication of one iteration. *_s: the collectives' own durations (MPI: on the progress
+// thread; NCCL: GPU time between events); *_exposed_s: time the training thread waited for them
+// (MPI; on NCCL the host does not wait, the stream does: 0). overlapped = seconds - exposed.
+struct FsdpIterationComm {
+    double allgather_bytes = 0, allgather_s = 0, allgather_exposed_s = 0;
+    double reduce_scatter_bytes = 0, reduce_scatter_s = 0, reduce_scatter_exposed_s = 0;
+    std::int64_t allgathers = 0, reduce_scatters = 0;
+};
+
+class FsdpModel final : public models::UnitHooks {
+  public:
+    // Collective. Shards `model` (built identically on every rank; rank 0's values are broadcast
+    // first) and installs itself as the model's unit hooks. The model must outlive this object.
+    FsdpModel(dist::Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options);
+    ~FsdpModel() override;
+    FsdpModel(const FsdpModel&) = delete;
+    FsdpModel& operator=(const FsdpModel&) = delete;
+
+    void before_forward(int unit) override;
+    void after_forward(int unit) override;
+    void before_backward(int unit) override;
+    void after_backward(int unit) override;
+
+    // Iteration protocol: begin_iteration() (zero the gradient shards), then per micro-batch
+    // forward + backward() + end_backward() (finishes units autograd did not, frees everything),
+    // then finish_gradients(scale) (waits for the reduce-scatters; shard gradients summed over
+    // ranks x scale / N), then step(lr).
+    void begin_iteration();
+    void end_backward();
+    void finish_gradients(double grad_scale);
+    bool shard_gradients_finite() const;
+    void step(double lr);
+    FsdpIterationComm iteration_comm(); // resolves the collectives' durations
+
+    // Collective: the full values of the trainable tensors, in `names` order (CPU clones).
+    std::vector<torch::Tensor> gather_trainable(const std::vector<std::string>& names);
+    // Collective: gathers every unit's trainable groups into the module (frozen ones stay
+    // sharded), runs fn, frees them. For exporting adapters.
+    void with_trainable_gathered(const std::function<void()>& fn);
+
+    // Checkpoints: this rank's shards of the trainable tensors and their optimizer state.
+    void save(torch::serialize::OutputArchive& out) const;
+    void load(torch::serialize::InputArchive& in);
+
+    // Bytes this rank holds outside gathered units (shards), by kind; and now gathered.
+    double trainable_shard_bytes() const;
+    double frozen_shard_bytes() const; // dense frozen weights and NF4 buffers
+    double nf4_shard_bytes() const;
+    double gradient_bytes() const; // shard gradients (+ flat gradients still in flight)
+    double optimizer_state_bytes() const;
+    double gathered_bytes() const;
+    double largest_unit_bytes() const; // one unit's full (gathered) tensors
+    int num_units() const { return static_cast<int>(units_.size()); }
+
+  private:
+    struct Group;
+    struct Unit;
+    struct PendingReduce;
+    void gather(Unit& u);      // issues the all-gathers (async)
+    void wait_gathered(Unit& u);
+    void free(Unit& u);
+    void reduce_gradients(Unit& u);
+    void retire_reduce(); // waits for the oldest reduce-scatter and accumulates it
+    bool keep_after_forward(int unit) const;
+
+    dist::Communicator& comm_;
+    models::LlamaForCausalLMImpl& model_;
+    FsdpOptions o_;
+    int rank_ = 0, world_ = 1;
+    std::vector<std::unique_ptr<Unit>> units_;
+    std::deque<PendingReduce> reduces_;
+    std::vector<std::shared_ptr<dist::Work>> gathers_done_, reduces_done_;
+    FsdpIterationComm comm_now_;
+    std::int64_t step_count_ = 0;
+};
+
+} // namespace trainscope::train
