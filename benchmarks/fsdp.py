@@ -1,4 +1,4 @@
-"""Stage 3 (dist.zero=3, FSDP) vs ddp-ds on a mid-size CPU Llama: per-rank memory, step time, overlap.
+"""dist.zero=3 (FSDP) vs ddp-ds on a mid-size CPU Llama: per-rank memory, step time, overlap.
 
 Issue 17's acceptance tables 2 and 3, read back from the run files (trainscope_post.RunFile):
 - Table A: for every --methods method at every --ranks count, ddp-ds (dist.zero=0, the whole model
@@ -14,7 +14,11 @@ Issue 17's acceptance tables 2 and 3, read back from the run files (trainscope_p
   thread computed. On the MPI backend the collectives run on the progress thread: on an
   oversubscribed machine (4 ranks on 2 cores) it competes with the ranks' compute for the cores,
   so less is hidden there than on a machine with a spare core per rank, and a rank waiting for a
-  descheduled peer counts as exposed time.
+  descheduled peer counts as exposed time. The progress thread runs the collectives in issue
+  order, so a wait also covers collectives queued ahead (an all-gather behind a unit's
+  reduce-scatter): exposed can exceed the collective's own time, and the hidden share go
+  negative. The step's last wait for the reduce-scatters is in comm_wait (printed beside them):
+  for SFT methods the label-token allreduce there queues behind them and takes that wait.
 
 Fairness rules (printed with the results):
 - One model: a Llama config.json written to a temporary directory (default hidden 1024 x 8 layers,
@@ -320,8 +324,8 @@ def main():
         print("\nTable B: stage 3, prefetch on vs off; per iteration (mean over ranks, median over "
               "the measured iterations); hidden = 1 - exposed / total")
         print("| method | ranks | prefetch | all-gather [ms] | exposed [ms] | hidden | "
-              "reduce-scatter [ms] | exposed [ms] | hidden | step [ms] |")
-        print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+              "reduce-scatter [ms] | exposed [ms] | hidden | comm_wait [ms] | step [ms] |")
+        print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for method in a.overlap_methods:
             for ranks in a.overlap_ranks:
                 for pf in (True, False):
@@ -330,7 +334,8 @@ def main():
                     rs, rse = r["median_reduce_scatter_s"], r["median_reduce_scatter_exposed_s"]
                     print(f"| {method} | {ranks} | {'on' if pf else 'off'} | {ms(ag)} | "
                           f"{ms(age)} | {pct(hidden_share(ag, age))} | {ms(rs)} | {ms(rse)} | "
-                          f"{pct(hidden_share(rs, rse))} | {ms(r['median_step_s'])} |")
+                          f"{pct(hidden_share(rs, rse))} | {ms(r['median_comm_wait_s'])} | "
+                          f"{ms(r['median_step_s'])} |")
     warnings = [w for r in runs for w in r.get("warnings", [])]
     if warnings:
         print(f"\nWARNING: {len(warnings)} implausible stage-3 figure(s), the tables above are "
