@@ -736,8 +736,13 @@ class MpiCommunicator final : public Communicator {
             [src, dst, bytes, state] {
                 nvtx::ScopedRange range("MPI_Allgather");
                 const auto t0 = Clock::now();
-                MPI_CHECK(MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes,
-                                        MPI_BYTE, state->comm));
+                // Nonblocking and polled with naps (core::wait_for_peers): a prefetched all-gather
+                // is often posted before the peers reach it, and a blocking MPI collective would
+                // spin on a core the compute threads need meanwhile.
+                MPI_Request request = MPI_REQUEST_NULL;
+                MPI_CHECK(MPI_Iallgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes,
+                                         MPI_BYTE, state->comm, &request));
+                core::wait_for_peers(request, 0, "an asynchronous MPI allgather");
                 state->account_async(Kind::Allgather, static_cast<std::uint64_t>(bytes),
                                      seconds_since(t0));
             },
@@ -763,8 +768,10 @@ class MpiCommunicator final : public Communicator {
             [src, dst, count, type, mop, op, size, state]() mutable {
                 nvtx::ScopedRange range("MPI_Reduce_scatter_block");
                 const auto t0 = Clock::now();
-                MPI_CHECK(MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(), count, type,
-                                                   mop, state->comm));
+                MPI_Request request = MPI_REQUEST_NULL; // polled with naps, as the all-gather
+                MPI_CHECK(MPI_Ireduce_scatter_block(src.data_ptr(), dst.data_ptr(), count, type,
+                                                    mop, state->comm, &request));
+                core::wait_for_peers(request, 0, "an asynchronous MPI reduce-scatter");
                 if (op == ReduceOp::Average) dst.div_(size);
                 state->account_async(Kind::ReduceScatter, dst.nbytes(), seconds_since(t0));
             },

@@ -285,9 +285,13 @@ void FsdpModel::end_backward() {
         free(*u);
 }
 
-void FsdpModel::finish_gradients(double grad_scale) {
+void FsdpModel::wait_reduces() {
     while (!reduces_.empty())
         retire_reduce();
+}
+
+void FsdpModel::finish_gradients(double grad_scale) {
+    wait_reduces();
     torch::NoGradGuard no_grad;
     for (auto& u : units_)
         for (Group& g : u->groups)

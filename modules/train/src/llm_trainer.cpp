@@ -458,6 +458,9 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
     s.comm_bytes = s.comm_s = 0;
     {
         prof::PhaseScope p(timer, prof::Phase::CommWait);
+        // FSDP: the gradient reduce-scatters still in flight first, so their wait is counted as
+        // theirs (the host allreduce below would otherwise wait for them on MPI's queue).
+        if (s.fsdp) s.fsdp->wait_reduces();
         if (!dpo) {
             std::vector<double> n = {label_tokens};
             s.comm.allreduce_host(n, dist::ReduceOp::Sum);

@@ -74,6 +74,7 @@ class FsdpModel final : public models::UnitHooks {
     void begin_iteration();
     void end_backward();
     void finish_gradients(double grad_scale);
+    void wait_reduces(); // the gradient reduce-scatters in flight (finish_gradients waits too)
     bool shard_gradients_finite() const;
     void step(double lr);
     FsdpIterationComm iteration_comm(); // resolves the collectives' durations
