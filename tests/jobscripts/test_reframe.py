@@ -83,3 +83,31 @@ def test_reframe_fails_a_failed_run(tmp_path):
     assert p.returncode != 0, p.stdout
     assert "FAILED" in p.stdout and "sanity" in p.stdout, p.stdout
     assert "no run file" in p.stdout, p.stdout
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """The suite's real one-node Slurm (as test_jobscripts.py starts it)."""
+    state = tmp_path_factory.mktemp("slurm")
+    start = subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "start", str(state)],
+                           capture_output=True, text=True, timeout=120)
+    if start.returncode == 77:
+        pytest.skip("Slurm cannot start here: " + start.stderr.strip())
+    assert start.returncode == 0, start.stdout + start.stderr
+    yield dict(os.environ, SLURM_CONF=str(state / "slurm.conf"))
+    subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "stop", str(state)],
+                   timeout=60)
+
+
+def test_reframe_on_the_suites_slurm(slurm, tmp_path):
+    """The same test through ReFrame's Slurm backend (sbatch, squeue polling) and mpirun inside
+    the allocation."""
+    p = reframe(tmp_path, "--system", "trainscope-testslurm:batch", "-S", SHORT, env=slurm)
+    print(p.stdout[-2000:])
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(r"\[\s*PASSED\s*\] Ran 1/1 test case", p.stdout), p.stdout
+    (line,) = perflog_lines(tmp_path, "trainscope-testslurm", "batch")
+    v = perf_values(line)
+    assert v["samples_per_s"] > 0 and v["median_step_s"] > 0 and line.endswith("|pass"), line
+    script = next((tmp_path / "output").rglob("rfm_job.sh")).read_text()
+    assert "#SBATCH --ntasks=2" in script and "mpirun -np 2 --oversubscribe" in script, script
