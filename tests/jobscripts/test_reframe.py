@@ -46,8 +46,9 @@ def perf_values(line):
 
 
 def test_reframe_local_runs_cv_and_llm(tmp_path):
+    # A made-up single-rank baseline of 100 samples/s: efficiency = samples/s / (2 x 100).
     p = reframe(tmp_path, "-P", "config=inputs/quickstart.ini,inputs/llm/lora-tiny.ini",
-                "-S", SHORT)
+                "-S", SHORT, "-S", "baseline_samples_per_s=100")
     print(p.stdout[-3000:])
     assert p.returncode == 0, p.stdout + p.stderr
     assert re.search(r"\[\s*PASSED\s*\] Ran 2/2 test case", p.stdout), p.stdout
@@ -66,6 +67,8 @@ def test_reframe_local_runs_cv_and_llm(tmp_path):
         assert ("tokens_per_s" in v) == (kind == "lora"), line
         if kind == "lora":
             assert v["tokens_per_s"] > v["samples_per_s"], line
+        assert v["scaling_efficiency"] == pytest.approx(v["samples_per_s"] / 200, rel=1e-9), line
+        assert "mfu" not in v, line  # no peak FLOPs known for a CPU
     # The logged figures are the run files' /summary values (kept in ReFrame's output directory).
     runs = sorted((tmp_path / "output").rglob("run.h5"))
     assert len(runs) == 2, sorted(str(p) for p in tmp_path.rglob("*.h5"))
