@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 import peft
 import pytest
 import safetensors.torch as safetensors_torch
@@ -151,6 +152,45 @@ def test_per_sample_loss_equals_transformers(run_ts, tmp_path, hf, kind):
     ts, proc = lr0_losses(run_ts, hf[kind], hf["data"], tmp_path / "run.h5")
     ref = hf_losses(load_hf(hf[kind]), hf["samples"])
     assert_close(ts, ref, f"{kind} head vs transformers")
+
+
+@pytest.mark.parametrize("split", ["fraction", "fraction-zero3", "file"])
+def test_validation_loss_equals_transformers(run_ts, tmp_path, hf, split):
+    """lr 0 on 2 ranks (the weights never move): /epochs val_loss is the summed token loss of the
+    held-out samples over their label tokens (torchtune's normalisation), as transformers computes
+    it sample by sample; under dist.zero=3 too, with shards of unequal size. With a split, no rank
+    ever trains on a held-out sample (batch 1: /iterations/tokens names each trained sample)."""
+    out = tmp_path / "run.h5"
+    batch = 2 if split == "file" else 1
+    args = [a for a in base_args(hf["untied"], hf["data"], out) if "batch_size" not in a]
+    args += ["--llm.method=full", "--train.lr=0", "--train.epochs=2", f"--train.batch_size={batch}",
+             "--train.schedule=constant", "--train.optimizer=adamw"]
+    if split == "file":  # all 6: 3 per rank, eval batches of 2 and 1 (padding inside a batch)
+        args.append(f"--llm.val_dataset.path={hf['data']}")
+    else:  # 3 held out: 2 on rank 0, 1 (and a stand-in forward) on rank 1
+        args.append("--llm.val_fraction=0.5")
+    if split.endswith("zero3"):
+        args.append("--dist.zero=3")
+    proc = run_ts(2, *args, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    by_line = sorted(hf["samples"])  # token counts grow with the line: line i has by_line[i]
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] in ("completed", b"completed")
+        val = f["epochs/val_loss"][...]
+        held = ([int(i) for i in f["plan/val_indices"][...]] if split != "file"
+                else list(range(SAMPLES)))
+        trained = f["iterations/tokens"][...]  # [rank, iteration]
+    assert val.shape == (2, 2) and np.all(val == val[0, 0])  # lr 0: both epochs alike
+    held_tokens = {by_line[i] for i in held}
+    if split != "file":
+        assert len(held) == 3
+        for rank in (0, 1):
+            assert not held_tokens & {int(t) for t in trained[rank]}, (rank, held, trained)
+    ref_losses = hf_losses(load_hf(hf["untied"]), {n: hf["samples"][n] for n in held_tokens})
+    ref = sum(ref_losses[n] * (n - 1) for n in held_tokens) / sum(n - 1 for n in held_tokens)
+    rel = abs(val[0, 0] - ref) / ref
+    print(f"{split}: val_loss {val[0, 0]:.8f} vs transformers {ref:.8f}, relative {rel:.1e}")
+    assert rel < REL_TOL
 
 
 def test_rope_parameters_form_reads_like_the_old_form(run_ts, tmp_path, hf):

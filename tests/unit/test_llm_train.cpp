@@ -1,5 +1,6 @@
 // LLM training arithmetic: the SFT token loss and DPO loss against formulas evaluated here with
-// plain loops, and the --dry-run memory plan against the parameter arithmetic of Llama-3-8B.
+// plain loops, the --dry-run memory plan against the parameter arithmetic of Llama-3-8B, and the
+// seeded validation split (llm.val_fraction).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,6 +11,7 @@
 #include "trainscope/models/llama.hpp"
 #include "trainscope/train/llm_loss.hpp"
 #include "trainscope/train/llm_memory.hpp"
+#include "trainscope/train/llm_trainer.hpp"
 
 namespace tt = trainscope::train;
 
@@ -288,4 +290,35 @@ TEST(LlmMemoryPlan, Stage3PadsEachGroupAndKeepsATiedEmbeddingGathered) {
     EXPECT_DOUBLE_EQ(untied.gathered_weight_bytes,
                      4.0 * 3 * 2 * static_cast<double>(up(embed + h)));
     EXPECT_DOUBLE_EQ(untied.unit_gradient_bytes, 4.0 * 3 * static_cast<double>(up(embed + h)));
+}
+
+TEST(LlmValidationSplit, DisjointCompleteAndFixedBySeed) {
+    for (std::int64_t n : {1, 2, 7, 100, 1001})
+        for (std::int64_t n_val : {std::int64_t{0}, std::int64_t{1}, n / 3, n - 1}) {
+            if (n_val < 0 || n_val >= n) continue;
+            const tt::LlmSplit s = tt::split_validation(n, n_val, 42);
+            ASSERT_EQ(static_cast<std::int64_t>(s.val.size()), n_val);
+            ASSERT_EQ(static_cast<std::int64_t>(s.train.size()), n - n_val);
+            ASSERT_TRUE(std::is_sorted(s.val.begin(), s.val.end()));
+            ASSERT_TRUE(std::is_sorted(s.train.begin(), s.train.end()));
+            // Disjoint, and together every sample exactly once.
+            std::vector<int> seen(static_cast<std::size_t>(n), 0);
+            for (auto i : s.val)
+                ++seen[static_cast<std::size_t>(i)];
+            for (auto i : s.train)
+                ++seen[static_cast<std::size_t>(i)];
+            for (int c : seen)
+                ASSERT_EQ(c, 1) << "n " << n << " n_val " << n_val;
+            // What every rank computes from run.seed alone: the same lists each time.
+            const tt::LlmSplit again = tt::split_validation(n, n_val, 42);
+            EXPECT_EQ(again.val, s.val);
+            EXPECT_EQ(again.train, s.train);
+        }
+    // Another seed holds out other samples, and not simply the first or last ones.
+    const tt::LlmSplit a = tt::split_validation(1000, 50, 42),
+                       b = tt::split_validation(1000, 50, 7);
+    EXPECT_NE(a.val, b.val);
+    EXPECT_LT(a.val.front(), 100);
+    EXPECT_GT(a.val.back(), 900);
+    EXPECT_EQ(a.val_data, nullptr);
 }

@@ -27,6 +27,12 @@ bool is_preset(const std::string& name) {
     return false;
 }
 
+std::string shown(double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+}
+
 } // namespace
 
 void declare_llm_options(core::OptionRegistry& r) {
@@ -50,6 +56,15 @@ void declare_llm_options(core::OptionRegistry& r) {
                  "dataset type: instruct (Alpaca), summarize (dialogue/summary), grammar "
                  "(input/output), chat (OpenAI messages or ShareGPT conversations), text (plain "
                  "completion), preference (prompt/chosen/rejected; llm.method=dpo)");
+    r.add_float("llm.val_fraction", 0.0,
+                "held-out validation share of llm.dataset.path, in [0, 1): a seeded split "
+                "(run.seed) the run never trains on, evaluated after every epoch (val_loss, "
+                "val_perplexity; DPO: val_accuracy = reward accuracy); 0 = none (torchtune's "
+                "default: no split)",
+                0.0, 1.0);
+    r.add_string("llm.val_dataset.path", "",
+                 "validation dataset file (same llm.dataset.format), evaluated after every epoch "
+                 "instead of a llm.val_fraction split; empty = none");
     r.add_int("llm.max_seq_len", 2048, "tokens per sample after truncation (and per pack)", 8,
               1 << 20);
     r.add_int("llm.max_samples", 0, "use the first N samples of the dataset (0 = all)", 0);
@@ -189,6 +204,21 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
     o.dataset.train_on_input = c.get_bool("llm.train_on_input");
     o.dataset.max_samples = c.get_int("llm.max_samples");
     o.packed = c.get_bool("llm.packed");
+    o.val_fraction = c.get_float("llm.val_fraction");
+    o.val_path = c.get_string("llm.val_dataset.path");
+    if (o.val_fraction >= 1.0)
+        throw core::ConfigError("llm.val_fraction = " + shown(o.val_fraction) +
+                                " leaves nothing to train on: use a share in [0, 1) such as 0.05, "
+                                "or 0 for no validation");
+    if (o.val_fraction > 0 && !o.val_path.empty())
+        throw core::ConfigError("llm.val_fraction = " + shown(o.val_fraction) +
+                                " and llm.val_dataset.path = '" + o.val_path +
+                                "' both name a validation set: set one of them");
+    if (!o.val_path.empty() && !fs::is_regular_file(o.val_path))
+        throw core::InputError(
+            "llm.val_dataset.path = '" + o.val_path +
+            "': " + (fs::is_directory(o.val_path) ? "is a directory" : "no such file") +
+            "; set it to a .json or .jsonl file in llm.dataset.format, or leave it empty");
     const bool preference = o.dataset.format == data::TextFormat::Preference;
     if (o.method == LlmMethod::Dpo && !preference)
         throw core::ConfigError("llm.method=dpo needs preference data (prompt, chosen, "

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <numeric>
+#include <random>
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
@@ -134,6 +135,24 @@ LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
     return m;
 }
 
+LlmSplit split_validation(std::int64_t n, std::int64_t n_val, std::uint64_t seed) {
+    // Fisher-Yates with the engine's raw output (std::shuffle and the standard distributions may
+    // differ between library versions; mt19937_64's sequence is fixed by the standard). The
+    // modulo bias is far below anything a split could show.
+    std::vector<std::int64_t> perm(static_cast<std::size_t>(n));
+    std::iota(perm.begin(), perm.end(), std::int64_t{0});
+    std::mt19937_64 rng(seed ^ 0x76616c5f73706c74ULL); // "val_splt": not the sampler's stream
+    for (std::int64_t i = n - 1; i > 0; --i)
+        std::swap(perm[static_cast<std::size_t>(i)],
+                  perm[static_cast<std::size_t>(rng() % static_cast<std::uint64_t>(i + 1))]);
+    LlmSplit out;
+    out.val.assign(perm.begin(), perm.begin() + n_val);
+    out.train.assign(perm.begin() + n_val, perm.end());
+    std::sort(out.val.begin(), out.val.end());
+    std::sort(out.train.begin(), out.train.end());
+    return out;
+}
+
 struct LlmTrainer::State {
     LlmTrainerOptions o;
     LlmModel m;
@@ -141,8 +160,9 @@ struct LlmTrainer::State {
     const data::Tokenizer& tokenizer;
     dist::Communicator& comm;
     MPI_Comm world;
+    LlmSplit split;
     int rank = 0, size = 1;
-    std::vector<data::PackedSample> packs; // llm.packed
+    std::vector<data::PackedSample> packs; // llm.packed (of the training samples)
     std::unique_ptr<dist::GradientSynchronizer> sync;
     std::unique_ptr<ZeroOptimizer> zero;
     std::unique_ptr<FsdpModel> fsdp; // dist.zero=3
@@ -164,7 +184,12 @@ struct LlmTrainer::State {
 
     std::size_t num_items() const {
         if (o.llm.packed) return packs.size();
+        if (!split.train.empty()) return split.train.size();
         return static_cast<std::size_t>(data.size());
+    }
+    // The dataset index of training item i (packs are built from the training samples only).
+    std::int64_t sample_of(std::int64_t i) const {
+        return split.train.empty() ? i : split.train[static_cast<std::size_t>(i)];
     }
     data::DistributedSampler make_sampler() const {
         return data::DistributedSampler(num_items(), rank, size, /*shuffle=*/true, o.seed,
@@ -181,20 +206,37 @@ struct LlmTrainer::State {
         if (data.is_preference()) {
             std::vector<const data::PreferenceSample*> v;
             for (auto i : idx)
-                v.push_back(&data.preference(i));
+                v.push_back(&data.preference(sample_of(i)));
             return data::collate_preference(v, pad);
         }
         std::vector<const data::TokenizedSample*> v;
         for (auto i : idx)
-            v.push_back(&data.sample(i));
+            v.push_back(&data.sample(sample_of(i)));
+        return data::collate_samples(v, pad);
+    }
+    // Validation samples (dataset indices of *split.val_data), never packed: the loss per token
+    // is the same either way (packed attention is per sample).
+    data::TextBatch collate_val(const std::vector<std::int64_t>& idx) const {
+        const std::int64_t pad = tokenizer.specials().pad >= 0 ? tokenizer.specials().pad : 0;
+        const data::TextDataset& d = *split.val_data;
+        if (d.is_preference()) {
+            std::vector<const data::PreferenceSample*> v;
+            for (auto i : idx)
+                v.push_back(&d.preference(i));
+            return data::collate_preference(v, pad);
+        }
+        std::vector<const data::TokenizedSample*> v;
+        for (auto i : idx)
+            v.push_back(&d.sample(i));
         return data::collate_samples(v, pad);
     }
 };
 
 LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
                        const data::TextDataset& data, const data::Tokenizer& tokenizer,
-                       dist::Communicator& comm, MPI_Comm world)
-    : s_(std::make_unique<State>(State{options, std::move(model), data, tokenizer, comm, world})) {
+                       dist::Communicator& comm, MPI_Comm world, LlmSplit split)
+    : s_(std::make_unique<State>(
+          State{options, std::move(model), data, tokenizer, comm, world, std::move(split)})) {
     s_->peak = prof::PhasePeak(s_->cuda_index(), s_->o.accounting);
     State& s = *s_;
     s.rank = comm.rank();
@@ -202,8 +244,10 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
     const LlmOptions& l = s.o.llm;
     if (l.packed) {
         std::vector<const data::TokenizedSample*> all;
-        for (std::int64_t i = 0; i < data.size(); ++i)
-            all.push_back(&data.sample(i));
+        const std::int64_t n =
+            s.split.train.empty() ? data.size() : static_cast<std::int64_t>(s.split.train.size());
+        for (std::int64_t i = 0; i < n; ++i)
+            all.push_back(&data.sample(s.sample_of(i)));
         const std::int64_t pad = tokenizer.specials().pad >= 0 ? tokenizer.specials().pad : 0;
         s.packs = data::pack_samples(all, l.dataset.max_seq_len, pad);
     }
@@ -630,6 +674,88 @@ std::string LlmTrainer::progress_suffix(const DeferredStep& d) const {
     std::ostringstream o;
     o << "  reward acc " << std::fixed << std::setprecision(2) << d.metric_values[3];
     return o.str();
+}
+
+bool LlmTrainer::evaluates() const {
+    return s_->split.val_data != nullptr && !s_->split.val.empty();
+}
+
+bool LlmTrainer::reports_perplexity() const {
+    return s_->o.llm.method != LlmMethod::Dpo;
+}
+
+std::pair<double, double> LlmTrainer::evaluate() {
+    // Collective. Validation item k goes to rank k % size (each counts once). Every rank runs the
+    // same number of forwards, ceil(ceil(n / size) / batch): under dist.zero=3 each forward
+    // all-gathers every unit, so a rank that ran fewer would leave the others waiting. A rank
+    // whose shard ran out forwards a stand-in batch (the first validation item) and discards it.
+    // SFT: summed token cross-entropy over all ranks / their label tokens (as the training loss);
+    // DPO: mean over pairs of the DPO loss against the adapters-off reference, and the share of
+    // pairs whose chosen reward exceeds the rejected one.
+    State& s = *s_;
+    const LlmOptions& l = s.o.llm;
+    const bool dpo = l.method == LlmMethod::Dpo;
+    auto& model = *s.m.model;
+    const std::vector<std::int64_t>& items = s.split.val;
+    const auto n = static_cast<std::int64_t>(items.size());
+    std::vector<std::int64_t> mine;
+    for (std::int64_t k = s.rank; k < n; k += s.size)
+        mine.push_back(items[static_cast<std::size_t>(k)]);
+    const std::int64_t batch = s.o.batch_size;
+    const std::int64_t per_rank = (n + s.size - 1) / s.size;
+    const std::int64_t batches = (per_rank + batch - 1) / batch;
+
+    torch::NoGradGuard no_grad;
+    model.eval();               // LoRA dropout off
+    double sums[3] = {0, 0, 0}; // loss sum, correct pairs (DPO), label tokens or pairs
+    for (std::int64_t b = 0; b < batches; ++b) {
+        const auto first =
+            std::min<std::int64_t>(b * batch, static_cast<std::int64_t>(mine.size()));
+        const auto last =
+            std::min<std::int64_t>(first + batch, static_cast<std::int64_t>(mine.size()));
+        const bool stand_in = first == last;
+        const std::vector<std::int64_t> idx =
+            stand_in ? std::vector<std::int64_t>{items.front()}
+                     : std::vector<std::int64_t>(mine.begin() + first, mine.begin() + last);
+        const data::TextBatch tb = s.collate_val(idx);
+        const torch::Tensor ids = tb.input_ids.to(s.o.device);
+        const torch::Tensor labels = tb.labels.to(s.o.device);
+        const torch::Tensor pos = tb.position_ids.to(s.o.device);
+        double loss_sum = 0, correct = 0, count = 0;
+        if (dpo) {
+            const std::int64_t pairs = ids.size(0) / 2;
+            torch::Tensor ref;
+            {
+                models::set_adapters_enabled(model, false);
+                AutocastScope autocast(s.o.precision, s.o.device);
+                ref = sequence_log_probs(model.forward(ids, pos), labels);
+                models::set_adapters_enabled(model, true);
+            }
+            AutocastScope autocast(s.o.precision, s.o.device);
+            const torch::Tensor logp = sequence_log_probs(model.forward(ids, pos), labels);
+            const DpoLoss d = dpo_loss(logp.narrow(0, 0, pairs), logp.narrow(0, pairs, pairs),
+                                       ref.narrow(0, 0, pairs), ref.narrow(0, pairs, pairs),
+                                       l.dpo_beta, l.dpo_label_smoothing);
+            loss_sum = d.loss.to(torch::kFloat64).item<double>() * static_cast<double>(pairs);
+            correct = d.reward_accuracy() * static_cast<double>(pairs);
+            count = static_cast<double>(pairs);
+        } else {
+            AutocastScope autocast(s.o.precision, s.o.device);
+            loss_sum = causal_lm_loss_sum(model.forward(ids, pos), labels)
+                           .to(torch::kFloat64)
+                           .item<double>();
+            count = static_cast<double>(tb.label_tokens);
+        }
+        if (stand_in) continue;
+        sums[0] += loss_sum;
+        sums[1] += correct;
+        sums[2] += count;
+    }
+    model.train();
+    std::vector<double> all(sums, sums + 3);
+    s.comm.allreduce_host(all, dist::ReduceOp::Sum);
+    if (all[2] == 0) return {kNaN, kNaN};
+    return {all[0] / all[2], dpo ? all[1] / all[2] : kNaN};
 }
 
 std::string LlmTrainer::save_checkpoint(Checkpointer& checkpointer, std::int64_t next_iteration) {

@@ -5,8 +5,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <numeric>
 #include <sstream>
 #include <utility>
 
@@ -78,6 +80,10 @@ class LlmWorkload final : public Workload {
         std::string adapters;
         dist::agree_on_errors(env_.world,
                               [&] { adapters = trainer_->save_adapters(l_.save_adapters); });
+        // The held-out samples (dataset line / element indices), for re-evaluating elsewhere.
+        if (l_.val_fraction > 0)
+            file.write_vector("/plan/val_indices",
+                              std::vector<double>(split_.val.begin(), split_.val.end()), "1");
         if (adapters.empty()) return;
         file.set_attributes("/plan", {{"adapters_dir", adapters}});
         core::log::info() << "LoRA adapters written to " << adapters
@@ -85,15 +91,62 @@ class LlmWorkload final : public Workload {
     }
 
   private:
+    void split_validation_set(std::int64_t seed);
+    std::int64_t train_samples() const {
+        return split_.train.empty() ? text_->size()
+                                    : static_cast<std::int64_t>(split_.train.size());
+    }
+
     LlmOptions l_;
     std::unique_ptr<data::Tokenizer> tokenizer_;
     std::unique_ptr<data::TextDataset> text_;
+    std::unique_ptr<data::TextDataset> val_text_; // llm.val_dataset.path
+    LlmSplit split_;                              // training items and the validation set
+    std::string val_description_;
     models::LlamaConfig llama_;
     std::unique_ptr<dist::Communicator> comm_;
     std::unique_ptr<LlmTrainer> trainer_;
     std::string dataset_description_, plan_text_;
     LlmMemoryPlan memory_; // this run's method
 };
+
+// Every rank computes the same split from run.seed (no communication); errors are thrown on every
+// rank alike.
+void LlmWorkload::split_validation_set(std::int64_t seed) {
+    const std::int64_t n = text_->size();
+    if (l_.val_fraction > 0) {
+        const auto n_val = static_cast<std::int64_t>(std::llround(l_.val_fraction * n));
+        std::ostringstream f;
+        f << l_.val_fraction;
+        if (n_val == 0)
+            throw core::ConfigError("llm.val_fraction = " + f.str() + " of " + std::to_string(n) +
+                                    " samples (" + l_.dataset.path +
+                                    ") holds out none: raise it to at least " +
+                                    std::to_string(0.5 / static_cast<double>(n)) +
+                                    ", use more data, or set 0 for no validation");
+        if (n_val >= n)
+            throw core::ConfigError("llm.val_fraction = " + f.str() + " holds out all " +
+                                    std::to_string(n) + " samples of " + l_.dataset.path +
+                                    ": nothing is left to train on; lower it");
+        split_ = split_validation(n, n_val, static_cast<std::uint64_t>(seed));
+        split_.val_data = text_.get();
+        val_description_ = std::to_string(n_val) + " of " + std::to_string(n) +
+                           " samples held out (llm.val_fraction " + f.str() + ", run.seed " +
+                           std::to_string(seed) + ")";
+    } else if (!l_.val_path.empty()) {
+        data::TextDatasetOptions vo = l_.dataset;
+        vo.path = l_.val_path;
+        val_text_ = std::make_unique<data::TextDataset>(vo, *tokenizer_);
+        if (val_text_->size() == 0)
+            throw core::InputError("llm.val_dataset.path = '" + l_.val_path +
+                                   "' holds no samples: name a non-empty file in "
+                                   "llm.dataset.format, or leave it empty");
+        split_.val_data = val_text_.get();
+        split_.val.resize(static_cast<std::size_t>(val_text_->size()));
+        std::iota(split_.val.begin(), split_.val.end(), std::int64_t{0});
+        val_description_ = std::to_string(val_text_->size()) + " samples of " + l_.val_path;
+    }
+}
 
 void LlmWorkload::build() {
     const core::Config& c = env_.cfg;
@@ -110,6 +163,7 @@ void LlmWorkload::build() {
         tokenizer_ = data::load_tokenizer(l_.tokenizer);
         llama_ = resolve_llama_config(l_, tokenizer_->vocab_size());
         text_ = std::make_unique<data::TextDataset>(l_.dataset, *tokenizer_);
+        split_validation_set(c.get_int("run.seed"));
         comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
                                         env_.dist.timeout_s);
     });
@@ -175,6 +229,10 @@ void LlmWorkload::build() {
       << tokenizer_->vocab_size() << " ids)\n"
       << "  data          " << dataset_description_ << (l_.packed ? ", packed" : "")
       << "; max_seq_len " << l_.dataset.max_seq_len << "\n"
+      << "  validation    "
+      << (val_description_.empty() ? std::string("none (llm.val_fraction, llm.val_dataset.path)")
+                                   : val_description_ + ", after every epoch")
+      << "\n"
       << "  batch         " << layout.batch_per_rank << " sequences per rank x "
       << l_.gradient_accumulation << " micro-batches x " << layout.world_size
       << " ranks = " << layout.global_batch() << " per optimizer step\n"
@@ -223,9 +281,12 @@ void LlmWorkload::build() {
     t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
     t.first_bucket_bytes = static_cast<double>(env_.dist.first_bucket_cap_bytes);
     t.accounting = c.get_bool("profile.accounting");
+    // train.eval=false: the held-out samples stay out of training, unevaluated.
+    LlmSplit validation = split_;
+    if (!c.get_bool("train.eval")) validation.val_data = nullptr;
     dist::agree_on_errors(env_.world, [&] {
         trainer_ = std::make_unique<LlmTrainer>(t, std::move(model), *text_, *tokenizer_, *comm_,
-                                                env_.world);
+                                                env_.world, validation);
     });
     LrSchedule sched;
     sched.kind = l_.schedule;
@@ -259,7 +320,9 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"batch_per_rank", layout.batch_per_rank},
         {"gradient_accumulation", l_.gradient_accumulation},
         {"global_batch", layout.global_batch()},
-        {"train_samples", text_->size()},
+        {"train_samples", train_samples()},
+        {"val_samples", static_cast<std::int64_t>(split_.val.size())},
+        {"val_source", val_description_.empty() ? std::string("none") : val_description_},
         {"zero", std::int64_t{l_.zero}},
         {"activation_checkpointing", std::int64_t{l_.activation_checkpointing}},
         {"memory_estimate_bytes", memory_.total_bytes()},

@@ -56,8 +56,9 @@ std::vector<io::Column> iteration_columns() {
 }
 
 std::vector<io::Column> epoch_columns() {
-    return {{"epoch", "1"},    {"epoch_s", "s"},      {"train_loss", "1"},
-            {"val_loss", "1"}, {"val_accuracy", "1"}, {"samples", "samples"}};
+    return {{"epoch", "1"},          {"epoch_s", "s"},      {"train_loss", "1"},
+            {"val_loss", "1"},       {"val_accuracy", "1"}, {"samples", "samples"},
+            {"val_perplexity", "1"}, {"eval_s", "s"}};
 }
 
 // Every rank's series (first n values) on every rank: [rank][iteration].
@@ -130,7 +131,7 @@ void Recorder::set_extra(std::int64_t iteration, int column, double value) {
 
 void Recorder::record_epoch(const EpochValues& v) {
     file_.append("epochs", {static_cast<double>(v.epoch), v.epoch_s, v.train_loss, v.val_loss,
-                            v.val_accuracy, v.samples});
+                            v.val_accuracy, v.samples, v.val_perplexity, v.eval_s});
     last_epoch_ = v;
     have_epoch_ = true;
 }
@@ -377,6 +378,7 @@ void Recorder::finish(const RunInfo& info) {
         s.push_back({"epochs_completed", static_cast<std::int64_t>(last_epoch_.epoch + 1)});
         s.push_back({"final_val_accuracy", last_epoch_.val_accuracy});
         s.push_back({"final_val_loss", last_epoch_.val_loss});
+        s.push_back({"final_val_perplexity", last_epoch_.val_perplexity});
         s.push_back({"final_train_loss", last_epoch_.train_loss});
     }
     s.push_back({"nonfinite_skipped_steps", static_cast<std::int64_t>(nonfinite_skipped_)});

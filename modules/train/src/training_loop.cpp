@@ -219,13 +219,22 @@ void TrainingLoop::run() {
             epoch_resolved_ ? epoch_loss_sum_ / static_cast<double>(epoch_resolved_) : kNaN;
         ev.val_loss = ev.val_accuracy = kNaN;
         if (step_.evaluates()) {
+            // Outside every iteration (no phase counts it); its own column, eval_s.
+            const auto t_eval = Clock::now();
             if (control_) control_->begin_activity("evaluation");
             comm_.synchronize("the evaluation");
             std::tie(ev.val_loss, ev.val_accuracy) = step_.evaluate();
             if (control_) control_->idle();
-            core::log::info() << "epoch " << epoch + 1 << "/" << step_.epochs() << "  train_loss "
-                              << ev.train_loss << "  val_loss " << ev.val_loss << "  val_accuracy "
-                              << std::setprecision(4) << 100.0 * ev.val_accuracy << "%";
+            ev.eval_s = std::chrono::duration<double>(Clock::now() - t_eval).count();
+            if (step_.reports_perplexity()) ev.val_perplexity = std::exp(ev.val_loss);
+            std::ostringstream line;
+            line << "epoch " << epoch + 1 << "/" << step_.epochs() << "  train_loss "
+                 << ev.train_loss << "  val_loss " << ev.val_loss;
+            if (!std::isnan(ev.val_perplexity)) line << "  val_perplexity " << ev.val_perplexity;
+            if (!std::isnan(ev.val_accuracy))
+                line << "  val_accuracy " << std::setprecision(4) << 100.0 * ev.val_accuracy << "%";
+            line << "  (" << std::setprecision(2) << ev.eval_s << " s)";
+            core::log::info() << line.str();
         }
         ev.epoch_s = std::chrono::duration<double>(Clock::now() - t_epoch).count();
         if (recorder_) recorder_->record_epoch(ev);

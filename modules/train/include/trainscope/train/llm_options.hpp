@@ -33,6 +33,10 @@ struct LlmOptions {
     LlmMethod method = LlmMethod::Lora;
     data::TextDatasetOptions dataset;
     bool packed = false;
+    // Validation after every epoch: a seeded share of the dataset held out (llm.val_fraction) or
+    // a file of the same format (llm.val_dataset.path); neither = none.
+    double val_fraction = 0;
+    std::string val_path;
     models::LoraOptions lora;
     double dpo_beta = 0.1, dpo_label_smoothing = 0.0;
     std::int64_t qat_start_step = 0, qat_group_size = 256;

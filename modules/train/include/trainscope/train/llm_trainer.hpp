@@ -62,10 +62,23 @@ struct LlmTrainerOptions {
     LrSchedule schedule;
 };
 
+// The held-out validation set (llm.val_fraction or llm.val_dataset.path) and the training items.
+struct LlmSplit {
+    std::vector<std::int64_t> train;             // dataset indices trained on; empty = all of them
+    const data::TextDataset* val_data = nullptr; // null = no validation
+    std::vector<std::int64_t> val;               // indices into *val_data
+};
+
+// Deterministic split of n samples: n_val of them (chosen by a Fisher-Yates shuffle seeded with
+// `seed`, the same on every rank and every run with that seed) held out; both lists ascending and
+// disjoint, together 0..n-1.
+LlmSplit split_validation(std::int64_t n, std::int64_t n_val, std::uint64_t seed);
+
 class LlmTrainer final : public TrainStep {
   public:
     LlmTrainer(const LlmTrainerOptions& options, LlmModel model, const data::TextDataset& data,
-               const data::Tokenizer& tokenizer, dist::Communicator& comm, MPI_Comm world);
+               const data::Tokenizer& tokenizer, dist::Communicator& comm, MPI_Comm world,
+               LlmSplit split = {});
     ~LlmTrainer() override;
     void set_schedule(const LrSchedule& schedule);
     // The workload's own /iterations columns (Recorder extra_columns).
@@ -102,6 +115,9 @@ class LlmTrainer final : public TrainStep {
     void account(IterationValues& v) override;
     void resolve(std::vector<DeferredStep>& steps) override;
     std::vector<int> metric_columns() const override;
+    std::pair<double, double> evaluate() override;
+    bool evaluates() const override;
+    bool reports_perplexity() const override;
     std::string save_checkpoint(Checkpointer& checkpointer, std::int64_t next_iteration) override;
     std::string progress_suffix(const DeferredStep& d) const override;
 

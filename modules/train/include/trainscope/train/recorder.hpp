@@ -61,6 +61,8 @@ struct EpochValues {
     double val_loss = 0;   // over the whole test set, reduced across ranks
     double val_accuracy = 0;
     double samples = 0;
+    double val_perplexity = std::numeric_limits<double>::quiet_NaN(); // exp(val_loss), LLM SFT
+    double eval_s = std::numeric_limits<double>::quiet_NaN(); // evaluation (part of epoch_s)
 };
 
 class Recorder {

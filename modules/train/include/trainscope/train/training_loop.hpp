@@ -98,6 +98,8 @@ class TrainStep {
         return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
     }
     virtual bool evaluates() const { return false; }
+    // Whether exp(val_loss) is a perplexity (token-level cross-entropy: LLM SFT methods).
+    virtual bool reports_perplexity() const { return false; }
     // Collective: writes the checkpoint that resumes at `next_iteration`; returns its directory.
     virtual std::string save_checkpoint(Checkpointer& checkpointer,
                                         std::int64_t next_iteration) = 0;
