@@ -205,3 +205,55 @@ def test_real_slurm_study_runs_as_job_arrays(slurm, tmp_path):  # noqa: F811
     for d in out.glob("*/strong/n*/rep0"):
         assert list(d.glob("slurm-*_*.out")), d  # the task's output beside its run file
         assert (d / "job.id").read_text().startswith("slurm ")
+
+
+def test_setup_installs_the_commands_once_and_bin_wrappers_work(tmp_path):
+    """scripts/setup installs trainscope-post and trainscope-study into the venv (editable from
+    this clone) once, and a second run leaves them alone. Run against a throwaway venv that sees
+    the project venv's packages through a .pth file (the real venv is shared, so untouched)."""
+    venv_py = Path(sys.executable)
+    real_venv = venv_py.parent.parent
+    check = subprocess.run(
+        ["bash", "-c", """eval "$(sed -n '/^APT_PACKAGES=(/,/)/p' scripts/setup)"
+         for p in "${APT_PACKAGES[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
+         grep -q "install ok installed" || echo "$p"; done"""],
+        capture_output=True, text=True, cwd=ROOT)
+    if check.stdout.strip() or not (real_venv / ".trainscope-setup").exists():
+        pytest.skip("scripts/setup would install packages here: " + check.stdout.strip())
+    torch = next(x for x in (ROOT / "scripts/setup").read_text().splitlines()
+                 if x.startswith("TORCH_VERSION=")).split("=")[1].split()[0]
+    venv = tmp_path / "cache" / f"venv-torch{torch}"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    shared = next((real_venv / "lib").glob("python3*/site-packages"))
+    (site / "shared.pth").write_text(f"{shared}\n")
+    (venv / ".trainscope-setup").write_text((real_venv / ".trainscope-setup").read_text())
+    env = dict(os.environ, TRAINSCOPE_CACHE=str(tmp_path / "cache"))
+    env.pop("PYTHONPATH", None)
+    first = subprocess.run([str(ROOT / "scripts/setup")], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip().splitlines()[-1] == str(venv)
+    assert "installing trainscope-post and trainscope-study" in first.stderr
+    second = subprocess.run([str(ROOT / "scripts/setup")], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert second.returncode == 0 and "installing" not in second.stderr, second.stderr
+    post = subprocess.run([str(venv / "bin/trainscope-post"), "--help"], capture_output=True,
+                          text=True, env=env)
+    assert post.returncode == 0 and "summary" in post.stdout, post.stderr
+    st = subprocess.run([str(venv / "bin/trainscope-study"), "run", CV_CPU, "--scheduler",
+                         "slurm", "--out", tmp_path / "s", "--dry-run"], capture_output=True,
+                        text=True, env=env)
+    assert st.returncode == 0 and "nothing submitted" in st.stdout, st.stderr
+    # bin/ wrappers: the venv named by TRAINSCOPE_VENV, this clone's sources
+    wenv = dict(env, TRAINSCOPE_VENV=str(venv))
+    st = subprocess.run([str(ROOT / "bin/trainscope-study"), "status", tmp_path / "s"],
+                        capture_output=True, text=True, env=wenv)
+    assert st.returncode == 3 and "summary: 6 pending, 0 running, 0 completed, 0 failed of 6" \
+        in st.stdout, st.stdout + st.stderr
+    post = subprocess.run([str(ROOT / "bin/trainscope-post"), "summary", tmp_path / "s"],
+                          capture_output=True, text=True, env=wenv)
+    assert post.returncode == 2 and "no run files" in post.stderr, post.stdout + post.stderr
+    nope = subprocess.run([str(ROOT / "bin/trainscope-post"), "--help"], capture_output=True,
+                          text=True, env=dict(env, TRAINSCOPE_VENV=str(tmp_path / "none")))
+    assert nope.returncode == 2 and "run " in nope.stderr and "scripts/setup" in nope.stderr
