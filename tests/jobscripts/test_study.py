@@ -138,8 +138,8 @@ def test_bad_study_files_are_refused_before_anything_is_written(tmp_path, body, 
 
 def test_local_cv_strategies_study_and_rerun_of_failed_points(tmp_path):
     """Acceptance 1: the CPU CV strategies study runs here to the end; a point marked failed, and
-    one whose job was killed (pid gone, no exit code, run file still "running"), are the only
-    points a second and third `run` submit."""
+    one whose job is killed while it runs, are the only points a second and third `run`
+    submit."""
     f = with_binary(CV_CPU, tmp_path / "cv.toml")
     out = tmp_path / "study"
     t0 = time.monotonic()
@@ -163,16 +163,28 @@ def test_local_cv_strategies_study_and_rerun_of_failed_points(tmp_path):
     assert p.stdout.count("skip point") == 5
     assert set(states(out, tmp_path).values()) == {"completed"}
 
-    # What a killed local job leaves: its pid (now gone), no exit code, a run file "running".
+    # A point killed while it runs: its mpirun gets SIGKILL during the re-run of that point.
     d = out / "ddp-ds_fp32/strong/n01/rep0"
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    (d / "job.pid").write_text(f"{dead.pid}\n")
-    (d / "job.exit").unlink()
-    with h5py.File(d / "run.h5", "r+") as h:
-        h.attrs["status"] = "running"
+    for name in ("run.h5", "job.pid", "job.exit"):
+        (d / name).unlink()
+    runner = subprocess.Popen([sys.executable, str(STUDY), "run", str(f), "--scheduler", "local",
+                               "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    mpirun, deadline = None, time.time() + 60
+    while mpirun is None and time.time() < deadline:
+        pid = (d / "job.pid").read_text().strip() if (d / "job.pid").exists() else ""
+        if pid:
+            kids = subprocess.run(["pgrep", "-P", pid, "-x", "mpirun"], capture_output=True,
+                                  text=True).stdout.split()
+            mpirun = int(kids[0]) if kids else None
+        time.sleep(0.1)
+    assert mpirun, "the re-run point never started mpirun"
+    assert states(out, tmp_path)[("ddp-ds_fp32", 1, 0)] == "running"
+    os.kill(mpirun, 9)
+    log, _ = runner.communicate(timeout=120)
+    assert runner.returncode == 1 and ran_points(log) == ["4"], log
     st = study("status", out, check=False)
-    assert st.returncode == 3 and "gone without an exit code (killed)" in st.stdout
+    assert st.returncode == 3 and "exit 137" in st.stdout, st.stdout
     assert "summary: 0 pending, 0 running, 5 completed, 1 failed of 6" in st.stdout
     p = study("run", f, "--scheduler", "local", "--out", out)
     assert ran_points(p.stdout) == ["4"], p.stdout
