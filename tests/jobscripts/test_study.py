@@ -105,6 +105,11 @@ def test_dry_run_of_a_large_slurm_study_renders_throttled_arrays(tmp_path):
     ddp16 = (out / "ddp_fp32/strong/n16/rep2/job.sbatch").read_text()
     assert "#SBATCH --nodes=4" in ddp16 and "--run.precision=fp32" in ddp16
     assert "inputs/cv/strategy-ddp.ini" in ddp16 and "inputs/cv/gpu.ini" in ddp16
+    # job records of one scheduler are not mixed with another's
+    (out / "ddp_fp32/strong/n16/rep2/job.id").write_text("slurm 99_0\n")
+    p = study("run", STUDIES / "cv-strategies-cluster.toml", "--scheduler", "pbs", "--out", out,
+              "--dry-run", check=False)
+    assert p.returncode == 2 and "submitted with --scheduler slurm" in p.stderr, p.stderr
     # under the threshold: one job script per point, no array
     small = tmp_path / "small.toml"
     with_binary(STUDIES / "cv-strategies-cluster.toml", small, array_threshold=100)
