@@ -545,8 +545,8 @@ def execution_time(run: Run) -> float:
     step, _ = step_matrix(run)
     if not step.size or np.all(np.isnan(step)):
         return math.nan
-    return float(np.nansum(np.nanmax(np.where(np.isnan(step), -np.inf, step), axis=0)
-                           .clip(min=0)))
+    slowest = np.where(np.isnan(step), -np.inf, step).max(axis=0)  # [n]: NaN = rank did not run
+    return float(slowest[np.isfinite(slowest)].sum())
 
 
 def execution_table(study: Study, mode: str, include_incomplete: bool = False) -> pd.DataFrame:
@@ -758,8 +758,8 @@ def _finding_llm_overhead(study: Study, inc: bool) -> tuple[str, str]:
         if r.workload != "llm" or not r.summary:
             continue
         s = r.summary
-        over = sum(float(s.get(f"median_{p}_s", 0.0)) for p in ("data", "comm_wait", "control")
-                   if s.get(f"median_{p}_s", math.nan) == s.get(f"median_{p}_s", math.nan))
+        phases = [float(s.get(f"median_{p}_s", math.nan)) for p in ("data", "comm_wait", "control")]
+        over = sum(v for v in phases if v == v)  # a phase the run does not have counts 0
         step = _step(r)
         if not step > 0:
             continue

@@ -64,6 +64,8 @@ def peak_mib(path):
 
 
 def screenshot(page, png, height):
+    # --no-sandbox: Chromium refuses to run as root with its sandbox (CI containers); HOME in the
+    # test's directory keeps its profile out of the user's.
     proc = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
                            "--hide-scrollbars", "--no-first-run", f"--screenshot={png}",
                            f"--window-size=1400,{height}", page.as_uri()],
@@ -73,10 +75,10 @@ def screenshot(page, png, height):
     return proc
 
 
+# Skipped before the fixture's runs are made: without a browser the page cannot be looked at.
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian package "
+                    "chromium, which scripts/setup installs): the page cannot be screenshotted")
 def test_report_page_renders_with_every_figure_and_a_verdict_per_finding(page_study, tmp_path):
-    if CHROMIUM is None:
-        pytest.skip("no chromium binary on PATH (Debian package chromium, scripts/setup installs "
-                    "it): the page cannot be screenshotted")
     out = tmp_path / "report.html"
     write_report(load([page_study]), page_study, out)
     text = out.read_text()
