@@ -24,7 +24,6 @@ HATCHES = ["", "//", "..", "xx", "\\\\", "++", "oo", "--"]
 # reddish purple, black, yellow (yellow last: it is faint on white).
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#000000", "#F0E442"]
 HEATMAP = "cividis"  # perceptually uniform and readable with colour-vision deficiencies
-plt.rcParams["axes.prop_cycle"] = matplotlib.cycler(color=PALETTE)
 
 
 def colour(i: int) -> str:
