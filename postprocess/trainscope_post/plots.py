@@ -1,6 +1,7 @@
 """Figures for the tables of study.py. Every function returns a matplotlib Figure (Agg backend, no
-display needed) with labelled axes and units; series differ by marker, line style and hatch as
-well as colour, so the figures read in greyscale."""
+display needed) with a title, labelled axes and units; colours are the Okabe-Ito palette (told
+apart with the common colour-vision deficiencies), and series also differ by marker, line style
+and hatch, so the figures read in greyscale too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -18,7 +20,14 @@ from .study import PHASES, PROFILE_CLASSES  # noqa: E402
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 LINES = ["-", "--", ":", "-."]
 HATCHES = ["", "//", "..", "xx", "\\\\", "++", "oo", "--"]
-GREYS = ["0.15", "0.45", "0.75", "0.3", "0.6", "0.9", "0.05", "0.55"]
+# Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, vermillion, sky blue,
+# reddish purple, black, yellow (yellow last: it is faint on white).
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#000000", "#F0E442"]
+HEATMAP = "cividis"  # perceptually uniform and readable with colour-vision deficiencies
+
+
+def colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
 
 
 def _style(i):
@@ -32,10 +41,11 @@ def scaling_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
     for i, (name, g) in enumerate(df.groupby("configuration", sort=False)):
         g = g.sort_values("ranks")
         yerr = [g["speedup"] - g["speedup min"], g["speedup max"] - g["speedup"]]
-        ax1.errorbar(g["ranks"], g["speedup"], yerr=yerr, capsize=3, label=name, **_style(i))
+        ax1.errorbar(g["ranks"], g["speedup"], yerr=yerr, capsize=3, label=name, color=colour(i),
+                     **_style(i))
         terr = [g["median step [s]"] - g["step min [s]"], g["step max [s]"] - g["median step [s]"]]
         ax2.errorbar(g["ranks"], g["median step [s]"], yerr=terr, capsize=3, label=name,
-                     **_style(i))
+                     color=colour(i), **_style(i))
     n = np.array(sorted(df["ranks"].unique()))
     ideal = n / n.min()  # strong: time shrinks with N; weak: throughput grows with N
     ax1.plot(n, ideal, color="0.5", linestyle=(0, (1, 1)), label="ideal")
@@ -60,7 +70,7 @@ def _stacked_per_rank(df: pd.DataFrame, series: list[tuple[str, np.ndarray]], yl
     bottom = np.zeros(len(df))
     x = np.arange(len(df))
     for i, (label, v) in enumerate(series):
-        ax.bar(x, v, bottom=bottom, label=label, color=GREYS[i % len(GREYS)], edgecolor="black",
+        ax.bar(x, v, bottom=bottom, label=label, color=colour(i), edgecolor="black",
                hatch=HATCHES[i % len(HATCHES)], linewidth=0.5)
         bottom += v
     ax.set_xticks(x, [str(r) for r in df["rank"]])
@@ -92,7 +102,7 @@ def compare_figure(df: pd.DataFrame, metric: str, units: str) -> plt.Figure:
     err = [df[metric] - df["min"], df["max"] - df[metric]]
     for i in range(len(df)):
         ax.bar(x[i], df[metric].iloc[i], yerr=[[err[0].iloc[i]], [err[1].iloc[i]]], capsize=3,
-               color=GREYS[i % len(GREYS)], edgecolor="black", hatch=HATCHES[i % len(HATCHES)])
+               color=colour(i), edgecolor="black", hatch=HATCHES[i % len(HATCHES)])
     ax.set_xticks(x, df["group"], rotation=20, ha="right", fontsize=7)
     ax.set_ylabel(f"{metric} [{units}]" if units else metric)
     ax.set_xlabel("group")
@@ -111,7 +121,7 @@ def memory_figure(df: pd.DataFrame) -> plt.Figure:
     x = np.arange(len(df))
     for i, c in enumerate(cols):
         ax.bar(x + i * width, df[c].fillna(0), width, label=c.replace(" [MiB]", ""),
-               color=GREYS[i % len(GREYS)], edgecolor="black", hatch=HATCHES[i % len(HATCHES)])
+               color=colour(i), edgecolor="black", hatch=HATCHES[i % len(HATCHES)])
     names = [f"{m}\n{r}" if m != "-" else r for m, r in zip(df["method"], df["run"])]
     ax.set_xticks(x + width * (len(cols) - 1) / 2, names, fontsize=7, rotation=30, ha="right")
     ax.set_xlabel("run (method)")
@@ -127,7 +137,7 @@ def comm_figure(df: pd.DataFrame) -> plt.Figure:
     for i, ((run, op), g) in enumerate(df.groupby(["run", "op"], sort=False)):
         g = g[g["busbw [GB/s]"] > 0]
         ax.plot(g["size [B]"], g["busbw [GB/s]"], label=f"{run} {op} ({g['ranks'].iloc[0]} ranks)",
-                color=GREYS[i % 4], **_style(i))
+                color=colour(i), **_style(i))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size [B]")
@@ -135,6 +145,194 @@ def comm_figure(df: pd.DataFrame) -> plt.Figure:
     ax.set_title("busbw vs message size (nccl-tests convention)", fontsize=9)
     ax.grid(True, which="both", color="0.9")
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def scaling_time_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
+    """The papers' axes (study.execution_table): left, execution time vs number of GPUs (ranks)
+    with min/max error bars; right, parallel efficiency vs GPUs with the ideal 100% line."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (name, g) in enumerate(df.groupby("configuration", sort=False)):
+        g = g.sort_values("ranks")
+        t = g["execution time [s]"]
+        ax1.errorbar(g["ranks"], t, yerr=[t - g["execution time min [s]"],
+                                          g["execution time max [s]"] - t],
+                     capsize=3, label=name, color=colour(i), **_style(i))
+        e = g["efficiency [%]"]
+        ax2.errorbar(g["ranks"], e, yerr=[e - g["efficiency min [%]"], g["efficiency max [%]"] - e],
+                     capsize=3, label=name, color=colour(i), **_style(i))
+    n = np.array(sorted(df["ranks"].unique()))
+    ax2.axhline(100, color="0.5", linestyle=(0, (1, 1)), label="ideal")
+    ax1.set_ylabel("execution time [s]")
+    ax1.set_title("execution time vs GPUs (sum of the slowest rank's steps)", fontsize=9)
+    ax2.set_ylabel("parallel efficiency [%]")
+    ax2.set_ylim(bottom=0)
+    ax2.set_title(f"{mode} scaling: parallel efficiency vs GPUs", fontsize=9)
+    for ax in (ax1, ax2):
+        ax.set_xlabel("GPUs (ranks; CPU processes on CPU runs)")
+        ax.set_xticks(n)
+        ax.grid(True, color="0.85")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def curves_figure(curves: list[tuple[str, pd.DataFrame, pd.DataFrame]], title: str) -> plt.Figure:
+    """Training curves of several runs (name, per-iteration table, per-epoch table from
+    study.curves_tables): train loss per iteration, and per epoch train / val loss and val
+    accuracy where the run evaluated (NaN epochs are left out)."""
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(13, 4.2))
+    any_loss = any_acc = False
+    epochs: set[float] = set()
+    for i, (name, it, ep) in enumerate(curves):
+        st = dict(color=colour(i), linestyle=LINES[i % len(LINES)])
+        ax1.plot(it["iteration"], it["train loss"], label=name, marker=MARKERS[i % len(MARKERS)],
+                 markevery=max(1, len(it) // 8), markersize=4, **st)
+        tr = ep.dropna(subset=["train loss"])
+        if not tr.empty:
+            ax2.plot(tr["epoch"] + 1, tr["train loss"], marker=MARKERS[i % len(MARKERS)],
+                     label=f"{name} train", **st)
+            any_loss = True
+        va = ep.dropna(subset=["val loss"])
+        if not va.empty:
+            ax2.plot(va["epoch"] + 1, va["val loss"], marker=MARKERS[i % len(MARKERS)],
+                     fillstyle="none", label=f"{name} val", color=colour(i), linestyle=":")
+            any_loss = True
+        epochs |= set((ep["epoch"] + 1).tolist())
+        acc = ep.dropna(subset=["val accuracy [%]"])
+        if not acc.empty:
+            ax3.plot(acc["epoch"] + 1, acc["val accuracy [%]"], marker=MARKERS[i % len(MARKERS)],
+                     label=name, **st)
+            any_acc = True
+    ax1.set_xlabel("iteration")
+    ax1.set_ylabel("train loss (mean over ranks)")
+    ax1.set_title("train loss per iteration (warm-up included)", fontsize=9)
+    ax2.set_xlabel("epoch")
+    ax2.set_ylabel("loss")
+    ax2.set_title("loss per epoch (train: solid, val: dotted)", fontsize=9)
+    ax3.set_xlabel("epoch")
+    ax3.set_ylabel("val accuracy [%]")
+    ax3.set_title("validation accuracy per epoch", fontsize=9)
+    for ax, has in ((ax1, bool(curves)), (ax2, any_loss), (ax3, any_acc)):
+        ax.grid(True, color="0.85")
+        if has:
+            ax.legend(fontsize=6)
+        else:
+            ax.text(0.5, 0.5, "not evaluated in these runs", ha="center", va="center",
+                    transform=ax.transAxes, fontsize=9, color="0.3")
+            ax.set_xticks([])
+            ax.set_yticks([])
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax, has in ((ax2, any_loss), (ax3, any_acc)):
+        if not has:
+            continue
+        if 0 < len(epochs) <= 12:
+            ax.set_xticks(sorted(epochs))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def steps_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
+    """step [ranks, n] in seconds: left, step time over the iterations per rank with the warm-up
+    iterations shaded; right, the distribution of the measured iterations per rank (box plot)."""
+    ms = step * 1e3
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+    it = np.arange(ms.shape[1])
+    if warmup > 0:
+        ax1.axvspan(-0.5, warmup - 0.5, color="0.88", label=f"warm-up ({warmup} iterations, "
+                                                            "excluded from statistics)")
+    for r in range(ms.shape[0]):
+        ax1.plot(it, ms[r], label=f"rank {r}", color=colour(r), linestyle=LINES[r % len(LINES)],
+                 marker=MARKERS[r % len(MARKERS)], markersize=3, markevery=max(1, len(it) // 10))
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax1.set_xlabel("iteration")
+    ax1.set_ylabel("step time [ms]")
+    ax1.set_title("step time per iteration and rank", fontsize=9)
+    ax1.grid(True, color="0.85")
+    ax1.legend(fontsize=7, ncol=2 if ms.shape[0] > 4 else 1)
+    measured = [row[warmup:][~np.isnan(row[warmup:])] for row in ms]
+    box = ax2.boxplot(measured, patch_artist=True, widths=0.6, medianprops={"color": "black"})
+    for r, patch in enumerate(box["boxes"]):
+        patch.set(facecolor=colour(r), hatch=HATCHES[r % len(HATCHES)], edgecolor="black")
+    ax2.set_xticks(np.arange(1, len(measured) + 1), [str(r) for r in range(len(measured))])
+    ax2.set_xlabel("rank")
+    ax2.set_ylabel("step time [ms]")
+    ax2.set_title("distribution over the measured iterations", fontsize=9)
+    ax2.grid(True, axis="y", color="0.85")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def heatmap_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
+    """step [ranks, n] as a rank x iteration heat map (milliseconds): a straggling rank is a
+    bright row, a slow iteration on every rank a bright column. The colour scale spans the
+    measured iterations, so that slow warm-up iterations (clipped to the brightest colour) do not
+    wash out the differences between ranks."""
+    ms = step * 1e3
+    fig, ax = plt.subplots(figsize=(11, max(2.4, 0.35 * ms.shape[0] + 1.8)))
+    measured = ms[:, warmup:] if 0 < warmup < ms.shape[1] else ms
+    finite = measured[np.isfinite(measured)]
+    lim = dict(vmin=float(finite.min()), vmax=float(finite.max())) if finite.size else {}
+    im = ax.imshow(ms, aspect="auto", cmap=HEATMAP, interpolation="nearest",
+                   extent=(-0.5, ms.shape[1] - 0.5, ms.shape[0] - 0.5, -0.5), **lim)
+    if 0 < warmup < ms.shape[1]:
+        ax.axvline(warmup - 0.5, color="white", linestyle="--", linewidth=1.2)
+        ax.annotate("warm-up | measured", (warmup - 0.5, -0.5), xytext=(0, 3),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=7)
+    ax.set_yticks(np.arange(ms.shape[0]), [str(r) for r in range(ms.shape[0])])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("rank")
+    ax.set_title(f"{title}: step time per rank and iteration (colours span the measured "
+                 "iterations)", fontsize=9, pad=14)
+    extend = "max" if finite.size and np.nanmax(ms) > lim["vmax"] else "neither"
+    fig.colorbar(im, ax=ax, label="step time [ms]", extend=extend)
+    fig.tight_layout()
+    return fig
+
+
+def telemetry_figure(df: pd.DataFrame, title: str) -> plt.Figure:
+    """study.telemetry_table: one panel per sampled counter (CPU %, RSS, GPU power, GPU
+    utilisation where present), one line per rank over the run clock."""
+    cols = [c for c in df.columns if c not in ("rank", "time [s]")]
+    fig, axes = plt.subplots(1, len(cols), figsize=(max(5, 4.2 * len(cols)), 3.6), squeeze=False)
+    for ax, c in zip(axes[0], cols):
+        for r, g in df.groupby("rank"):
+            ax.plot(g["time [s]"], g[c], label=f"rank {r}", color=colour(int(r)),
+                    linestyle=LINES[int(r) % len(LINES)], marker=MARKERS[int(r) % len(MARKERS)],
+                    markersize=3)
+        ax.set_xlabel("time since the run started [s]")
+        ax.set_ylabel(c)
+        ax.set_title(c.split(" [")[0] + " over time", fontsize=9)
+        ax.grid(True, color="0.85")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def top_ops_figure(df: pd.DataFrame, title: str) -> plt.Figure:
+    """study.top_ops_table: horizontal bars of each operator's total (inclusive) and self time
+    per iteration of the profiler window, largest at the top."""
+    fig, ax = plt.subplots(figsize=(11, 0.38 * len(df) + 1.6))
+    y = np.arange(len(df))
+    names = [n if len(n) <= 60 else n[:57] + "..." for n in df["operator"]]
+    ax.barh(y - 0.2, df["total [ms/iter]"], 0.4, label="total (inclusive)", color=colour(0),
+            edgecolor="black", hatch=HATCHES[0])
+    ax.barh(y + 0.2, df["self [ms/iter]"], 0.4, label="self", color=colour(1), edgecolor="black",
+            hatch=HATCHES[1])
+    ax.set_yticks(y, names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time per iteration of the profiler window [ms] (mean over ranks)")
+    ax.set_ylabel("operator")
+    ax.set_title(f"{title}: top CPU operators", fontsize=9)
+    ax.grid(True, axis="x", color="0.85")
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
 

@@ -9,13 +9,22 @@ import io
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from . import plots
-from .study import (Study, StudyError, comm_table, imbalance_table, label, memory_table,
-                    phase_table, profile_table, scaling_table, summary_table)
+from .study import (NOT_COVERED, NOT_REPRODUCED, REPRODUCED, Study, StudyError, comm_table,
+                    curves_tables, execution_table, findings_table, imbalance_table, label,
+                    memory_table, phase_table, profile_table, scaling_table, step_matrix,
+                    summary_table, telemetry_table, top_ops_table)
 
-SECTIONS = ["Runs", "Scaling", "Phase breakdown", "Profile", "Memory", "Communication"]
+SECTIONS = ["Findings", "Runs", "Scaling", "Training curves", "Step times", "Telemetry",
+            "Top operators", "Phase breakdown", "Profile", "Memory", "Communication"]
+
+
+def section_id(title: str) -> str:
+    """The HTML id of a section: its title in lower case, words joined by '-'."""
+    return "-".join(title.lower().split())
 
 
 def fmt_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -48,7 +57,8 @@ MAX_RUN_SECTIONS = 12  # per-run breakdowns in a report; the tables above cover 
 
 class _Section:
     def __init__(self, title):
-        self.title, self.parts = title, []  # ("p", text) | ("table", df) | ("fig", name, png)
+        # ("p", text) | ("table", df) | ("fig", name, png) | ("findings", df)
+        self.title, self.parts = title, []
 
 
 def _png(fig) -> bytes:
@@ -60,6 +70,14 @@ def _png(fig) -> bytes:
 
 def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool) -> list[_Section]:
     out = []
+    s = _Section("Findings")
+    s.parts.append(("p", "Each finding of the studies, and whether the runs in this report "
+                         "reproduce it, decided from the runs' configuration (run.strategy, "
+                         "run.precision, data.pin_memory, llm.method, ranks) and measured numbers; "
+                         "'not covered' when no runs test it."))
+    s.parts.append(("findings", findings_table(study, mode, include_incomplete)))
+    out.append(s)
+
     s = _Section("Runs")
     s.parts.append(("table", summary_table(study)))
     excluded = study.excluded(include_incomplete)
@@ -84,17 +102,25 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
                           "rank count; error bars: min and max over repeats."), ("table", df),
                     ("fig", "scaling" if workload == "cv" else f"scaling_{workload}",
                      _png(plots.scaling_figure(df, mode)))]
+        ex = execution_table(sub, mode, include_incomplete)
+        s.parts += [("p", f"{workload}: the papers' axes: execution time (sum over the recorded "
+                          "iterations of the slowest rank's step; validation and setup excluded) "
+                          "and parallel efficiency vs GPUs, per configuration."),
+                    ("table", ex), ("fig", f"execution_{workload}",
+                                    _png(plots.scaling_time_figure(ex, mode)))]
     if not s.parts:
         s.parts.append(("p", "No training runs."))
     out.append(s)
 
     usable = [r for r in study.usable(include_incomplete) if r.workload in ("cv", "llm")]
+    base = root if root.is_dir() else root.parent
+    out += _run_sections(usable, base)
+
     s = _Section("Phase breakdown")
     p = _Section("Profile")
     if len(usable) > MAX_RUN_SECTIONS:
         s.parts.append(("p", f"Per-run breakdowns of the first {MAX_RUN_SECTIONS} of "
                              f"{len(usable)} runs (trainscope-post breakdown gives any run's)."))
-    base = root if root.is_dir() else root.parent
     for k, r in enumerate(usable[:MAX_RUN_SECTIONS]):
         name = label(r, base)
         ph = phase_table(r)
@@ -134,6 +160,76 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     return out
 
 
+def _run_sections(usable, base: Path) -> list[_Section]:
+    """Training curves (one figure per workload), step times and their heat map, telemetry and
+    the top operators, per run (the first MAX_RUN_SECTIONS)."""
+    runs = usable[:MAX_RUN_SECTIONS]
+    more = (f"The first {MAX_RUN_SECTIONS} of {len(usable)} runs." if len(usable) > len(runs)
+            else None)
+    c = _Section("Training curves")
+    for workload in ("cv", "llm"):
+        curves = [(label(r, base), *curves_tables(r)) for r in runs if r.workload == workload]
+        curves = [x for x in curves if not x[1].empty]
+        if curves:
+            c.parts += [("p", f"{workload}: train loss per iteration (mean over ranks), and per "
+                              "epoch train / validation loss and validation accuracy where the run "
+                              "evaluated."),
+                        ("fig", f"curves_{workload}", _png(plots.curves_figure(
+                            curves, f"{workload} training curves")))]
+    if not c.parts:
+        c.parts.append(("p", "No training runs."))
+    st, te, to = _Section("Step times"), _Section("Telemetry"), _Section("Top operators")
+    for k, r in enumerate(runs):
+        name = label(r, base)
+        step, warmup = step_matrix(r)
+        if step.size and not np.all(np.isnan(step)):
+            st.parts += [("p", f"{name}: step time per iteration and rank (warm-up shaded, "
+                               "excluded from the statistics), its distribution per rank, and the "
+                               "rank x iteration heat map (a straggler is a bright row)."),
+                         ("fig", f"steps_{k}", _png(plots.steps_figure(step, warmup, name))),
+                         ("fig", f"heatmap_{k}", _png(plots.heatmap_figure(step, warmup, name)))]
+        tel = telemetry_table(r)
+        if not tel.empty and len(tel.columns) > 2:
+            te.parts += [("p", f"{name}: sampled counters per rank (telemetry.interval_ms)."),
+                         ("fig", f"telemetry_{k}", _png(plots.telemetry_figure(tel, name)))]
+        ops = top_ops_table(r)
+        if not ops.empty:
+            to.parts += [("p", f"{name}: CPU operators with the largest total time in the "
+                               "profiler window, per iteration of the window."), ("table", ops),
+                         ("fig", f"top_ops_{k}", _png(plots.top_ops_figure(ops, name)))]
+    if not st.parts:
+        st.parts.append(("p", "No training runs."))
+    if not te.parts:
+        te.parts.append(("p", "No telemetry (telemetry.enabled=false in these runs)."))
+    if not to.parts:
+        to.parts.append(("p", "No profiler window (enable profile.enabled)."))
+    for sec in (c, st, te, to):
+        if more and any(part[0] == "fig" for part in sec.parts):
+            sec.parts.insert(0, ("p", more))
+    return [c, st, te, to]
+
+
+VERDICT_STYLE = {REPRODUCED: "ok", NOT_REPRODUCED: "no", NOT_COVERED: "na"}
+
+
+def _findings_html(df: pd.DataFrame) -> str:
+    rows = ["<table class='findings'><thead><tr><th>finding</th><th>verdict</th>"
+            "<th>measured</th></tr></thead><tbody>"]
+    for _, r in df.iterrows():
+        rows.append(f"<tr id='finding-{html.escape(r['id'])}'><td>{html.escape(r['finding'])}</td>"
+                    f"<td class='verdict {VERDICT_STYLE[r['verdict']]}'>"
+                    f"{html.escape(r['verdict'])}</td><td>{html.escape(r['evidence'])}</td></tr>")
+    return "".join(rows) + "</tbody></table>"
+
+
+def _findings_md(df: pd.DataFrame) -> list[str]:
+    out = ["| finding | verdict | measured |", "| --- | --- | --- |"]
+    for _, r in df.iterrows():
+        cells = [str(r[c]).replace("|", "\\|") for c in ("finding", "verdict", "evidence")]
+        out.append(f"| {cells[0]} | **{cells[1]}** | {cells[2]} |")
+    return out + [""]
+
+
 def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
                  include_incomplete: bool = False) -> tuple[Path, Path]:
     out_html = Path(out_html)
@@ -147,19 +243,30 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
          "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#111}"
          "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}"
          "td,th{border:1px solid #999;padding:2px 6px;text-align:right}"
-         "th{background:#eee}img{max-width:100%}div.t{overflow-x:auto}</style></head><body>",
+         "th{background:#eee}img{max-width:100%;display:block;margin:0.5em 0}"
+         "div.t{overflow-x:auto}table.findings td{text-align:left;vertical-align:top}"
+         "table.findings th{text-align:left}td.verdict{font-weight:bold;white-space:nowrap}"
+         # Okabe-Ito blue / vermillion and grey; the verdict is also in words
+         "td.ok{background:#cfe3f3}td.no{background:#f6d3bf}td.na{background:#e6e6e6}"
+         "nav a{margin-right:0.8em}</style></head><body>",
          f"<h1>trainscope report: {html.escape(str(root))}</h1>",
          f"<p>{len(study.runs)} run files; {len(study.usable(include_incomplete))} in aggregates."
-         "</p>"]
+         "</p>",
+         "<nav>" + "".join(f"<a href='#{section_id(sec.title)}'>{html.escape(sec.title)}</a>"
+                           for sec in sections) + "</nav>"]
     md = [f"# trainscope report: {root}", "",
           f"{len(study.runs)} run files; {len(study.usable(include_incomplete))} in aggregates.", ""]
     for sec in sections:
+        h.append(f"<section id='{section_id(sec.title)}'>")
         h.append(f"<h2>{html.escape(sec.title)}</h2>")
         md += [f"## {sec.title}", ""]
         for part in sec.parts:
             if part[0] == "p":
                 h.append(f"<p>{html.escape(part[1])}</p>")
                 md += [part[1], ""]
+            elif part[0] == "findings":
+                h.append("<div class='t'>" + _findings_html(part[1]) + "</div>")
+                md += _findings_md(part[1])
             elif part[0] == "table":
                 t = fmt_table(part[1])
                 h.append("<div class='t'>" + t.to_html(index=False, escape=True, border=0) +
@@ -169,9 +276,10 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
             else:
                 _, name, png = part
                 (files_dir / f"{name}.png").write_bytes(png)
-                h.append(f"<img alt='{name}' src='data:image/png;base64,"
+                h.append(f"<img id='fig-{name}' alt='{name}' src='data:image/png;base64,"
                          f"{base64.b64encode(png).decode()}'>")
                 md += [f"![{name}]({files_dir.name}/{name}.png)", ""]
+        h.append("</section>")
     h.append("</body></html>")
     out_html.write_text("\n".join(h), encoding="utf-8")
     out_md.write_text("\n".join(md), encoding="utf-8")

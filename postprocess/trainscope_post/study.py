@@ -436,3 +436,367 @@ def long_table(study: Study, include_incomplete: bool = True) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=["run", "rank", "iteration", "metric", "value", "units"])
     return pd.concat(frames, ignore_index=True)
+
+
+# --- per-run series for the report ------------------------------------------------------------
+def step_matrix(run: Run) -> tuple[np.ndarray, int]:
+    """step_s [ranks, n] over every iteration all ranks recorded (warm-up included, so the report
+    can show it), and the number of warm-up iterations at its start."""
+    with run.open() as rf:
+        try:
+            return rf.recorded("step_s"), rf.warmup
+        except KeyError:
+            return np.empty((run.ranks, 0)), 0
+
+
+def _rank_mean(a: np.ndarray) -> np.ndarray:
+    """Mean over ranks (axis 0) ignoring NaN; NaN (no warning) where every rank has NaN."""
+    if not a.size:
+        return np.empty(a.shape[1] if a.ndim == 2 else 0)
+    ok = ~np.isnan(a)
+    n = ok.sum(axis=0)
+    return np.where(n > 0, np.where(ok, a, 0).sum(axis=0) / np.maximum(n, 1), math.nan)
+
+
+def curves_tables(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Training curves: per iteration, the train loss (mean over ranks, warm-up included); per
+    epoch, train loss, val loss and val accuracy [%] (mean over ranks; NaN where not evaluated)."""
+    with run.open() as rf:
+        try:
+            loss = rf.recorded("loss")
+            it = rf.recorded("iteration")[0] if rf.has("iterations/iteration") else \
+                np.arange(loss.shape[1])
+        except KeyError:
+            loss, it = np.empty((0, 0)), np.empty(0)
+        per_epoch = {}
+        for name in ("epoch", "train_loss", "val_loss", "val_accuracy"):
+            try:
+                per_epoch[name] = rf.recorded(name, "epochs")
+            except KeyError:
+                per_epoch[name] = np.empty((0, 0))
+    iters = pd.DataFrame({"iteration": it, "train loss": _rank_mean(loss)})
+    n = per_epoch["epoch"].shape[1] if per_epoch["epoch"].size else 0
+    mean = {k: _rank_mean(v) if v.size else np.full(n, math.nan) for k, v in per_epoch.items()}
+    epochs = pd.DataFrame({"epoch": mean["epoch"], "train loss": mean["train_loss"],
+                           "val loss": mean["val_loss"],
+                           "val accuracy [%]": 100.0 * mean["val_accuracy"]}) if n else \
+        pd.DataFrame(columns=["epoch", "train loss", "val loss", "val accuracy [%]"])
+    return iters, epochs
+
+
+TELEMETRY_COLUMNS = [("cpu_percent", "CPU [% of one core]", 1.0), ("rss_bytes", "RSS [MiB]", 2**-20),
+                     ("power_w", "GPU power [W]", 1.0),
+                     ("gpu_util_percent", "GPU utilisation [%]", 1.0)]
+
+
+def telemetry_table(run: Run) -> pd.DataFrame:
+    """/telemetry as rows: rank, time [s] and the sampled CPU %, RSS, GPU power and utilisation
+    (each rank's own row count; columns that are NaN everywhere, e.g. GPU ones on CPU, dropped).
+    Empty without telemetry."""
+    frames = []
+    with run.open() as rf:
+        g = rf.group("telemetry")
+        if g is None or "t_s" not in g:
+            return pd.DataFrame()
+        rows = rf.rank_rows("telemetry")
+        t = np.asarray(g["t_s"][...], dtype=np.float64)
+        cols = {title: np.asarray(g[c][...], dtype=np.float64) * scale
+                for c, title, scale in TELEMETRY_COLUMNS if c in g}
+    for rank in range(t.shape[0]):
+        k = int(rows[rank]) if rank < len(rows) else t.shape[1]
+        frames.append(pd.DataFrame({"rank": rank, "time [s]": t[rank, :k],
+                                    **{title: v[rank, :k] for title, v in cols.items()}}))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return df.dropna(axis=1, how="all") if not df.empty else df
+
+
+def top_ops_table(run: Run, n: int = 10) -> pd.DataFrame:
+    """The profiler window's top CPU operators (/profile/top_ops), per iteration of the window
+    and averaged over the ranks that list the operator: calls, total (inclusive) and self
+    milliseconds. Sorted by total time; empty without a profiler window."""
+    per_op: dict[str, list[tuple[float, float, float]]] = {}
+    with run.open() as rf:
+        if not rf.has("profile/top_ops/name"):
+            return pd.DataFrame()
+        iters = np.asarray(rf.group("profile/iterations")[...], dtype=np.float64) \
+            if rf.has("profile/iterations") else np.ones(rf.world_size)
+        for rank in range(rf.world_size):
+            k = iters[rank] if rank < len(iters) and iters[rank] > 0 else math.nan
+            names = rf.ragged("profile/top_ops/name", rank)
+            count = rf.ragged("profile/top_ops/count", rank)
+            total = rf.ragged("profile/top_ops/total_s", rank)
+            self_s = rf.ragged("profile/top_ops/self_s", rank)
+            for i, name in enumerate(names):
+                per_op.setdefault(str(name), []).append((count[i] / k, 1e3 * total[i] / k,
+                                                         1e3 * self_s[i] / k))
+    rows = [{"operator": name, "calls per iteration": float(np.mean([v[0] for v in vals])),
+             "total [ms/iter]": float(np.mean([v[1] for v in vals])),
+             "self [ms/iter]": float(np.mean([v[2] for v in vals])), "ranks": len(vals)}
+            for name, vals in per_op.items()]
+    if not rows:
+        return pd.DataFrame()
+    df = pd.DataFrame(rows).sort_values("total [ms/iter]", ascending=False, kind="stable")
+    return df.head(n).reset_index(drop=True)
+
+
+def execution_time(run: Run) -> float:
+    """Training time of the run: the sum over its recorded iterations of the slowest rank's step
+    (validation, setup and checkpoints excluded); NaN without /iterations/step_s."""
+    step, _ = step_matrix(run)
+    if not step.size or np.all(np.isnan(step)):
+        return math.nan
+    slowest = np.where(np.isnan(step), -np.inf, step).max(axis=0)  # [n]: NaN = rank did not run
+    return float(slowest[np.isfinite(slowest)].sum())
+
+
+def execution_table(study: Study, mode: str, include_incomplete: bool = False) -> pd.DataFrame:
+    """The papers' scaling axes per configuration and rank count: execution time (execution_time,
+    mean/min/max over repeats) and parallel efficiency [%] (from scaling_table). StudyError as
+    scaling_table."""
+    eff = scaling_table(study, mode, include_incomplete)
+    runs = [r for r in study.usable(include_incomplete) if r.summary]
+    groups = group_by_config(runs, mode=mode)
+    rows = []
+    for g in groups:
+        if len({r.ranks for r in g}) < 2:
+            continue
+        name = describe_group(g, groups, mode)
+        for n in sorted({r.ranks for r in g}):
+            ts = np.array([execution_time(r) for r in g if r.ranks == n])
+            rows.append({"configuration": name, "ranks": n,
+                         "execution time [s]": float(np.mean(ts)),
+                         "execution time min [s]": float(np.min(ts)),
+                         "execution time max [s]": float(np.max(ts))})
+    cols = ["configuration", "ranks", "efficiency [%]", "efficiency min [%]", "efficiency max [%]"]
+    return pd.DataFrame(rows).merge(eff[cols], on=["configuration", "ranks"], how="left")
+
+
+# --- findings of the studies ----------------------------------------------------------------------
+# Each finding of the papers this benchmark reproduces, and the rule that decides it from the run
+# files' configuration (never from file names). The thresholds are stated in the finding's text so
+# that a reader can disagree with them.
+REPRODUCED, NOT_REPRODUCED, NOT_COVERED = "reproduced", "not reproduced", "not covered"
+SCALES_EFFICIENCY = 70.0   # [%] parallel efficiency at the largest rank count that counts as scaling
+OVERHEAD_SHARE = 50.0      # [%] of the step in data + comm_wait + control that counts as dominated
+LOW_PRECISIONS = ("fp16-mixed", "bf16-mixed", "bf16")
+
+FINDINGS = [
+    ("ddp-ds", f"DDP with a distributed sampler (run.strategy=ddp-ds) scales: parallel efficiency "
+               f"at the largest rank count >= {SCALES_EFFICIENCY:g}%"),
+    ("precision", "FP16 / BF16 are faster than FP32: median step of fp16-mixed, bf16-mixed or bf16 "
+                  "below fp32's in otherwise identical runs (speedup = fp32 step / reduced step > 1)"),
+    ("pin_memory", "pin_memory gains shrink with more GPUs: the step-time gain of data.pin_memory="
+                   "true over false is smaller at the largest rank count than at the smallest"),
+    ("lora-dpo", "LoRA is faster and leaner than DPO: lower median step and lower peak memory at "
+                 "the same model, precision, sequence length and rank count"),
+    ("qlora", "QLoRA needs the least memory: lowest peak memory of the LLM methods run at the same "
+              "model, precision, sequence length and rank count"),
+    ("qat", "QAT is the slowest LLM method: highest median step of the methods run at the same "
+            "model, precision, sequence length and rank count"),
+    ("llm-overhead", f"LLM steps are dominated by launches / synchronisation: data + comm_wait + "
+                     f"control >= {OVERHEAD_SHARE:g}% of the median step (or, in a GPU profiler "
+                     f"window, the device idle >= {OVERHEAD_SHARE:g}% of its span)"),
+]
+
+
+def _step(r: Run) -> float:
+    return float(r.summary.get("median_step_s", math.nan))
+
+
+def _peak_mib(r: Run) -> float:
+    return float(r.row.get("peak_mem_MiB", math.nan))
+
+
+def _ranks_text(n: int) -> str:
+    return f"{n} rank" + ("s" if n != 1 else "")
+
+
+def _llm_groups(runs: list[Run]) -> dict[tuple, dict[str, list[Run]]]:
+    """LLM runs grouped by what must match for methods to be compared (model, precision, device,
+    sequence length, ranks), then by llm.method."""
+    out: dict[tuple, dict[str, list[Run]]] = {}
+    for r in runs:
+        if r.workload != "llm" or not r.summary:
+            continue
+        c = r.config
+        key = (c.get("llm.model", ""), c.get("run.precision", ""), c.get("run.device", ""),
+               c.get("llm.max_seq_len", ""), r.ranks)
+        out.setdefault(key, {}).setdefault(str(c.get("llm.method", "")), []).append(r)
+    return out
+
+
+def _group_text(key: tuple) -> str:
+    model, precision, device, seq, n = key
+    return f"{model} {precision} {device} seq {seq}, {_ranks_text(n)}"
+
+
+def _mean(runs: list[Run], f) -> float:
+    v = [f(r) for r in runs]
+    v = [x for x in v if x == x]
+    return float(np.mean(v)) if v else math.nan
+
+
+def _finding_ddp_ds(study: Study, mode: str, inc: bool) -> tuple[str, str]:
+    lines, ok = [], []
+    for workload in ("cv", "llm"):
+        sub = Study([r for r in study.usable(inc) if r.workload == workload
+                     and r.config.get("run.strategy") == "ddp-ds"])
+        if not sub.runs:
+            continue
+        try:
+            df = scaling_table(sub, mode, inc)
+        except StudyError:
+            continue
+        for name, g in df.groupby("configuration", sort=False):
+            top = g.sort_values("ranks").iloc[-1]
+            e = float(top["efficiency [%]"])
+            ok.append(e >= SCALES_EFFICIENCY)
+            lines.append(f"{workload} {name}: {e:.1f}% at {_ranks_text(int(top['ranks']))} "
+                         f"(vs {_ranks_text(int(g['ranks'].min()))}, {mode} scaling)")
+    if not ok:
+        return NOT_COVERED, "no ddp-ds configuration run at two or more rank counts"
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
+def _finding_precision(study: Study, inc: bool) -> tuple[str, str]:
+    groups: dict[tuple, dict[str, list[Run]]] = {}
+    for r in study.usable(inc):
+        if not r.summary:
+            continue
+        key = (r.workload, r.ranks,
+               tuple(sorted(point_config(r, ignore=("run.precision",)).items())))
+        groups.setdefault(key, {}).setdefault(str(r.config.get("run.precision", "")), []).append(r)
+    lines, ok = [], []
+    for (workload, n, _), by in groups.items():
+        if "fp32" not in by:
+            continue
+        t32 = _mean(by["fp32"], _step)
+        for p in LOW_PRECISIONS:
+            if p in by:
+                t = _mean(by[p], _step)
+                s = t32 / t if t > 0 else math.nan
+                ok.append(s > 1.0)
+                device = by[p][0].config.get("run.device", "")
+                what = f"{workload} {by[p][0].row.get('method') or ''}".strip()
+                lines.append(f"{what} {device}, {_ranks_text(n)}: {p} {t * 1e3:.4g} ms vs fp32 "
+                             f"{t32 * 1e3:.4g} ms per step: speedup {s:.2f}x")
+    if not ok:
+        return NOT_COVERED, "no pair of runs differing only in run.precision (fp32 vs " \
+                            "fp16-mixed/bf16-mixed/bf16)"
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
+def _finding_pin_memory(study: Study, mode: str, inc: bool) -> tuple[str, str]:
+    runs = [r for r in study.usable(inc) if r.summary]
+    cpu_only = any(r.config.get("run.device") == "cpu" for r in runs) and \
+        {str(r.config.get("data.pin_memory")) for r in runs} >= {"true", "false"}
+    runs = [r for r in runs if r.config.get("run.device") != "cpu"]
+    groups: dict[tuple, dict[int, dict[str, list[Run]]]] = {}
+    for r in runs:
+        key = (r.workload, tuple(sorted(point_config(r, ignore=("data.pin_memory",),
+                                                     mode=mode).items())))
+        groups.setdefault(key, {}).setdefault(r.ranks, {}).setdefault(
+            str(r.config.get("data.pin_memory", "")), []).append(r)
+    lines, ok = [], []
+    for (workload, _), by_n in groups.items():
+        gains = {}
+        for n, by in by_n.items():
+            if "true" in by and "false" in by:
+                gains[n] = 100.0 * (_mean(by["false"], _step) / _mean(by["true"], _step) - 1.0)
+        if len(gains) < 2:
+            continue
+        lo, hi = min(gains), max(gains)
+        ok.append(gains[hi] < gains[lo])
+        lines.append(f"{workload}: gain {gains[lo]:+.1f}% at {_ranks_text(lo)}, "
+                     f"{gains[hi]:+.1f}% at {_ranks_text(hi)}")
+    if not ok:
+        why = "no GPU configuration run with data.pin_memory=true and false at two or more " \
+              "rank counts"
+        if cpu_only:
+            why += " (CPU runs do not count: data.pin_memory is ignored on CPU)"
+        return NOT_COVERED, why
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
+def _finding_lora_dpo(study: Study, inc: bool) -> tuple[str, str]:
+    lines, ok = [], []
+    for key, by in _llm_groups(study.usable(inc)).items():
+        if "lora" in by and "dpo" in by:
+            ts = {m: _mean(by[m], _step) for m in ("lora", "dpo")}
+            ms = {m: _mean(by[m], _peak_mib) for m in ("lora", "dpo")}
+            ok.append(ts["lora"] < ts["dpo"] and ms["lora"] < ms["dpo"])
+            lines.append(f"{_group_text(key)}: LoRA {ts['lora'] * 1e3:.4g} ms, "
+                         f"{ms['lora']:.4g} MiB vs DPO {ts['dpo'] * 1e3:.4g} ms, "
+                         f"{ms['dpo']:.4g} MiB (step {ts['dpo'] / ts['lora']:.2f}x, memory "
+                         f"{ms['dpo'] / ms['lora']:.2f}x)")
+    if not ok:
+        return NOT_COVERED, "no LoRA and DPO runs at the same model, precision, sequence " \
+                            "length and rank count"
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
+def _finding_extreme(study: Study, inc: bool, method: str, metric, better, units: str,
+                     scale: float) -> tuple[str, str]:
+    lines, ok = [], []
+    for key, by in _llm_groups(study.usable(inc)).items():
+        if method not in by or len(by) < 2:
+            continue
+        v = {m: _mean(rs, metric) for m, rs in by.items()}
+        others = {m: x for m, x in v.items() if m != method}
+        ok.append(all(better(v[method], x) for x in others.values()))
+        lines.append(f"{_group_text(key)}: " + ", ".join(
+            f"{m} {x * scale:.4g} {units}" for m, x in sorted(v.items(), key=lambda kv: kv[1])))
+    if not ok:
+        return NOT_COVERED, f"no {method} run beside another LLM method at the same model, " \
+                            "precision, sequence length and rank count"
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
+def _finding_llm_overhead(study: Study, inc: bool) -> tuple[str, str]:
+    lines, ok = [], []
+    for r in study.usable(inc):
+        if r.workload != "llm" or not r.summary:
+            continue
+        s = r.summary
+        phases = [float(s.get(f"median_{p}_s", math.nan)) for p in ("data", "comm_wait", "control")]
+        over = sum(v for v in phases if v == v)  # a phase the run does not have counts 0
+        step = _step(r)
+        if not step > 0:
+            continue
+        share = 100.0 * over / step
+        idle = math.nan
+        with r.open() as rf:
+            if rf.has("profile/breakdown/idle_s") and rf.has("profile/breakdown/span_s"):
+                i = np.asarray(rf.group("profile/breakdown/idle_s")[...], dtype=np.float64)
+                sp = np.asarray(rf.group("profile/breakdown/span_s")[...], dtype=np.float64)
+                if np.any(sp > 0):
+                    idle = 100.0 * float(np.nansum(i) / np.nansum(sp))
+        ok.append(share >= OVERHEAD_SHARE or idle >= OVERHEAD_SHARE)
+        method = r.config.get("llm.method", "")
+        text = (f"{method} {r.config.get('run.device', '')}, {_ranks_text(r.ranks)}: "
+                f"{share:.1f}% of {step * 1e3:.4g} ms")
+        if idle == idle:
+            text += f", device idle {idle:.1f}% of the profiler span"
+        lines.append(text)
+    if not ok:
+        return NOT_COVERED, "no completed LLM run"
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
+def findings_table(study: Study, mode: str = "strong",
+                   include_incomplete: bool = False) -> pd.DataFrame:
+    """One row per finding of the studies (FINDINGS): the verdict on these runs (reproduced / not
+    reproduced / not covered) and the measured numbers it rests on. Runs are matched by their
+    configuration (run.strategy, run.precision, data.pin_memory, llm.method, ranks)."""
+    inc = include_incomplete
+    results = {
+        "ddp-ds": _finding_ddp_ds(study, mode, inc),
+        "precision": _finding_precision(study, inc),
+        "pin_memory": _finding_pin_memory(study, mode, inc),
+        "lora-dpo": _finding_lora_dpo(study, inc),
+        "qlora": _finding_extreme(study, inc, "qlora", _peak_mib, lambda a, b: a < b, "MiB", 1.0),
+        "qat": _finding_extreme(study, inc, "qat", _step, lambda a, b: a > b, "ms", 1e3),
+        "llm-overhead": _finding_llm_overhead(study, inc),
+    }
+    return pd.DataFrame([{"id": key, "finding": text, "verdict": results[key][0],
+                          "evidence": results[key][1]} for key, text in FINDINGS])
