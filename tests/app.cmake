@@ -28,7 +28,7 @@ if(TRAINSCOPE_PYTHON)
     ENVIRONMENT "${_py_env}")
   add_test(NAME python_tests
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)
-  set_tests_properties(python_tests PROPERTIES LABELS "python" TIMEOUT 600 PROCESSORS 2
+  set_tests_properties(python_tests PROPERTIES LABELS "python" TIMEOUT 900 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # jobscripts/: shellcheck, rendering, a PBS script under a stub PBS, a local study, and a real
   # single-node Slurm that the test starts and stops itself (tests/slurm/local_slurm.sh).
