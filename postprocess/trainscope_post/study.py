@@ -579,6 +579,7 @@ REPRODUCED, NOT_REPRODUCED, NOT_COVERED = "reproduced", "not reproduced", "not c
 SCALES_EFFICIENCY = 70.0   # [%] parallel efficiency at the largest rank count that counts as scaling
 OVERHEAD_SHARE = 50.0      # [%] of the step in data + comm_wait + control that counts as dominated
 LOW_PRECISIONS = ("fp16-mixed", "bf16-mixed", "bf16")
+QUALITY_GAP = 5.0          # [%] final validation loss above full fine-tuning's that keeps quality
 
 FINDINGS = [
     ("ddp-ds", f"DDP with a distributed sampler (run.strategy=ddp-ds) scales: parallel efficiency "
@@ -593,6 +594,9 @@ FINDINGS = [
               "model, precision, sequence length and rank count"),
     ("qat", "QAT is the slowest LLM method: highest median step of the methods run at the same "
             "model, precision, sequence length and rank count"),
+    ("quality", f"LoRA, QLoRA and QAT keep quality: final validation loss at most "
+                f"{QUALITY_GAP:g}% above full fine-tuning's at the same model, precision, sequence "
+                f"length and rank count (runs with llm.val_fraction or llm.val_dataset.path)"),
     ("llm-overhead", f"LLM steps are dominated by launches / synchronisation: data + comm_wait + "
                      f"control >= {OVERHEAD_SHARE:g}% of the median step (or, in a GPU profiler "
                      f"window, the device idle >= {OVERHEAD_SHARE:g}% of its span)"),
@@ -752,6 +756,30 @@ def _finding_extreme(study: Study, inc: bool, method: str, metric, better, units
     return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
 
 
+def _val_loss(r: Run) -> float:
+    return float(r.summary.get("final_val_loss", math.nan))
+
+
+def _finding_quality(study: Study, inc: bool) -> tuple[str, str]:
+    lines, ok = [], []
+    for key, by in _llm_groups(study.usable(inc)).items():
+        full = _mean(by.get("full", []), _val_loss)
+        if not full == full:
+            continue
+        for method in ("lora", "qlora", "qat"):
+            v = _mean(by.get(method, []), _val_loss)
+            if not v == v:
+                continue
+            gap = 100.0 * (v / full - 1.0)
+            ok.append(gap <= QUALITY_GAP)
+            lines.append(f"{_group_text(key)}: {method} {v:.4g} vs full {full:.4g} "
+                         f"({gap:+.1f}%)")
+    if not ok:
+        return NOT_COVERED, "no full fine-tuning run with a validation loss beside a LoRA, QLoRA " \
+                            "or QAT run at the same model, precision, sequence length and rank count"
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
 def _finding_llm_overhead(study: Study, inc: bool) -> tuple[str, str]:
     lines, ok = [], []
     for r in study.usable(inc):
@@ -796,6 +824,7 @@ def findings_table(study: Study, mode: str = "strong",
         "lora-dpo": _finding_lora_dpo(study, inc),
         "qlora": _finding_extreme(study, inc, "qlora", _peak_mib, lambda a, b: a < b, "MiB", 1.0),
         "qat": _finding_extreme(study, inc, "qat", _step, lambda a, b: a > b, "ms", 1e3),
+        "quality": _finding_quality(study, inc),
         "llm-overhead": _finding_llm_overhead(study, inc),
     }
     return pd.DataFrame([{"id": key, "finding": text, "verdict": results[key][0],

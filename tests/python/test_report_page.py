@@ -151,6 +151,11 @@ def test_report_page_renders_with_every_figure_and_a_verdict_per_finding(page_st
     assert verdict == ("reproduced" if t["qat"] > max(t["lora"], t["dpo"], t["qlora"])
                        else "not reproduced")
 
+    # Quality: these runs hold out no validation split, so nothing tests it.
+    assert rows["quality"] == ("not covered", "no full fine-tuning run with a validation loss "
+                               "beside a LoRA, QLoRA or QAT run at the same model, precision, "
+                               "sequence length and rank count")
+
     # LLM overhead: every completed LLM run's share of data + comm_wait + control.
     verdict, evidence = rows["llm-overhead"]
     shares = []
