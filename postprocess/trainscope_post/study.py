@@ -603,6 +603,14 @@ FINDINGS = [
 ]
 
 
+def _verdict(ok: list[bool], lines: list[str], not_covered: str) -> tuple[str, str]:
+    """reproduced when every compared group agrees, not reproduced when one does not, not covered
+    (with the reason) when no group could be compared."""
+    if not ok:
+        return NOT_COVERED, not_covered
+    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+
+
 def _step(r: Run) -> float:
     return float(r.summary.get("median_step_s", math.nan))
 
@@ -657,9 +665,7 @@ def _finding_ddp_ds(study: Study, mode: str, inc: bool) -> tuple[str, str]:
             ok.append(e >= SCALES_EFFICIENCY)
             lines.append(f"{workload} {name}: {e:.1f}% at {_ranks_text(int(top['ranks']))} "
                          f"(vs {_ranks_text(int(g['ranks'].min()))}, {mode} scaling)")
-    if not ok:
-        return NOT_COVERED, "no ddp-ds configuration run at two or more rank counts"
-    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+    return _verdict(ok, lines, "no ddp-ds configuration run at two or more rank counts")
 
 
 def _finding_precision(study: Study, inc: bool) -> tuple[str, str]:
@@ -684,10 +690,8 @@ def _finding_precision(study: Study, inc: bool) -> tuple[str, str]:
                 what = f"{workload} {by[p][0].row.get('method') or ''}".strip()
                 lines.append(f"{what} {device}, {_ranks_text(n)}: {p} {t * 1e3:.4g} ms vs fp32 "
                              f"{t32 * 1e3:.4g} ms per step: speedup {s:.2f}x")
-    if not ok:
-        return NOT_COVERED, "no pair of runs differing only in run.precision (fp32 vs " \
-                            "fp16-mixed/bf16-mixed/bf16)"
-    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+    return _verdict(ok, lines, "no pair of runs differing only in run.precision (fp32 vs "
+                               "fp16-mixed/bf16-mixed/bf16)")
 
 
 def _finding_pin_memory(study: Study, mode: str, inc: bool) -> tuple[str, str]:
@@ -713,13 +717,11 @@ def _finding_pin_memory(study: Study, mode: str, inc: bool) -> tuple[str, str]:
         ok.append(gains[hi] < gains[lo])
         lines.append(f"{workload}: gain {gains[lo]:+.1f}% at {_ranks_text(lo)}, "
                      f"{gains[hi]:+.1f}% at {_ranks_text(hi)}")
-    if not ok:
-        why = "no GPU configuration run with data.pin_memory=true and false at two or more " \
-              "rank counts"
-        if cpu_only:
-            why += " (CPU runs do not count: data.pin_memory is ignored on CPU)"
-        return NOT_COVERED, why
-    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+    why = "no GPU configuration run with data.pin_memory=true and false at two or more rank " \
+          "counts"
+    if cpu_only:
+        why += " (CPU runs do not count: data.pin_memory is ignored on CPU)"
+    return _verdict(ok, lines, why)
 
 
 def _finding_lora_dpo(study: Study, inc: bool) -> tuple[str, str]:
@@ -733,10 +735,8 @@ def _finding_lora_dpo(study: Study, inc: bool) -> tuple[str, str]:
                          f"{ms['lora']:.4g} MiB vs DPO {ts['dpo'] * 1e3:.4g} ms, "
                          f"{ms['dpo']:.4g} MiB (step {ts['dpo'] / ts['lora']:.2f}x, memory "
                          f"{ms['dpo'] / ms['lora']:.2f}x)")
-    if not ok:
-        return NOT_COVERED, "no LoRA and DPO runs at the same model, precision, sequence " \
-                            "length and rank count"
-    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+    return _verdict(ok, lines, "no LoRA and DPO runs at the same model, precision, sequence "
+                               "length and rank count")
 
 
 def _finding_extreme(study: Study, inc: bool, method: str, metric, better, units: str,
@@ -750,10 +750,8 @@ def _finding_extreme(study: Study, inc: bool, method: str, metric, better, units
         ok.append(all(better(v[method], x) for x in others.values()))
         lines.append(f"{_group_text(key)}: " + ", ".join(
             f"{m} {x * scale:.4g} {units}" for m, x in sorted(v.items(), key=lambda kv: kv[1])))
-    if not ok:
-        return NOT_COVERED, f"no {method} run beside another LLM method at the same model, " \
-                            "precision, sequence length and rank count"
-    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+    return _verdict(ok, lines, f"no {method} run beside another LLM method at the same "
+                               "model, precision, sequence length and rank count")
 
 
 def _val_loss(r: Run) -> float:
@@ -774,10 +772,9 @@ def _finding_quality(study: Study, inc: bool) -> tuple[str, str]:
             ok.append(gap <= QUALITY_GAP)
             lines.append(f"{_group_text(key)}: {method} {v:.4g} vs full {full:.4g} "
                          f"({gap:+.1f}%)")
-    if not ok:
-        return NOT_COVERED, "no full fine-tuning run with a validation loss beside a LoRA, QLoRA " \
-                            "or QAT run at the same model, precision, sequence length and rank count"
-    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+    return _verdict(ok, lines, "no full fine-tuning run with a validation loss beside a LoRA, "
+                               "QLoRA or QAT run at the same model, precision, sequence length "
+                               "and rank count")
 
 
 def _finding_llm_overhead(study: Study, inc: bool) -> tuple[str, str]:
@@ -806,9 +803,7 @@ def _finding_llm_overhead(study: Study, inc: bool) -> tuple[str, str]:
         if idle == idle:
             text += f", device idle {idle:.1f}% of the profiler span"
         lines.append(text)
-    if not ok:
-        return NOT_COVERED, "no completed LLM run"
-    return (REPRODUCED if all(ok) else NOT_REPRODUCED), "; ".join(lines)
+    return _verdict(ok, lines, "no completed LLM run")
 
 
 def findings_table(study: Study, mode: str = "strong",

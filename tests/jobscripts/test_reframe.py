@@ -14,6 +14,8 @@ from pathlib import Path
 import h5py
 import pytest
 
+from test_jobscripts import slurm  # noqa: F401  (the suite's real Slurm, a fixture)
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
 BINARY = BUILD / "app" / "trainscope"
@@ -88,18 +90,6 @@ def test_reframe_fails_a_failed_run(tmp_path):
     assert "no run file" in p.stdout, p.stdout
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """The suite's real one-node Slurm (as test_jobscripts.py starts it)."""
-    state = tmp_path_factory.mktemp("slurm")
-    start = subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "start", str(state)],
-                           capture_output=True, text=True, timeout=120)
-    if start.returncode == 77:
-        pytest.skip("Slurm cannot start here: " + start.stderr.strip())
-    assert start.returncode == 0, start.stdout + start.stderr
-    yield dict(os.environ, SLURM_CONF=str(state / "slurm.conf"))
-    subprocess.run(["bash", str(ROOT / "tests/slurm/local_slurm.sh"), "stop", str(state)],
-                   timeout=60)
 
 
 def test_reframe_on_the_suites_slurm(slurm, tmp_path):
