@@ -36,9 +36,8 @@ struct Case {
     bool tied = false; // tied embeddings: the head is the embedding (unit 0 stays gathered)
     std::string name() const {
         return std::string(tt::to_string(method)) + (tied ? " tied" : "") +
-               (checkpointing ? " +AC" : "") +
-               " accum " + std::to_string(accumulation) + (prefetch ? " prefetch" : "") +
-               (reshard ? " reshard" : " no-reshard");
+               (checkpointing ? " +AC" : "") + " accum " + std::to_string(accumulation) +
+               (prefetch ? " prefetch" : "") + (reshard ? " reshard" : " no-reshard");
     }
 };
 
@@ -126,10 +125,9 @@ Result train(const Case& c, int zero, int steps = 3) {
     // Every rank holds the same values (data parallelism's invariant, sharded or not).
     for (const auto& t : out.trainable) {
         torch::Tensor mine = t.contiguous().clone(), first = mine.clone();
-        MPI_Bcast(first.data_ptr(), static_cast<int>(first.nbytes()), MPI_BYTE, 0,
-                  MPI_COMM_WORLD);
-        EXPECT_TRUE(torch::equal(mine, first)) << c.name() << " zero " << zero
-                                               << ": ranks disagree on a trainable tensor";
+        MPI_Bcast(first.data_ptr(), static_cast<int>(first.nbytes()), MPI_BYTE, 0, MPI_COMM_WORLD);
+        EXPECT_TRUE(torch::equal(mine, first))
+            << c.name() << " zero " << zero << ": ranks disagree on a trainable tensor";
     }
     return out;
 }

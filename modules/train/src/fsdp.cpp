@@ -368,8 +368,7 @@ std::vector<torch::Tensor> FsdpModel::gather_trainable(const std::vector<std::st
     std::vector<torch::Tensor> out;
     for (const auto& n : names) {
         auto it = by_name.find(n);
-        if (it == by_name.end())
-            throw core::InternalError("FSDP: no trainable tensor named " + n);
+        if (it == by_name.end()) throw core::InternalError("FSDP: no trainable tensor named " + n);
         out.push_back(it->second);
     }
     return out;
@@ -408,11 +407,12 @@ void FsdpModel::load(torch::serialize::InputArchive& in) {
                 in.read(p + "exp_avg", a, /*is_buffer=*/true);
                 in.read(p + "exp_avg_sq", b, /*is_buffer=*/true);
                 if (!param.sizes().equals(g.local.sizes()) || param.scalar_type() != g.dtype)
-                    throw core::InputError(
-                        "checkpoint: the dist.zero=3 shard of unit " + u->name + " has " +
-                        std::to_string(param.numel()) + " elements, this rank's has " +
-                        std::to_string(g.local.numel()) + ": resume with the same model, method "
-                        "and rank count");
+                    throw core::InputError("checkpoint: the dist.zero=3 shard of unit " + u->name +
+                                           " has " + std::to_string(param.numel()) +
+                                           " elements, this rank's has " +
+                                           std::to_string(g.local.numel()) +
+                                           ": resume with the same model, method "
+                                           "and rank count");
                 g.local.copy_(param);
                 g.exp_avg.copy_(a);
                 g.exp_avg_sq.copy_(b);

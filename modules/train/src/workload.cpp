@@ -91,14 +91,16 @@ std::unique_ptr<Workload> make_workload(const RunEnvironment& env) {
     // ignored, so they are refused.
     if (kind != WorkloadKind::Llm) {
         const auto& c = env.cfg;
-        const char* changed = c.get_string("dist.zero") != "0"         ? "dist.zero"
-                              : !c.get_bool("dist.reshard_after_forward") ? "dist.reshard_after_forward"
-                              : !c.get_bool("dist.prefetch")              ? "dist.prefetch"
-                                                                          : nullptr;
+        const char* changed = c.get_string("dist.zero") != "0" ? "dist.zero"
+                              : !c.get_bool("dist.reshard_after_forward")
+                                  ? "dist.reshard_after_forward"
+                              : !c.get_bool("dist.prefetch") ? "dist.prefetch"
+                                                             : nullptr;
         if (changed)
             throw core::ConfigError(std::string(changed) + " (set at " + c.origin(changed) +
                                     ") shards LLM fine-tuning (ZeRO / FSDP) and has no effect on "
-                                    "run.workload=" + c.get_string("run.workload") +
+                                    "run.workload=" +
+                                    c.get_string("run.workload") +
                                     ": remove it, or use run.workload=llm");
     }
     switch (kind) {

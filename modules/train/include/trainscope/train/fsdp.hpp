@@ -103,7 +103,7 @@ class FsdpModel final : public models::UnitHooks {
     struct Group;
     struct Unit;
     struct PendingReduce;
-    void gather(Unit& u);      // issues the all-gathers (async)
+    void gather(Unit& u); // issues the all-gathers (async)
     void wait_gathered(Unit& u);
     void free(Unit& u);
     void reduce_gradients(Unit& u);
