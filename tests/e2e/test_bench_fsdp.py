@@ -33,9 +33,10 @@ def test_fsdp_bench_quick_prints_every_row(trainscope, tmp_path):
         assert re.search(rf"^  {m} +(yes|NO ) +peak x 1\.00 / ", out, re.M), out
     for m in ("lora", "full"):
         for pf in ("on", "off"):
-            # All-gather and reduce-scatter time, exposed time and hidden share are numbers.
+            # All-gather and reduce-scatter time, exposed time and hidden share (each kind and
+            # both together) are numbers.
             row = (rf"^\| {m} \| 2 \| {pf} \| [0-9.]+ \| [0-9.]+ \| -?[0-9]+ % \| [0-9.]+ \| "
-                   rf"[0-9.]+ \| -?[0-9]+ % \| [0-9.]+ \| [0-9.]+ \|$")
+                   rf"[0-9.]+ \| -?[0-9]+ % \| -?[0-9]+ % \| [0-9.]+ \| [0-9.]+ \|$")
             assert re.search(row, out, re.M), f"table B row {m}/{pf}:\n{out}"
 
     runs = json.loads(raw.read_text())["runs"]
