@@ -671,16 +671,7 @@ class MpiCommunicator final : public Communicator {
             MPI_CHECK(MPI_Allgather(src.data_ptr(), bytes, MPI_BYTE, dst.data_ptr(), bytes,
                                     MPI_BYTE, comm));
         };
-        if (bounded()) {
-            ProgressState* state = state_.get();
-            submit(
-                "an MPI allgather (ZeRO parameter shards)", [run, state] { run(state->comm); },
-                /*after=*/nullptr, /*blocking=*/true)
-                ->wait();
-        } else {
-            std::unique_lock<std::mutex> mpi = serialize();
-            run(comm_);
-        }
+        run_blocking("an MPI allgather (ZeRO parameter shards)", run);
         if (!out.is_cpu()) copy_back(out, dst);
         account(Kind::Allgather, src.nbytes(), seconds_since(t0));
     }
@@ -707,16 +698,7 @@ class MpiCommunicator final : public Communicator {
             MPI_CHECK(
                 MPI_Reduce_scatter_block(src.data_ptr(), dst.data_ptr(), count, type, mop, comm));
         };
-        if (bounded()) {
-            ProgressState* state = state_.get();
-            submit(
-                "an MPI reduce-scatter (ZeRO gradient shards)", [run, state] { run(state->comm); },
-                /*after=*/nullptr, /*blocking=*/true)
-                ->wait();
-        } else {
-            std::unique_lock<std::mutex> mpi = serialize();
-            run(comm_);
-        }
+        run_blocking("an MPI reduce-scatter (ZeRO gradient shards)", run);
         if (op == ReduceOp::Average) dst.div_(size_);
         if (!out.is_cpu()) copy_back(out, dst);
         account(Kind::ReduceScatter, dst.nbytes(), seconds_since(t0));
@@ -910,6 +892,19 @@ class MpiCommunicator final : public Communicator {
             throw core::InternalError(std::string(what) + " peer " + std::to_string(peer) +
                                       " is not another rank of [0, " + std::to_string(size_) +
                                       ") (this is rank " + std::to_string(rank_) + ")");
+    }
+    // A blocking collective `run(comm)`: with a deadline on the progress thread (this thread waits
+    // within dist.timeout), else here on the caller's communicator.
+    void run_blocking(const char* what, const std::function<void(MPI_Comm)>& run) {
+        if (bounded()) {
+            ProgressState* state = state_.get();
+            submit(
+                what, [run, state] { run(state->comm); }, /*after=*/nullptr, /*blocking=*/true)
+                ->wait();
+        } else {
+            std::unique_lock<std::mutex> mpi = serialize();
+            run(comm_);
+        }
     }
     // Host buffers of an asynchronous collective from `in` into `out`: the input on the host (the
     // tensor itself when it is a contiguous host tensor), the output's host buffer and, for a
