@@ -152,6 +152,151 @@ def cmd_report(args) -> int:
     return rc
 
 
+def _load_models(args):
+    from .model import build_models
+    study = load(args.files)
+    rc = _warn_study(study, args.include_incomplete)
+    models, comm, _ = build_models(study, args.mode, args.cores_per_node, args.shared_host_cores,
+                                   args.include_incomplete)
+    return study, models, comm, rc
+
+
+def _comm_model_table(comm):
+    import pandas as pd
+    return pd.DataFrame([{
+        "op": ab.op, "scope": ab.scope, "ranks": ",".join(map(str, ab.ranks)),
+        "sizes": ab.points, "alpha [us]": 1e6 * ab.alpha_s, "busbw [GB/s]": ab.busbw_GBps,
+        "RMS error [%]": 100 * ab.rms_rel, "max error [%]": 100 * ab.max_rel}
+        for ab in comm.values()])
+
+
+def cmd_model(args) -> int:
+    import pandas as pd
+    from .model import leave_one_out, parse_counts, save
+    predict = parse_counts(args.predict) if args.predict else None
+    _, models, comm, rc = _load_models(args)
+    if comm:
+        _emit(_comm_model_table(comm), args, "alpha-beta models of the collectives (ring: "
+              "t = alpha * L(n) + bytes * F(n) / busbw; fitted in relative error)")
+    else:
+        print("no run.workload=comm runs: communication is modelled empirically per "
+              "configuration (Extra-P on comm_wait)")
+    predictions = []
+    for cm in models:
+        print(f"\n== {cm.label} ({cm.workload}, {cm.mode} scaling, {len(cm.runs)} runs at ranks "
+              f"{','.join(map(str, cm.rank_counts))}; {cm.ranks_per_node} ranks per node)")
+        rows = [{"phase": k, "model [s] (p = ranks)": v["function"], "SMAPE [%]": v["smape"],
+                 "adj. R2": v["ar2"], "search": v["search"]} for k, v in cm.phases.items()]
+        print(text_table(pd.DataFrame(rows)))
+        c = cm.comm
+        if c.get("source") == "alpha-beta":
+            print(f"communication: alpha-beta allreduce of {len(c['bucket_bytes'])} bucket(s), "
+                  f"{sum(c['bucket_bytes']) / 2**20:.3f} MiB x {c['rounds']:.3g} per step, "
+                  f"measured overlap {100 * c['overlap']:.0f} % (hidden at most the backward "
+                  "phase)")
+        for note in cm.notes:
+            print(f"note: {note}")
+        fit = pd.DataFrame(cm.fit_rows())
+        fit["rel_err"] *= 100
+        print("predicted vs measured median step [s] (min-max over repeats):")
+        print(text_table(fit.rename(columns={"measured_s": "measured [s]",
+                                             "measured_min_s": "min [s]",
+                                             "measured_max_s": "max [s]",
+                                             "predicted_s": "predicted [s]",
+                                             "rel_err": "error [%]"})))
+        if predict:
+            rpn = args.ranks_per_node or cm.ranks_per_node
+            prow = []
+            for p in predict:
+                pr = cm.predict(p, max(1, -(-p // rpn)))
+                pr["configuration"] = cm.label
+                predictions.append(pr)
+                prow.append({"ranks": p, "nodes": pr["nodes"], "step [s]": pr["step_s"],
+                             "low [s]": pr["step_lo_s"], "high [s]": pr["step_hi_s"],
+                             f"throughput [{pr['throughput_unit']}]": pr["throughput"],
+                             "efficiency [%]": 100 * pr["efficiency"],
+                             "energy [J/sample]": pr["energy_per_sample_j"],
+                             "memory [GiB]": pr["memory_bytes"] / 2**30,
+                             "contention": pr["contention"],
+                             "range": "measured" if pr["in_range"] else "EXTRAPOLATED"})
+            print(f"prediction ({rpn} ranks per node; band = +-2 sigma of fit, repeats and comm "
+                  "model, widened outside the measured ranks):")
+            print(text_table(pd.DataFrame(prow)))
+    loo = None
+    if args.loo:
+        loo = leave_one_out(models)
+        if loo:
+            df = pd.DataFrame(loo)
+            df["rel_err"] *= 100
+            _emit(df.rename(columns={"measured_s": "measured [s]", "predicted_s": "predicted [s]",
+                                     "rel_err": "error [%]"}), args,
+                  "\nleave-one-out: each measured point predicted by a model fitted without it")
+            e = [abs(r["rel_err"]) for r in loo]
+            print(f"leave-one-out |error|: mean {100 * sum(e) / len(e):.1f} %, max "
+                  f"{100 * max(e):.1f} % over {len(e)} points")
+        else:
+            print("leave-one-out: no configuration has 3 or more measured points")
+    if args.out:
+        print(f"model written to {save(models, comm, Path(args.out), predictions or None, loo)}")
+    return rc
+
+
+def cmd_advise(args) -> int:
+    import pandas as pd
+    from .advise import (Job, candidate_table, candidates, coallocate, parse_bytes, rank,
+                         recommendation)
+    from .model import build_models
+    mem = parse_bytes(args.memory_per_device) if args.memory_per_device else None
+    if args.min_efficiency is not None and not 0 < args.min_efficiency <= 1:
+        raise StudyError(f"--min-efficiency {args.min_efficiency}: give a fraction in (0, 1], "
+                         "e.g. 0.8")
+    if args.jobs:
+        if not args.gpus:
+            raise StudyError("--jobs needs --gpus G (the GPUs to split between the jobs)")
+        gpn = args.gpus_per_node or args.gpus
+        step = gpn if args.whole_nodes else 1
+        works = [float(w) for w in args.work.split(",")] if args.work else []
+        if works and len(works) != len(args.files):
+            raise StudyError(f"--work has {len(works)} value(s) for {len(args.files)} job(s); "
+                             "give one amount (samples or tokens) per job, in --jobs order")
+        jobs = []
+        for i, path in enumerate(args.files):
+            study = load([path])
+            _warn_study(study, args.include_incomplete)
+            models, _, _ = build_models(study, args.mode, args.cores_per_node,
+                                        args.shared_host_cores, args.include_incomplete)
+            ref = models[0]
+            work = works[i] if works else ref.work_per_step(ref.rank_counts[0]) * float(
+                ref.runs[0].plan.get("total_iterations", 1) or 1)
+            jobs.append(Job(Path(path).name, models, work, ref.unit))
+        objective = "throughput" if args.objective == "throughput" else "makespan"
+        best, val, equal, eqval = coallocate(jobs, args.gpus, gpn, step, mem, objective)
+        _emit(pd.DataFrame(best), args, f"co-allocation of {args.gpus} GPUs ({gpn} per node) "
+              f"minimising the {'makespan' if objective == 'makespan' else 'jobs per second'}"
+              + ("" if works else " (work per job: one run of its measured configuration)"))
+        print("equal split:")
+        print(text_table(pd.DataFrame(equal)))
+        if objective == "makespan":
+            print(f"predicted makespan {val:.4g} s against {eqval:.4g} s for the equal split "
+                  f"({100 * (1 - val / eqval):.1f} % shorter)")
+        else:
+            print(f"predicted work rate {val:.4g} jobs/s against {eqval:.4g} for the equal split")
+        return 0
+    if not args.gpus_per_node or not args.max_nodes:
+        raise StudyError("advise needs --gpus-per-node G and --max-nodes N (or --jobs ... "
+                         "--gpus G for a co-allocation)")
+    study, models, _, rc = _load_models(args)
+    cands = candidates(models, args.gpus_per_node, args.max_nodes, mem, args.min_efficiency)
+    ranked = rank(cands, args.objective)
+    table = candidate_table(ranked[: args.top] + [c for c in cands if c.excluded])
+    _emit(table, args, f"candidates by --objective {args.objective} ({args.gpus_per_node} GPUs "
+          "per node; excluded ones last)")
+    print()
+    for line in recommendation(cands, ranked, args.objective, args.min_efficiency):
+        print(line)
+    return rc if ranked else 3
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="trainscope-post", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -190,6 +335,40 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", help="HTML file (default: <dir>/report.html)")
     p.add_argument("--mode", choices=["strong", "weak"], default="strong",
                    help="scaling mode for the report's scaling section")
+
+    def model_options(p):
+        p.add_argument("--mode", choices=["strong", "weak"], default="strong",
+                       help="how the runs scale: strong = fixed global batch (default)")
+        p.add_argument("--cores-per-node", type=float,
+                       help="CPU runs: cores per node of the target (default: the runs' CPU "
+                            "affinity); compute slows by ranks x threads / cores when above 1")
+        p.add_argument("--shared-host-cores", type=float,
+                       help="CPU runs on nodes emulated on ONE machine (tests/multinode): its "
+                            "cores, shared by all ranks of all nodes")
+    p = add("model", cmd_model, "performance models (Extra-P phases, alpha-beta comm)",
+            figures=False)
+    model_options(p)
+    p.add_argument("--out", help="write the models (JSON) to this file")
+    p.add_argument("--predict", help="rank counts to predict, e.g. 8,16,32 or 8..4096")
+    p.add_argument("--ranks-per-node", type=int,
+                   help="ranks per node of the predictions (default: as measured)")
+    p.add_argument("--loo", action="store_true", help="leave-one-out validation table")
+    p = add("advise", cmd_advise, "recommend configuration and node count, or split GPUs "
+            "between jobs (--jobs)", figures=False)
+    model_options(p)
+    p.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node of the target")
+    p.add_argument("--max-nodes", type=int, help="largest node count to consider")
+    p.add_argument("--memory-per-device", help="device memory, e.g. 80GiB: larger plans excluded")
+    p.add_argument("--objective", choices=["time", "throughput", "efficiency", "energy"],
+                   default="time")
+    p.add_argument("--min-efficiency", type=float, help="exclude points below this efficiency")
+    p.add_argument("--top", type=int, default=10, help="candidates to print (default 10)")
+    p.add_argument("--jobs", action="store_true",
+                   help="co-allocation: each FILES argument is one job's study directory")
+    p.add_argument("--gpus", type=int, help="--jobs: GPUs to split")
+    p.add_argument("--work", help="--jobs: samples or tokens per job, comma-separated")
+    p.add_argument("--whole-nodes", action="store_true",
+                   help="--jobs: allocate whole nodes (--gpus-per-node each)")
     args = parser.parse_args(argv)
     try:
         return args.func(args)

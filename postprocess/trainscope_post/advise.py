@@ -1,0 +1,268 @@
+"""Allocation advice from performance models (``trainscope-post advise``): which configuration on
+how many nodes, and how to split GPUs between several jobs.
+
+Every configuration a study covers (strategy, precision, layout, method, ZeRO stage: whatever its
+runs differ in besides ranks and nodes) is predicted at every node count 1..max_nodes with
+gpus_per_node ranks per node. A candidate is excluded, with the reason, when its memory plan (the
+run file's /plan scaled to the rank count, model.ConfigModel.memory) exceeds the device memory,
+when a fixed global batch cannot give every rank a sample, or when its parallel efficiency falls
+below --min-efficiency. The survivors are ranked by the objective:
+  time        shortest time per unit of work (1 / throughput; for a fixed global batch: the step)
+  throughput  highest throughput (samples/s or tokens/s)
+  efficiency  highest parallel efficiency (then throughput)
+  energy      lowest energy per sample (only where the runs measured energy)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .model import ConfigModel
+from .study import StudyError
+
+OBJECTIVES = ("time", "throughput", "efficiency", "energy")
+GIB = 2.0**30
+
+
+def parse_bytes(text: str) -> float:
+    """'80GiB', '80GB', '81920MiB', '1e9' -> bytes."""
+    t = str(text).strip()
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6,
+             "gb": 1e9, "tb": 1e12, "b": 1}
+    low = t.lower()
+    for u in sorted(units, key=len, reverse=True):
+        if low.endswith(u):
+            num, mult = low[: -len(u)], units[u]
+            break
+    else:
+        num, mult = low, 1
+    try:
+        v = float(num) * mult
+    except ValueError:
+        raise StudyError(f"--memory-per-device {text!r}: not a size; use e.g. 80GiB, 40GB or "
+                         "81920MiB") from None
+    if v <= 0:
+        raise StudyError(f"--memory-per-device {text!r}: must be positive")
+    return v
+
+
+@dataclass
+class Candidate:
+    model: ConfigModel
+    nodes: int
+    ranks: int
+    pred: dict | None
+    excluded: str = ""
+
+
+def _batch_reason(cm: ConfigModel, ranks: int) -> str:
+    if cm.mode != "strong":
+        return ""
+    plan = cm.runs[0].plan
+    g = float(plan.get("global_batch", 0) or 0)
+    ga = float(plan.get("gradient_accumulation", 1) or 1)
+    if g and g / ga < ranks:
+        return f"global batch {g:g} ({ga:g} micro-steps) gives {ranks} ranks less than one sample each"
+    return ""
+
+
+def candidates(models: list[ConfigModel], gpus_per_node: int, max_nodes: int,
+               memory_per_device: float | None, min_efficiency: float | None,
+               node_counts=None) -> list[Candidate]:
+    out = []
+    for cm in models:
+        for n in (node_counts or range(1, max_nodes + 1)):
+            p = n * gpus_per_node
+            c = Candidate(cm, n, p, None)
+            reason = _batch_reason(cm, p)
+            if reason:
+                c.excluded = reason
+                out.append(c)
+                continue
+            c.pred = cm.predict(p, n)
+            mem = c.pred["memory_bytes"]
+            if memory_per_device and mem == mem and mem > memory_per_device:
+                c.excluded = (f"memory plan {mem / GIB:.2f} GiB per device > "
+                              f"--memory-per-device {memory_per_device / GIB:.2f} GiB")
+            elif min_efficiency is not None and c.pred["efficiency"] < min_efficiency:
+                c.excluded = (f"efficiency {c.pred['efficiency']:.2f} < --min-efficiency "
+                              f"{min_efficiency:g}")
+            out.append(c)
+    return out
+
+
+def _score(c: Candidate, objective: str) -> tuple:
+    p = c.pred
+    if objective == "throughput" or objective == "time":
+        return (-p["throughput"],)
+    if objective == "efficiency":
+        return (-p["efficiency"], -p["throughput"])
+    e = p["energy_per_sample_j"]
+    return (e if e == e else math.inf, -p["throughput"])
+
+
+def rank(cands: list[Candidate], objective: str) -> list[Candidate]:
+    if objective not in OBJECTIVES:
+        raise StudyError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    ok = [c for c in cands if not c.excluded]
+    if objective == "energy":
+        for c in ok:
+            if c.pred["energy_per_sample_j"] != c.pred["energy_per_sample_j"]:
+                c.excluded = "no energy measured in its runs (--objective energy needs telemetry)"
+        ok = [c for c in ok if not c.excluded]
+    return sorted(ok, key=lambda c: _score(c, objective))
+
+
+def candidate_table(cands: list[Candidate]) -> pd.DataFrame:
+    rows = []
+    for c in cands:
+        p = c.pred or {}
+        unit = p.get("throughput_unit", "")
+        rows.append({
+            "configuration": c.model.label, "nodes": c.nodes, "ranks": c.ranks,
+            "step [s]": p.get("step_s", math.nan),
+            "band [s]": (f"{p['step_lo_s']:.3g}-{p['step_hi_s']:.3g}" if p else "-"),
+            "throughput": p.get("throughput", math.nan), "unit": unit,
+            "efficiency": p.get("efficiency", math.nan),
+            "energy [J/sample]": p.get("energy_per_sample_j", math.nan),
+            "memory [GiB]": p.get("memory_bytes", math.nan) / GIB,
+            "range": ("measured" if p.get("in_range") else "extrapolated") if p else "-",
+            "excluded": c.excluded or "",
+        })
+    return pd.DataFrame(rows)
+
+
+def recommendation(cands: list[Candidate], ranked: list[Candidate], objective: str,
+                   min_efficiency: float | None) -> list[str]:
+    """Sentences: the choice and why, what happens one node further, the runner-up."""
+    if not ranked:
+        reasons = sorted({c.excluded for c in cands if c.excluded})
+        return ["no configuration qualifies: " + "; ".join(reasons[:6])]
+    best = ranked[0]
+    p = best.pred
+    lines = [f"recommended: {best.model.label} on {best.nodes} node(s) = {best.ranks} ranks: "
+             f"step {p['step_s']:.4g} s ({p['step_lo_s']:.3g}-{p['step_hi_s']:.3g}), "
+             f"{p['throughput']:.4g} {p['throughput_unit']}, efficiency {p['efficiency']:.2f}"
+             + (f", {p['energy_per_sample_j']:.3g} J/sample" if p['energy_per_sample_j'] ==
+                p['energy_per_sample_j'] else "")
+             + f", memory {p['memory_bytes'] / GIB:.3g} GiB per device"
+             + ("" if p["in_range"] else " [extrapolated beyond the measured ranks]")]
+    same = sorted((c for c in cands if c.model is best.model), key=lambda c: c.nodes)
+    nxt = next((c for c in same if c.nodes > best.nodes), None)
+    if nxt is not None:
+        if nxt.excluded:
+            lines.append(f"  {nxt.nodes} node(s): {nxt.excluded}")
+        else:
+            q = nxt.pred
+            lines.append(f"  {nxt.nodes} node(s): {q['throughput']:.4g} {q['throughput_unit']}, "
+                         f"efficiency {q['efficiency']:.2f} (ranked lower for --objective "
+                         f"{objective})")
+    else:
+        lines.append(f"  {best.nodes} node(s) is the largest count considered (--max-nodes)")
+    other = next((c for c in ranked if c.model is not best.model), None)
+    if other is not None:
+        q = other.pred
+        d = 100.0 * (q["throughput"] / p["throughput"] - 1.0) if p["throughput"] else math.nan
+        lines.append(f"  runner-up configuration: {other.model.label} on {other.nodes} node(s): "
+                     f"{q['throughput']:.4g} {q['throughput_unit']} ({d:+.1f} %), efficiency "
+                     f"{q['efficiency']:.2f}")
+    mem_out = {c.model.label for c in cands if c.excluded.startswith("memory")}
+    if mem_out:
+        lines.append("  excluded by memory at some node counts: " + "; ".join(sorted(mem_out)))
+    return lines
+
+
+# --- co-allocation ------------------------------------------------------------------------------
+@dataclass
+class Job:
+    name: str
+    models: list[ConfigModel]
+    work: float     # samples or tokens to process
+    unit: str
+
+
+def best_at(job: Job, ranks: int, gpus_per_node: int, memory_per_device: float | None):
+    """(throughput, model, prediction) of the job's best admissible configuration at `ranks`."""
+    nodes = max(1, math.ceil(ranks / gpus_per_node))
+    best = (0.0, None, None)
+    for cm in job.models:
+        if _batch_reason(cm, ranks):
+            continue
+        pred = cm.predict(ranks, nodes)
+        if memory_per_device and pred["memory_bytes"] == pred["memory_bytes"] and \
+                pred["memory_bytes"] > memory_per_device:
+            continue
+        if pred["throughput"] == pred["throughput"] and pred["throughput"] > best[0]:
+            best = (pred["throughput"], cm, pred)
+    return best
+
+
+def coallocate(jobs: list[Job], gpus: int, gpus_per_node: int, step_gpus: int,
+               memory_per_device: float | None, objective: str = "makespan"):
+    """Splits `gpus` (in steps of `step_gpus`) between the jobs: minimise the makespan
+    (max over jobs of work / throughput) or maximise the summed work rate (sum of throughput /
+    work: jobs finished per second). Exhaustive dynamic programming over the allocations.
+    Returns (allocation rows, value, equal-split rows, equal value)."""
+    units = gpus // step_gpus
+    if units < len(jobs):
+        raise StudyError(f"--gpus {gpus}: fewer than one allocation unit ({step_gpus} GPUs) per "
+                         f"job for {len(jobs)} jobs")
+    table = {}
+    for j, job in enumerate(jobs):
+        for u in range(1, units - len(jobs) + 2):
+            table[j, u] = best_at(job, u * step_gpus, gpus_per_node, memory_per_device)
+
+    def cost(j, u):
+        thr = table[j, u][0]
+        if objective == "makespan":
+            return jobs[j].work / thr if thr > 0 else math.inf
+        return -(thr / jobs[j].work) if thr > 0 else 0.0
+
+    combine = max if objective == "makespan" else (lambda a, b: a + b)
+    # best[j][u]: best value for jobs j.. with u units
+    memo = {}
+
+    def solve(j, u):
+        if j == len(jobs):
+            return (0.0 if objective != "makespan" else -math.inf), []
+        key = (j, u)
+        if key in memo:
+            return memo[key]
+        best = (math.inf, [])
+        for k in range(1, u - (len(jobs) - j - 1) + 1):
+            rest, alloc = solve(j + 1, u - k)
+            v = combine(cost(j, k), rest) if objective == "makespan" else cost(j, k) + rest
+            if v < best[0]:
+                best = (v, [k] + alloc)
+        memo[key] = best
+        return best
+
+    value, alloc = solve(0, units)
+    equal = [units // len(jobs) + (1 if i < units % len(jobs) else 0) for i in range(len(jobs))]
+
+    def rows(al):
+        out = []
+        for j, u in enumerate(al):
+            thr, cm, pred = table[j, u] if (j, u) in table else best_at(
+                jobs[j], u * step_gpus, gpus_per_node, memory_per_device)
+            out.append({"job": jobs[j].name, "GPUs": u * step_gpus,
+                        "nodes": math.ceil(u * step_gpus / gpus_per_node),
+                        "configuration": cm.label if cm else "(nothing fits)",
+                        "throughput": thr, "unit": f"{jobs[j].unit}/s",
+                        "work": jobs[j].work,
+                        "time [s]": jobs[j].work / thr if thr > 0 else math.inf,
+                        "range": ("measured" if pred and pred["in_range"] else "extrapolated")
+                        if pred else "-"})
+        return out
+
+    def value_of(al):
+        if objective == "makespan":
+            return max(cost(j, u) for j, u in enumerate(al))
+        return -sum(cost(j, u) for j, u in enumerate(al))
+
+    if objective != "makespan":
+        value = -value
+    return rows(alloc), value, rows(equal), value_of(equal)

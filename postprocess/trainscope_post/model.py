@@ -1,0 +1,621 @@
+"""Performance models from measured runs (``trainscope-post model``), used by the advisor.
+
+A *configuration* is a group of runs that differ only in ranks and nodes (as ``scaling`` groups
+them, for a scaling mode). Its model of the median iteration time at ``p`` ranks on ``n`` nodes:
+
+    step(p, n) = k(p) * sum_phase f_phase(p)  +  exposed_comm(p, n)  +  f_other(p)
+
+- ``f_phase`` for each compute phase (data, h2d, forward, backward, optimizer, control; the
+  medians of /summary) is fitted by Extra-P (extrap_fit.py, in Extra-P's own environment) over
+  the measured rank counts; ``f_other`` is the rest of the step (median step minus the phases),
+  fitted the same way.
+- ``k(p)`` is the CPU contention factor for CPU runs: max(1, ranks per node x threads per rank
+  / cores per node), or with ``shared_host_cores`` (nodes emulated on one machine) max(1, ranks x
+  threads / cores). Measured phase times are divided by their run's factor before fitting, and
+  predictions multiplied by the target's. GPU runs have k = 1.
+- ``exposed_comm``: the per-step gradient traffic (bytes per bucket from /comm/buckets, times the
+  allreduce rounds per step = comm_bytes / sum of buckets) priced by the alpha-beta model of the
+  allreduce in the target's scope (intra-node when n = 1, else inter-node) fitted from
+  ``run.workload=comm`` files: t(S, n) = alpha * L(n) + beta * F(n) * S, with the ring
+  algorithm's step count L and factor F (allreduce: 2(n-1) and 2(n-1)/n; allgather and
+  reduce-scatter: n-1 and (n-1)/n; broadcast: 1 and 1). Of that time the measured overlap fraction
+  (1 - comm_wait / comm_collective at the measured multi-rank points) is hidden, but never more
+  than the backward phase it overlaps with. ZeRO runs (dist.zero >= 1), and configurations without
+  a comm model for the scope, fit comm_wait empirically with Extra-P instead, and say so.
+
+Uncertainty: a relative sigma from the fit residuals (RMS relative error of the composed step at
+the measured points), the spread of repeats (mean coefficient of variation) and the alpha-beta
+fit's RMS error weighted by communication's share of the step; beyond the measured rank counts by
+d doublings that sigma is multiplied by (1 + d) and EXTRAPOLATION_SIGMA * d is added in
+quadrature. The band is +-2 sigma.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .study import (Run, Study, StudyError, describe_group, group_by_config, point_config)
+
+COMPUTE_PHASES = ["data", "h2d", "forward", "backward", "optimizer", "control"]
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+MEMORY_CATEGORIES = ["weight", "gradient", "optimizer_state", "activation", "logits",
+                     "gathered_weight", "unit_gradient"]
+SCHEMA = "trainscope-model/1"
+# Relative sigma added per doubling of the rank count beyond the measured range: the model form
+# itself is uncertain there (two or three points cannot tell p^-1 from p^-1/2 or a log term).
+# Calibrated against the held-out and leave-one-out errors of docs/advisor.md.
+EXTRAPOLATION_SIGMA = 0.05
+
+
+def algorithm(op: str, n: int) -> tuple[float, float]:
+    """(latency steps L(n), bandwidth factor F(n)) of the ring algorithm of `op` on n ranks."""
+    if n <= 1:
+        return 0.0, 0.0
+    if op == "allreduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter"):
+        return float(n - 1), (n - 1) / n
+    return 1.0, 1.0  # broadcast (pipelined)
+
+
+# --- Extra-P ------------------------------------------------------------------------------------
+def extrap_python() -> str:
+    """The Python of Extra-P's environment: $TRAINSCOPE_EXTRAP_PYTHON, else scripts/setup's
+    ${TRAINSCOPE_CACHE:-~/.cache/trainscope}/venv-extrap."""
+    env = os.environ.get("TRAINSCOPE_EXTRAP_PYTHON")
+    if env:
+        return env
+    cache = Path(os.environ.get("TRAINSCOPE_CACHE", Path.home() / ".cache" / "trainscope"))
+    return str(cache / "venv-extrap" / "bin" / "python")
+
+
+def extrap_fit(series: list[dict], evaluate=()) -> dict:
+    """Runs extrap_fit.py in Extra-P's environment on `series` (see that file) in one process."""
+    if not series:
+        return {"extrap_version": "", "models": {}}
+    py = extrap_python()
+    if not Path(py).exists():
+        raise StudyError(f"Extra-P is not installed ({py} does not exist): run scripts/setup, "
+                         "which makes that environment, or set TRAINSCOPE_EXTRAP_PYTHON to a "
+                         "Python that has `pip install extrap`")
+    req = json.dumps({"series": series, "evaluate": sorted(set(float(p) for p in evaluate))})
+    proc = subprocess.run([py, str(Path(__file__).with_name("extrap_fit.py"))], input=req,
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise StudyError(f"Extra-P failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout)
+
+
+def evaluate_pmnf(m: dict, p: float) -> float:
+    """Evaluates an Extra-P model (constant + sum c * p^poly * log2(p)^log) at p."""
+    v = m["constant"]
+    for t in m["terms"]:
+        v += t["coefficient"] * (p ** t["poly"]) * (math.log2(p) ** t["log"] if t["log"] else 1.0)
+    return v
+
+
+# --- communication: alpha-beta per collective and scope -----------------------------------------
+@dataclass
+class AlphaBeta:
+    op: str
+    scope: str  # intra | inter
+    alpha_s: float
+    beta_s_per_byte: float
+    ranks: list[int]
+    points: int
+    rms_rel: float
+    max_rel: float
+    files: list[str] = field(default_factory=list)
+
+    def time(self, nbytes: float, n: int) -> float:
+        lat, fac = algorithm(self.op, n)
+        return self.alpha_s * lat + self.beta_s_per_byte * fac * nbytes
+
+    @property
+    def busbw_GBps(self) -> float:
+        return 1e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
+
+    def to_json(self) -> dict:
+        d = dict(self.__dict__)
+        d["busbw_GBps"] = self.busbw_GBps
+        return d
+
+
+def _fit_alpha_beta(rows):
+    """Least squares of t = alpha*L + beta*F*S in relative error (every size counts alike),
+    alpha, beta >= 0. rows: (L, F*S, t)."""
+    a = np.array([[lat / t, fs / t] for lat, fs, t in rows])
+    y = np.ones(len(rows))
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    if coef[0] < 0 or coef[1] < 0:  # refit with the negative one at zero
+        k = 1 if coef[0] < 0 else 0
+        col = a[:, k]
+        c = float(col @ y / (col @ col)) if col @ col > 0 else 0.0
+        coef = np.array([0.0, c]) if k == 1 else np.array([c, 0.0])
+    pred = a @ coef
+    rel = pred - 1.0
+    return float(coef[0]), float(coef[1]), float(np.sqrt(np.mean(rel**2))), float(np.max(np.abs(rel)))
+
+
+def fit_comm(runs: list[Run]) -> dict[tuple[str, str], AlphaBeta]:
+    """alpha-beta models per (op, scope) from the /comm/<op> tables of run.workload=comm files."""
+    data: dict[tuple[str, str], list] = {}
+    files: dict[tuple[str, str], set] = {}
+    for r in runs:
+        scope = "inter" if r.nodes > 1 else "intra"
+        with r.open() as rf:
+            g = rf.group("comm")
+            if g is None:
+                continue
+            for op in OPS:
+                if op not in g or "bytes" not in g[op] or "time_s" not in g[op]:
+                    continue
+                lat, fac = algorithm(op, r.ranks)
+                for b, t in zip(g[op]["bytes"][...], g[op]["time_s"][...]):
+                    if t > 0 and b > 0:
+                        data.setdefault((op, scope), []).append((lat, fac * float(b), float(t),
+                                                                 r.ranks))
+                        files.setdefault((op, scope), set()).add(str(r.path))
+    out = {}
+    for key, rows in data.items():
+        alpha, beta, rms, mx = _fit_alpha_beta([(a, b, t) for a, b, t, _ in rows])
+        out[key] = AlphaBeta(key[0], key[1], alpha, beta, sorted({n for *_, n in rows}),
+                             len(rows), rms, mx, sorted(files[key]))
+    return out
+
+
+# --- measurements of one training run -----------------------------------------------------------
+def _cpu_count(affinity: str) -> int:
+    n = 0
+    for part in str(affinity).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            n += int(b) - int(a) + 1
+        else:
+            n += 1
+    return n
+
+
+def contention(device: str, ranks: int, nodes: int, threads: int, cores_per_node: float | None,
+               shared_host_cores: float | None) -> float:
+    """CPU contention factor (1 for GPU runs): compute threads per core, at least 1."""
+    if not str(device).startswith("cpu"):
+        return 1.0
+    if shared_host_cores:
+        return max(1.0, ranks * threads / shared_host_cores)
+    if cores_per_node:
+        return max(1.0, math.ceil(ranks / max(nodes, 1)) * threads / cores_per_node)
+    return 1.0
+
+
+@dataclass
+class Measured:
+    path: str
+    ranks: int
+    nodes: int
+    step: float
+    phases: dict
+    comm_wait: float
+    collective: float
+    comm_bytes: float
+    buckets: list
+    device: str
+    threads: int
+    cores_per_node: int
+    work: float            # samples or tokens per step, all ranks
+    unit: str
+    samples: float         # samples per step, all ranks
+    power_w_per_rank: float
+    plan: dict
+    zero: int
+    kfactor: float = 1.0
+
+    @property
+    def other(self) -> float:
+        return self.step - sum(self.phases.values()) - self.comm_wait
+
+
+def measure(run: Run) -> Measured:
+    s = run.summary
+    phases = {p: float(s.get(f"median_{p}_s", 0.0) or 0.0) for p in COMPUTE_PHASES}
+    phases = {p: (0.0 if v != v else v) for p, v in phases.items()}
+    with run.open() as rf:
+        def med(col):
+            v = rf.measured(col)
+            if v.size == 0:
+                return 0.0
+            m = np.nanmedian(np.nanmean(v, axis=0))
+            return float(m) if m == m else 0.0
+        collective, comm_bytes = med("comm_collective_s"), med("comm_bytes")
+        buckets = [float(b) for b in rf.series("comm/buckets", "bytes").values] \
+            if rf.has("comm/buckets/bytes") else []
+        plan = rf.plan
+        cores = 0
+        if rf.has("ranks"):
+            tab = rf.ranks()
+            if "cpu_affinity" in (tab.dtype.names or ()):
+                aff = tab["cpu_affinity"][0]
+                cores = _cpu_count(aff.decode() if isinstance(aff, bytes) else aff)
+    step = float(s.get("median_step_s", math.nan))
+    tok = float(s.get("throughput_tokens_per_s", math.nan))
+    samples = float(s.get("global_batch_samples", math.nan))
+    if run.workload == "llm" and tok == tok:
+        work, unit = tok * step, "tokens"
+    else:
+        work, unit = samples, "samples"
+    eps = float(s.get("energy_per_sample_j", math.nan))
+    sps = float(s.get("throughput_samples_per_s", math.nan))
+    power = eps * sps / max(run.ranks, 1) if eps == eps and sps == sps else math.nan
+    try:
+        zero = int(run.config.get("dist.zero", plan.get("zero", 0)) or 0)
+    except (TypeError, ValueError):
+        zero = 0
+    return Measured(str(run.path), run.ranks, run.nodes, step, phases,
+                    float(s.get("median_comm_wait_s", 0.0) or 0.0), collective, comm_bytes,
+                    buckets, str(plan.get("device", run.config.get("run.device", "cpu"))),
+                    int(plan.get("threads_per_rank", 1) or 1), cores, work, unit, samples, power,
+                    dict(plan), zero)
+
+
+# --- the model of one configuration -------------------------------------------------------------
+@dataclass
+class ConfigModel:
+    label: str
+    workload: str
+    mode: str
+    config: dict
+    runs: list[Measured]
+    phases: dict = field(default_factory=dict)     # name -> Extra-P model
+    comm: dict = field(default_factory=dict)
+    comm_models: dict = field(default_factory=dict)  # (op, scope) -> AlphaBeta
+    cores_per_node: float | None = None
+    shared_host_cores: float | None = None
+    sigma_fit: float = 0.0
+    sigma_repeat: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    # -- measured facts
+    @property
+    def rank_counts(self) -> list[int]:
+        return sorted({m.ranks for m in self.runs})
+
+    @property
+    def points(self) -> list[tuple[int, int]]:
+        return sorted({(m.ranks, m.nodes) for m in self.runs})
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(math.ceil(m.ranks / max(m.nodes, 1)) for m in self.runs)
+
+    @property
+    def unit(self) -> str:
+        return self.runs[0].unit
+
+    def kfactor(self, ranks: int, nodes: int) -> float:
+        m = self.runs[0]
+        return contention(m.device, ranks, nodes, m.threads, self.cores_per_node,
+                          self.shared_host_cores)
+
+    def work_per_step(self, ranks: int) -> float:
+        base = [(m.work, m.ranks) for m in self.runs if m.work == m.work]
+        if not base:
+            return math.nan
+        if self.mode == "weak":
+            return float(np.mean([w / r for w, r in base])) * ranks
+        return float(np.mean([w for w, _ in base]))
+
+    def samples_per_step(self, ranks: int) -> float:
+        base = [(m.samples, m.ranks) for m in self.runs if m.samples == m.samples]
+        if not base:
+            return math.nan
+        if self.mode == "weak":
+            return float(np.mean([w / r for w, r in base])) * ranks
+        return float(np.mean([w for w, _ in base]))
+
+    # -- prediction
+    def comm_time(self, ranks: int, nodes: int) -> tuple[float, float]:
+        """(collective seconds per step, exposed seconds per step) at ranks/nodes, before the
+        backward cap."""
+        c = self.comm
+        if ranks <= 1 or not c:
+            return 0.0, 0.0
+        if c["source"] == "alpha-beta":
+            scope = "inter" if nodes > 1 else "intra"
+            ab = self.comm_models.get(("allreduce", scope))
+            if ab is not None:
+                t = c["rounds"] * sum(ab.time(b, ranks) for b in c["bucket_bytes"])
+                return t, t * (1.0 - c["overlap"])
+        if "comm_wait" in self.phases:
+            w = max(0.0, evaluate_pmnf(self.phases["comm_wait"], ranks))
+            return w, w
+        return 0.0, 0.0
+
+    def step(self, ranks: int, nodes: int) -> dict:
+        k = self.kfactor(ranks, nodes)
+        parts = {p: max(0.0, evaluate_pmnf(self.phases[p], ranks)) * k
+                 for p in COMPUTE_PHASES if p in self.phases}
+        other = evaluate_pmnf(self.phases["other"], ranks) if "other" in self.phases else 0.0
+        coll, exposed = self.comm_time(ranks, nodes)
+        if self.comm.get("source") == "alpha-beta" and ranks > 1:
+            exposed = max(exposed, coll - parts.get("backward", 0.0))
+        total = sum(parts.values()) + exposed + other
+        return {"step_s": total, "compute_s": sum(parts.values()), "collective_s": coll,
+                "exposed_comm_s": exposed, "other_s": other, "contention": k, "phases": parts}
+
+    def sigma(self, comm_share: float, scope: str) -> float:
+        ab = self.comm_models.get(("allreduce", scope)) if self.comm.get("source") == \
+            "alpha-beta" else None
+        s_ab = comm_share * ab.rms_rel if ab else 0.0
+        return math.sqrt(self.sigma_fit**2 + self.sigma_repeat**2 + s_ab**2)
+
+    def predict(self, ranks: int, nodes: int | None = None) -> dict:
+        nodes = nodes or max(1, math.ceil(ranks / self.ranks_per_node))
+        st = self.step(ranks, nodes)
+        t = st["step_s"]
+        lo_r, hi_r = min(self.rank_counts), max(self.rank_counts)
+        doublings = math.log2(ranks / hi_r) if ranks > hi_r else (
+            math.log2(lo_r / ranks) if ranks < lo_r else 0.0)
+        share = st["exposed_comm_s"] / t if t > 0 else 0.0
+        sig = self.sigma(share, "inter" if nodes > 1 else "intra")
+        sig = math.sqrt((sig * (1 + doublings))**2 + (EXTRAPOLATION_SIGMA * doublings)**2)
+        work = self.work_per_step(ranks)
+        p0 = lo_r
+        t0 = self.step(p0, max(1, math.ceil(p0 / self.ranks_per_node)))["step_s"]
+        if self.mode == "weak":
+            eff = t0 / t if t > 0 else math.nan
+        else:
+            eff = (p0 * t0) / (ranks * t) if t > 0 else math.nan
+        powers = [m.power_w_per_rank for m in self.runs if m.power_w_per_rank == m.power_w_per_rank]
+        samples = self.samples_per_step(ranks)
+        energy = float(np.mean(powers)) * ranks * t / samples if powers and samples > 0 else \
+            math.nan
+        in_range = lo_r <= ranks <= hi_r and nodes <= max(m.nodes for m in self.runs)
+        return {
+            "ranks": ranks, "nodes": nodes, "step_s": t,
+            "step_lo_s": max(0.0, t * (1 - 2 * sig)), "step_hi_s": t * (1 + 2 * sig),
+            "sigma_rel": sig, "throughput": work / t if t > 0 else math.nan,
+            "throughput_unit": f"{self.unit}/s", "efficiency": eff,
+            "energy_per_sample_j": energy, "memory_bytes": self.memory(ranks),
+            "in_range": in_range, "compute_s": st["compute_s"],
+            "exposed_comm_s": st["exposed_comm_s"], "collective_s": st["collective_s"],
+            "contention": st["contention"],
+        }
+
+    def memory(self, ranks: int) -> float:
+        """Per-device bytes at `ranks` from the /plan of the measured run with the most ranks,
+        scaled by the sharding rules: ZeRO >= 1 shards optimizer state, >= 2 gradients, 3 weights
+        (1/ranks); under strong scaling the activations and logits follow the per-rank batch."""
+        ref = max(self.runs, key=lambda m: m.ranks)
+        plan = ref.plan
+        cats = {c: float(plan.get(f"memory_plan_{c}_bytes", 0.0) or 0.0) for c in MEMORY_CATEGORIES}
+        if not any(cats.values()):
+            est = float(plan.get("memory_estimate_bytes", math.nan))
+            return est
+        r0 = ref.ranks
+        shard = r0 / ranks
+        if ref.zero >= 1:
+            cats["optimizer_state"] *= shard
+        if ref.zero >= 2:
+            cats["gradient"] *= shard
+        if ref.zero >= 3:
+            cats["weight"] *= shard
+        if self.mode == "strong":
+            b0 = float(plan.get("batch_per_rank", 0) or 0)
+            g = float(plan.get("global_batch", 0) or 0)
+            if b0 > 0 and g > 0:
+                ga = float(plan.get("gradient_accumulation", 1) or 1)
+                b = max(1.0, math.ceil(g / ga / ranks))
+                for c in ("activation", "logits"):
+                    cats[c] *= b / b0
+        return float(sum(cats.values()))
+
+    def global_batch(self) -> float:
+        plan = self.runs[0].plan
+        return float(plan.get("global_batch", 0) or 0)
+
+    # -- reporting
+    def fit_rows(self) -> list[dict]:
+        rows = []
+        for r, n in self.points:
+            ms = [m.step for m in self.runs if (m.ranks, m.nodes) == (r, n)]
+            pred = self.step(r, n)["step_s"]
+            med = float(np.median(ms))
+            rows.append({"ranks": r, "nodes": n, "repeats": len(ms), "measured_s": med,
+                         "measured_min_s": float(min(ms)), "measured_max_s": float(max(ms)),
+                         "predicted_s": pred, "rel_err": (pred - med) / med})
+        return rows
+
+    def to_json(self) -> dict:
+        return {
+            "label": self.label, "workload": self.workload, "mode": self.mode,
+            "config": self.config, "unit": self.unit, "ranks_per_node": self.ranks_per_node,
+            "cores_per_node": self.cores_per_node, "shared_host_cores": self.shared_host_cores,
+            "phases": self.phases, "comm": self.comm,
+            "sigma_fit": self.sigma_fit, "sigma_repeat": self.sigma_repeat,
+            "notes": self.notes, "fit": self.fit_rows(),
+            "runs": [m.path for m in self.runs],
+        }
+
+
+def _series_for(cm_name: str, runs: list[Measured], mode: str, with_comm_wait: bool) -> list[dict]:
+    by_p: dict[int, list[Measured]] = {}
+    for m in runs:
+        by_p.setdefault(m.ranks, []).append(m)
+    ps = sorted(by_p)
+    out = []
+    for ph in COMPUTE_PHASES:
+        out.append({"name": f"{cm_name}|{ph}", "points": ps, "scaling": mode,
+                    "values": [[m.phases[ph] / m.kfactor for m in by_p[p]] for p in ps]})
+    out.append({"name": f"{cm_name}|other", "points": ps, "scaling": mode,
+                "values": [[m.other for m in by_p[p]] for p in ps]})
+    if with_comm_wait:
+        pc = [p for p in ps if p > 1]
+        if pc:
+            out.append({"name": f"{cm_name}|comm_wait", "points": pc, "scaling": mode,
+                        "values": [[m.comm_wait for m in by_p[p]] for p in pc]})
+    return out
+
+
+def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str]]:
+    notes = []
+    multi = [m for m in runs if m.ranks > 1]
+    ref = next((m for m in multi if m.buckets), None) or next((m for m in runs if m.buckets), None)
+    zero = max(m.zero for m in runs)
+    if zero >= 1:
+        notes.append(f"dist.zero={zero}: its reduce-scatter/all-gather traffic is modelled "
+                     "empirically (Extra-P on comm_wait), not by the alpha-beta allreduce model")
+        return {"source": "extrap"}, notes
+    if ref is None:
+        notes.append("no /comm/buckets: comm_wait modelled empirically (Extra-P)")
+        return {"source": "extrap"}, notes
+    if not any(k[0] == "allreduce" for k in comm_models):
+        notes.append("no run.workload=comm runs with allreduce: comm_wait modelled empirically "
+                     "(Extra-P); add comm runs for the alpha-beta model")
+        return {"source": "extrap"}, notes
+    total = sum(ref.buckets)
+    rounds = [m.comm_bytes / total for m in multi if total > 0 and m.comm_bytes > 0]
+    fr = [1.0 - m.comm_wait / m.collective for m in multi if m.collective > 0]
+    overlap = float(np.clip(np.mean(fr), 0.0, 1.0)) if fr else 0.0
+    if not fr:
+        notes.append("no multi-rank run measured the overlap: none assumed (upper bound)")
+    return {"source": "alpha-beta", "bucket_bytes": ref.buckets,
+            "rounds": float(np.median(rounds)) if rounds else 1.0, "overlap": overlap}, notes
+
+
+def build_models(study: Study, mode: str = "strong", cores_per_node: float | None = None,
+                 shared_host_cores: float | None = None, include_incomplete: bool = False,
+                 exclude=None) -> tuple[list[ConfigModel], dict, dict]:
+    """Models of every cv/llm configuration of `study` and the alpha-beta models of its comm runs.
+    `exclude(run) -> bool` leaves runs out (held-out points). Returns (models, comm models,
+    Extra-P info)."""
+    usable = [r for r in study.usable(include_incomplete) if r.summary or r.workload == "comm"]
+    if exclude is not None:
+        usable = [r for r in usable if not exclude(r)]
+    comm_runs = [r for r in usable if r.workload == "comm"]
+    train = [r for r in usable if r.workload in ("cv", "llm")]
+    if not train:
+        raise StudyError("no completed cv or llm runs to model")
+    comm_models = fit_comm(comm_runs)
+    groups = group_by_config(train, ignore=("dist.nodes",), mode=mode)
+    models = []
+    for g in groups:
+        ms = [measure(r) for r in g]
+        ms = [m for m in ms if m.step == m.step]
+        if not ms:
+            continue
+        cm = ConfigModel(describe_group(g, groups, mode), g[0].workload, mode,
+                         point_config(g[0], mode=mode), ms, comm_models=comm_models,
+                         cores_per_node=cores_per_node, shared_host_cores=shared_host_cores)
+        for m in ms:
+            m.kfactor = cm.kfactor(m.ranks, m.nodes)
+        cm.comm, cm.notes = _comm_setup(ms, comm_models)
+        models.append(cm)
+    _fit_phases(models)
+    return models, comm_models, {}
+
+
+def _fit_phases(models: list[ConfigModel]):
+    series = []
+    for i, cm in enumerate(models):
+        series += _series_for(str(i), cm.runs, cm.mode, cm.comm.get("source") != "alpha-beta")
+    res = extrap_fit(series)["models"]
+    for i, cm in enumerate(models):
+        cm.phases = {k.split("|", 1)[1]: v for k, v in res.items() if k.split("|", 1)[0] == str(i)}
+        _set_sigmas(cm)
+
+
+def _set_sigmas(cm: ConfigModel):
+    rows = cm.fit_rows()
+    cm.sigma_fit = float(np.sqrt(np.mean([r["rel_err"] ** 2 for r in rows]))) if rows else 0.0
+    cvs = []
+    for r, n in cm.points:
+        ms = [m.step for m in cm.runs if (m.ranks, m.nodes) == (r, n)]
+        if len(ms) > 1:
+            cvs.append(float(np.std(ms, ddof=1) / np.mean(ms)))
+    cm.sigma_repeat = float(np.mean(cvs)) if cvs else 0.0
+
+
+def leave_one_out(models: list[ConfigModel]) -> list[dict]:
+    """Per configuration with at least 3 measured (ranks, nodes) points: each point left out in
+    turn (all its repeats), the model refitted on the rest (same comm models), the point
+    predicted. All folds go to Extra-P in one process."""
+    folds = []
+    series = []
+    for cm in models:
+        pts = cm.points
+        if len(pts) < 3:
+            continue
+        for pt in pts:
+            rest = [m for m in cm.runs if (m.ranks, m.nodes) != pt]
+            if len({m.ranks for m in rest}) < 1:
+                continue
+            fold = ConfigModel(cm.label, cm.workload, cm.mode, cm.config, rest,
+                               comm_models=cm.comm_models, cores_per_node=cm.cores_per_node,
+                               shared_host_cores=cm.shared_host_cores)
+            fold.comm, fold.notes = _comm_setup(rest, cm.comm_models)
+            name = f"f{len(folds)}"
+            series += _series_for(name, rest, cm.mode, fold.comm.get("source") != "alpha-beta")
+            folds.append((cm, pt, fold, name))
+    if not folds:
+        return []
+    res = extrap_fit(series)["models"]
+    rows = []
+    for cm, (r, n), fold, name in folds:
+        fold.phases = {k.split("|", 1)[1]: v for k, v in res.items() if k.split("|", 1)[0] == name}
+        ms = [m.step for m in cm.runs if (m.ranks, m.nodes) == (r, n)]
+        meas = float(np.median(ms))
+        pred = fold.step(r, n)["step_s"]
+        rows.append({"configuration": cm.label, "ranks": r, "nodes": n, "measured_s": meas,
+                     "predicted_s": pred, "rel_err": (pred - meas) / meas})
+    return rows
+
+
+def save(models: list[ConfigModel], comm_models: dict, path: Path, predictions=None, loo=None):
+    doc = {"schema": SCHEMA,
+           "comm": [ab.to_json() for ab in comm_models.values()],
+           "configurations": [cm.to_json() for cm in models]}
+    if predictions is not None:
+        doc["predictions"] = predictions
+    if loo is not None:
+        doc["leave_one_out"] = loo
+    Path(path).write_text(json.dumps(doc, indent=1, default=float))
+    return path
+
+
+def parse_counts(text: str) -> list[int]:
+    """'8,16,32' -> [8, 16, 32]; 'a..b' doubles from a to b (e.g. 8..4096)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if ".." in part:
+                a, b = (int(x) for x in part.split("..", 1))
+                v = a
+                while v <= b:
+                    out.append(v)
+                    v *= 2
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise StudyError(f"--predict {text!r}: {part!r} is not a rank count; use e.g. "
+                             "8,16,32 or 8..4096") from None
+    if not out or min(out) < 1:
+        raise StudyError(f"--predict {text!r}: give positive rank counts, e.g. 8,16,32")
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use trainscope-post model")
