@@ -49,6 +49,13 @@ def parse_bytes(text: str) -> float:
     return v
 
 
+def _single_point_reason(cm: ConfigModel) -> str:
+    if len(cm.rank_counts) < 2:
+        return (f"measured at one rank count only ({cm.rank_counts[0]}): no scaling to model; "
+                "run it at 2 or more rank counts")
+    return ""
+
+
 @dataclass
 class Candidate:
     model: ConfigModel
@@ -77,7 +84,7 @@ def candidates(models: list[ConfigModel], gpus_per_node: int, max_nodes: int,
         for n in (node_counts or range(1, max_nodes + 1)):
             p = n * gpus_per_node
             c = Candidate(cm, n, p, None)
-            reason = _batch_reason(cm, p)
+            reason = _batch_reason(cm, p) or _single_point_reason(cm)
             if reason:
                 c.excluded = reason
                 out.append(c)
@@ -85,8 +92,8 @@ def candidates(models: list[ConfigModel], gpus_per_node: int, max_nodes: int,
             c.pred = cm.predict(p, n)
             mem = c.pred["memory_bytes"]
             if memory_per_device and mem == mem and mem > memory_per_device:
-                c.excluded = (f"memory plan {mem / GIB:.2f} GiB per device > "
-                              f"--memory-per-device {memory_per_device / GIB:.2f} GiB")
+                c.excluded = (f"memory plan {mem / GIB:.3g} GiB per device > "
+                              f"--memory-per-device {memory_per_device / GIB:.3g} GiB")
             elif min_efficiency is not None and c.pred["efficiency"] < min_efficiency:
                 c.excluded = (f"efficiency {c.pred['efficiency']:.2f} < --min-efficiency "
                               f"{min_efficiency:g}")
@@ -189,7 +196,7 @@ def best_at(job: Job, ranks: int, gpus_per_node: int, memory_per_device: float |
     nodes = max(1, math.ceil(ranks / gpus_per_node))
     best = (0.0, None, None)
     for cm in job.models:
-        if _batch_reason(cm, ranks):
+        if _batch_reason(cm, ranks) or _single_point_reason(cm):
             continue
         pred = cm.predict(ranks, nodes)
         if memory_per_device and pred["memory_bytes"] == pred["memory_bytes"] and \
@@ -206,6 +213,10 @@ def coallocate(jobs: list[Job], gpus: int, gpus_per_node: int, step_gpus: int,
     (max over jobs of work / throughput) or maximise the summed work rate (sum of throughput /
     work: jobs finished per second). Exhaustive dynamic programming over the allocations.
     Returns (allocation rows, value, equal-split rows, equal value)."""
+    for job in jobs:
+        if all(_single_point_reason(cm) for cm in job.models):
+            raise StudyError(f"job {job.name}: every configuration was measured at one rank count "
+                             "only; a co-allocation needs runs at 2 or more rank counts per job")
     units = gpus // step_gpus
     if units < len(jobs):
         raise StudyError(f"--gpus {gpus}: fewer than one allocation unit ({step_gpus} GPUs) per "
