@@ -192,7 +192,8 @@ def cmd_model(args) -> int:
         if c.get("source") == "alpha-beta":
             print(f"communication: alpha-beta allreduce of {len(c['bucket_bytes'])} bucket(s), "
                   f"{sum(c['bucket_bytes']) / 2**20:.3f} MiB x {c['rounds']:.3g} per step, "
-                  f"measured overlap {100 * c['overlap']:.0f} % (hidden at most the backward "
+                  f"measured overlap {100 * c['overlap']['intra']:.0f} % intra-node, "
+                  f"{100 * c['overlap']['inter']:.0f} % inter-node (hidden at most the backward "
                   "phase)")
         for note in cm.notes:
             print(f"note: {note}")
@@ -203,7 +204,9 @@ def cmd_model(args) -> int:
                                              "measured_min_s": "min [s]",
                                              "measured_max_s": "max [s]",
                                              "predicted_s": "predicted [s]",
-                                             "rel_err": "error [%]"})))
+                                             "rel_err": "error [%]",
+                                             "collective_measured_s": "allreduce meas. [s]",
+                                             "collective_predicted_s": "allreduce pred. [s]"})))
         if predict:
             rpn = args.ranks_per_node or cm.ranks_per_node
             prow = []
@@ -217,7 +220,7 @@ def cmd_model(args) -> int:
                              "efficiency [%]": 100 * pr["efficiency"],
                              "energy [J/sample]": pr["energy_per_sample_j"],
                              "memory [GiB]": pr["memory_bytes"] / 2**30,
-                             "contention": pr["contention"],
+                             "contention": pr["contention"], "comm": pr["comm_basis"],
                              "range": "measured" if pr["in_range"] else "EXTRAPOLATED"})
             print(f"prediction ({rpn} ranks per node; band = +-2 sigma of fit, repeats and comm "
                   "model, widened outside the measured ranks):")

@@ -324,34 +324,39 @@ class ConfigModel:
         return float(np.mean([w for w, _ in base]))
 
     # -- prediction
-    def comm_time(self, ranks: int, nodes: int) -> tuple[float, float]:
-        """(collective seconds per step, exposed seconds per step) at ranks/nodes, before the
-        backward cap."""
+    def comm_time(self, ranks: int, nodes: int) -> tuple[float, float, str]:
+        """(collective seconds per step, exposed seconds per step before the backward cap, what
+        they are based on) at ranks/nodes."""
         c = self.comm
         if ranks <= 1 or not c:
-            return 0.0, 0.0
+            return 0.0, 0.0, "none (1 rank)" if ranks <= 1 else "none"
         if c["source"] == "alpha-beta":
             scope = "inter" if nodes > 1 else "intra"
             ab = self.comm_models.get(("allreduce", scope))
-            if ab is not None:
-                t = c["rounds"] * sum(ab.time(b, ranks) for b in c["bucket_bytes"])
-                return t, t * (1.0 - c["overlap"])
+            basis = f"alpha-beta {scope}"
+            if ab is None:
+                other = "intra" if scope == "inter" else "inter"
+                ab = self.comm_models.get(("allreduce", other))
+                basis = f"alpha-beta {other} (NO {scope}-node comm runs)"
+            t = c["rounds"] * sum(ab.time(b, ranks) for b in c["bucket_bytes"])
+            return t, t * (1.0 - c["overlap"][scope]), basis
         if "comm_wait" in self.phases:
             w = max(0.0, evaluate_pmnf(self.phases["comm_wait"], ranks))
-            return w, w
-        return 0.0, 0.0
+            return w, w, "extrap comm_wait"
+        return 0.0, 0.0, "none (no comm model)"
 
     def step(self, ranks: int, nodes: int) -> dict:
         k = self.kfactor(ranks, nodes)
         parts = {p: max(0.0, evaluate_pmnf(self.phases[p], ranks)) * k
                  for p in COMPUTE_PHASES if p in self.phases}
         other = evaluate_pmnf(self.phases["other"], ranks) if "other" in self.phases else 0.0
-        coll, exposed = self.comm_time(ranks, nodes)
+        coll, exposed, basis = self.comm_time(ranks, nodes)
         if self.comm.get("source") == "alpha-beta" and ranks > 1:
             exposed = max(exposed, coll - parts.get("backward", 0.0))
         total = sum(parts.values()) + exposed + other
         return {"step_s": total, "compute_s": sum(parts.values()), "collective_s": coll,
-                "exposed_comm_s": exposed, "other_s": other, "contention": k, "phases": parts}
+                "exposed_comm_s": exposed, "other_s": other, "contention": k, "phases": parts,
+                "comm_basis": basis}
 
     def sigma(self, comm_share: float, scope: str) -> float:
         ab = self.comm_models.get(("allreduce", scope)) if self.comm.get("source") == \
@@ -389,7 +394,7 @@ class ConfigModel:
             "energy_per_sample_j": energy, "memory_bytes": self.memory(ranks),
             "in_range": in_range, "compute_s": st["compute_s"],
             "exposed_comm_s": st["exposed_comm_s"], "collective_s": st["collective_s"],
-            "contention": st["contention"],
+            "contention": st["contention"], "comm_basis": st["comm_basis"],
         }
 
     def memory(self, ranks: int) -> float:
@@ -429,11 +434,15 @@ class ConfigModel:
         rows = []
         for r, n in self.points:
             ms = [m.step for m in self.runs if (m.ranks, m.nodes) == (r, n)]
-            pred = self.step(r, n)["step_s"]
+            st = self.step(r, n)
+            pred = st["step_s"]
             med = float(np.median(ms))
+            coll = [m.collective for m in self.runs if (m.ranks, m.nodes) == (r, n)]
             rows.append({"ranks": r, "nodes": n, "repeats": len(ms), "measured_s": med,
                          "measured_min_s": float(min(ms)), "measured_max_s": float(max(ms)),
-                         "predicted_s": pred, "rel_err": (pred - med) / med})
+                         "predicted_s": pred, "rel_err": (pred - med) / med,
+                         "collective_measured_s": float(np.median(coll)),
+                         "collective_predicted_s": st["collective_s"]})
         return rows
 
     def to_json(self) -> dict:
@@ -485,9 +494,21 @@ def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str
         return {"source": "extrap"}, notes
     total = sum(ref.buckets)
     rounds = [m.comm_bytes / total for m in multi if total > 0 and m.comm_bytes > 0]
-    fr = [1.0 - m.comm_wait / m.collective for m in multi if m.collective > 0]
-    overlap = float(np.clip(np.mean(fr), 0.0, 1.0)) if fr else 0.0
-    if not fr:
+    overlap = {}
+    for scope in ("intra", "inter"):
+        fr = [1.0 - m.comm_wait / m.collective for m in multi if m.collective > 0 and
+              (m.nodes > 1) == (scope == "inter")]
+        if fr:
+            overlap[scope] = float(np.clip(np.mean(fr), 0.0, 1.0))
+    for scope, other in (("intra", "inter"), ("inter", "intra")):
+        if scope not in overlap:
+            if other in overlap:
+                overlap[scope] = overlap[other]
+                notes.append(f"overlap of {scope}-node traffic not measured: the {other}-node "
+                             f"fraction {100 * overlap[other]:.0f} % is used")
+            else:
+                overlap[scope] = 0.0
+    if not any(m.collective > 0 for m in multi):
         notes.append("no multi-rank run measured the overlap: none assumed (upper bound)")
     return {"source": "alpha-beta", "bucket_bytes": ref.buckets,
             "rounds": float(np.median(rounds)) if rounds else 1.0, "overlap": overlap}, notes
