@@ -166,7 +166,8 @@ def _comm_model_table(comm):
     return pd.DataFrame([{
         "op": ab.op, "scope": ab.scope, "ranks": ",".join(map(str, ab.ranks)),
         "sizes": ab.points, "alpha [us]": 1e6 * ab.alpha_s, "busbw [GB/s]": ab.busbw_GBps,
-        "RMS error [%]": 100 * ab.rms_rel, "max error [%]": 100 * ab.max_rel}
+        "line RMS err [%]": 100 * ab.rms_rel, "line max err [%]": 100 * ab.max_rel,
+        "local RMS err [%]": 100 * ab.local_rms_rel, "local max err [%]": 100 * ab.local_max_rel}
         for ab in comm.values()])
 
 
@@ -177,7 +178,9 @@ def cmd_model(args) -> int:
     _, models, comm, rc = _load_models(args)
     if comm:
         _emit(_comm_model_table(comm), args, "alpha-beta models of the collectives (ring: "
-              "t = alpha * L(n) + bytes * F(n) / busbw; fitted in relative error)")
+              "t = alpha * L(n) + bytes * F(n) / busbw, one line over all sizes and rank "
+              "counts; messages are priced by the line of the sizes within 4x, whose error is "
+              "'local', each size left out of its own fit)")
     else:
         print("no run.workload=comm runs: communication is modelled empirically per "
               "configuration (Extra-P on comm_wait)")

@@ -25,7 +25,9 @@ import warnings
 
 def _modeler(n_points, scaling):
     from extrap.modelers.single_parameter.basic import SingleParameterModeler
+    from extrap.entities.measurement import Measure
     m = SingleParameterModeler()
+    m.use_measure = Measure.MEDIAN  # of the repeats: one disturbed repeat does not move the fit
     strong = scaling == "strong"
     if n_points >= 5:
         m.allow_negative_exponents = strong
@@ -66,7 +68,7 @@ def _format(constant, terms):
 
 
 def _refit_without_constant(terms, points):
-    """Least squares of the means over the given terms, no constant (numpy of Extra-P's env)."""
+    """Least squares of the medians over the given terms, no constant (numpy of Extra-P's env)."""
     import numpy as np
     a = np.array([[_term(t, p) for t in terms] for p, _ in points])
     y = np.array([v for _, v in points])
@@ -101,7 +103,9 @@ def fit(request):
         coords = {}
         for s in series:
             cp = Callpath(s["name"])
-            data[s["name"]] = [(float(p), sum(v) / len(v)) for p, v in zip(s["points"], s["values"])]
+            data[s["name"]] = [(float(p), sorted(v)[len(v) // 2] if len(v) % 2 else
+                                sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2)
+                               for p, v in zip(s["points"], s["values"])]
             exp.add_callpath(cp)
             for p, vals in zip(s["points"], s["values"]):
                 c = coords.get(float(p))

@@ -5,27 +5,31 @@ them, for a scaling mode). Its model of the median iteration time at ``p`` ranks
 
     step(p, n) = k(p) * sum_phase f_phase(p)  +  exposed_comm(p, n)  +  f_other(p)
 
-- ``f_phase`` for each compute phase (data, h2d, forward, backward, optimizer, control; the
-  medians of /summary) is fitted by Extra-P (extrap_fit.py, in Extra-P's own environment) over
-  the measured rank counts; ``f_other`` is the rest of the step (median step minus the phases),
-  fitted the same way.
+- ``f_phase`` for each compute phase (data, h2d, forward, backward, optimizer; the medians of
+  /summary) is fitted by Extra-P (extrap_fit.py, in Extra-P's own environment) over the measured
+  rank counts; ``f_other`` is the rest of the step (median step minus the phases, comm_wait and
+  control), fitted the same way.
 - ``k(p)`` is the CPU contention factor for CPU runs: max(1, ranks per node x threads per rank
   / cores per node), or with ``shared_host_cores`` (nodes emulated on one machine) max(1, ranks x
   threads / cores). Measured phase times are divided by their run's factor before fitting, and
   predictions multiplied by the target's. GPU runs have k = 1.
-- ``exposed_comm``: the per-step gradient traffic (bytes per bucket from /comm/buckets, times the
-  allreduce rounds per step = comm_bytes / sum of buckets) priced by the alpha-beta model of the
-  allreduce in the target's scope (intra-node when n = 1, else inter-node) fitted from
+- ``exposed_comm`` is what the step waits for communication: comm_wait plus the control phase
+  (its blocking host allreduce of the stop/non-finite flags queues behind gradient traffic still
+  on the wire, so on a slow link it absorbs part of the wait), above its 1-rank value (the
+  non-finite check), which is added as a constant. It is priced from the per-step gradient
+  traffic (bytes per bucket from /comm/buckets, times the allreduce rounds per step =
+  comm_bytes / sum of buckets) by the alpha-beta model of the allreduce in the target's scope (intra-node when n = 1, else inter-node) fitted from
   ``run.workload=comm`` files: t(S, n) = alpha * L(n) + beta * F(n) * S, with the ring
   algorithm's step count L and factor F (allreduce: 2(n-1) and 2(n-1)/n; allgather and
   reduce-scatter: n-1 and (n-1)/n; broadcast: 1 and 1). Of that time the measured overlap fraction
-  (1 - comm_wait / comm_collective at the measured multi-rank points) is hidden, but never more
-  than the backward phase it overlaps with. ZeRO runs (dist.zero >= 1), and configurations without
-  a comm model for the scope, fit comm_wait empirically with Extra-P instead, and say so.
+  (1 - exposed / comm_collective at the measured multi-rank points of that scope) is hidden, but
+  never more than the backward phase it overlaps with. ZeRO runs (dist.zero >= 1), and
+  configurations without buckets or comm runs, fit comm_wait + control empirically with Extra-P
+  instead, and say so.
 
 Uncertainty: a relative sigma from the fit residuals (RMS relative error of the composed step at
 the measured points), the spread of repeats (mean coefficient of variation) and the alpha-beta
-fit's RMS error weighted by communication's share of the step; beyond the measured rank counts by
+pricing's RMS error weighted by communication's share of the step; beyond the measured rank counts by
 d doublings that sigma is multiplied by (1 + d) and EXTRAPOLATION_SIGMA * d is added in
 quadrature. The band is +-2 sigma.
 """
@@ -44,7 +48,7 @@ import numpy as np
 
 from .study import (Run, Study, StudyError, describe_group, group_by_config, point_config)
 
-COMPUTE_PHASES = ["data", "h2d", "forward", "backward", "optimizer", "control"]
+COMPUTE_PHASES = ["data", "h2d", "forward", "backward", "optimizer"]
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 MEMORY_CATEGORIES = ["weight", "gradient", "optimizer_state", "activation", "logits",
                      "gathered_weight", "unit_gradient"]
@@ -105,26 +109,62 @@ def evaluate_pmnf(m: dict, p: float) -> float:
 # --- communication: alpha-beta per collective and scope -----------------------------------------
 @dataclass
 class AlphaBeta:
+    """The alpha-beta model of one collective in one scope, from the comm runs' (size, time)
+    tables at each measured rank count n.
+
+    One line t = alpha * L(n) + beta * F(n) * S over all sizes and rank counts is the summary
+    (alpha, busbw = 1 / beta). Real transports are not one line (eager/rendezvous protocols, TCP
+    windows, a token bucket's burst), so a message of S bytes at a measured n is priced by the
+    alpha-beta line fitted to the measured sizes within a factor of 4 of S (the nearest two when
+    fewer; the end ranges beyond the measured sizes). An unmeasured n takes the nearest measured
+    n_ref's time scaled by the ring's F(n) / F(n_ref), plus alpha * (L(n) - L(n_ref))."""
+
     op: str
     scope: str  # intra | inter
     alpha_s: float
     beta_s_per_byte: float
     ranks: list[int]
     points: int
-    rms_rel: float
+    rms_rel: float          # of the single line
     max_rel: float
+    local_rms_rel: float    # of the size-local pricing (leave-one-size-out)
+    local_max_rel: float
+    tables: dict = field(default_factory=dict)  # n -> (sizes [B], times [s]) sorted by size
     files: list[str] = field(default_factory=list)
 
-    def time(self, nbytes: float, n: int) -> float:
+    def _local(self, nbytes: float, n: int, skip: int | None = None) -> float:
+        sizes, times = self.tables[n]
+        idx = [i for i in range(len(sizes)) if i != skip]
+        near = [i for i in idx if sizes[i] / 4 <= nbytes <= sizes[i] * 4]
+        if len(near) < 2:
+            near = sorted(idx, key=lambda i: abs(math.log(sizes[i] / nbytes)))[:2]
         lat, fac = algorithm(self.op, n)
-        return self.alpha_s * lat + self.beta_s_per_byte * fac * nbytes
+        rows = [(lat, fac * sizes[i], times[i]) for i in near]
+        a, b, *_ = _fit_alpha_beta(rows)
+        return a * lat + b * fac * nbytes
+
+    def time(self, nbytes: float, n: int) -> float:
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        if n in self.tables:
+            return self._local(nbytes, n)
+        below = [m for m in self.tables if m < n]
+        ref = max(below) if below else min(self.tables)
+        lat, fac = algorithm(self.op, n)
+        lat0, fac0 = algorithm(self.op, ref)
+        return self._local(nbytes, ref) * fac / fac0 + self.alpha_s * (lat - lat0)
+
+    def measured_n(self, n: int) -> bool:
+        return n in self.tables
 
     @property
     def busbw_GBps(self) -> float:
         return 1e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
 
     def to_json(self) -> dict:
-        d = dict(self.__dict__)
+        d = {k: v for k, v in self.__dict__.items() if k != "tables"}
+        d["tables"] = {str(n): {"bytes": list(map(float, t[0])), "time_s": list(map(float, t[1]))}
+                       for n, t in self.tables.items()}
         d["busbw_GBps"] = self.busbw_GBps
         return d
 
@@ -146,8 +186,9 @@ def _fit_alpha_beta(rows):
 
 
 def fit_comm(runs: list[Run]) -> dict[tuple[str, str], AlphaBeta]:
-    """alpha-beta models per (op, scope) from the /comm/<op> tables of run.workload=comm files."""
-    data: dict[tuple[str, str], list] = {}
+    """alpha-beta models per (op, scope) from the /comm/<op> tables of run.workload=comm files;
+    repeats at the same rank count are combined by the median time per size."""
+    data: dict[tuple[str, str], dict] = {}
     files: dict[tuple[str, str], set] = {}
     for r in runs:
         scope = "inter" if r.nodes > 1 else "intra"
@@ -158,17 +199,38 @@ def fit_comm(runs: list[Run]) -> dict[tuple[str, str], AlphaBeta]:
             for op in OPS:
                 if op not in g or "bytes" not in g[op] or "time_s" not in g[op]:
                     continue
-                lat, fac = algorithm(op, r.ranks)
+                per_n = data.setdefault((op, scope), {}).setdefault(r.ranks, {})
                 for b, t in zip(g[op]["bytes"][...], g[op]["time_s"][...]):
                     if t > 0 and b > 0:
-                        data.setdefault((op, scope), []).append((lat, fac * float(b), float(t),
-                                                                 r.ranks))
-                        files.setdefault((op, scope), set()).add(str(r.path))
+                        per_n.setdefault(float(b), []).append(float(t))
+                files.setdefault((op, scope), set()).add(str(r.path))
     out = {}
-    for key, rows in data.items():
-        alpha, beta, rms, mx = _fit_alpha_beta([(a, b, t) for a, b, t, _ in rows])
-        out[key] = AlphaBeta(key[0], key[1], alpha, beta, sorted({n for *_, n in rows}),
-                             len(rows), rms, mx, sorted(files[key]))
+    for key, by_n in data.items():
+        tables = {}
+        for n, by_size in by_n.items():
+            sizes = sorted(by_size)
+            if sizes:
+                tables[n] = (sizes, [float(np.median(by_size[b])) for b in sizes])
+        if not tables:
+            continue
+        rows = []
+        for n, (sizes, times) in tables.items():
+            lat, fac = algorithm(key[0], n)
+            rows += [(lat, fac * b, t) for b, t in zip(sizes, times)]
+        alpha, beta, rms, mx = _fit_alpha_beta(rows)
+        ab = AlphaBeta(key[0], key[1], alpha, beta, sorted(tables), len(rows), rms, mx, 0.0, 0.0,
+                       tables, sorted(files[key]))
+        # the size-local pricing, each size predicted without itself
+        rel = []
+        for n, (sizes, times) in tables.items():
+            if len(sizes) < 3:
+                continue
+            for i, (b, t) in enumerate(zip(sizes, times)):
+                rel.append(ab._local(b, n, skip=i) / t - 1.0)
+        if rel:
+            ab.local_rms_rel = float(np.sqrt(np.mean(np.square(rel))))
+            ab.local_max_rel = float(np.max(np.abs(rel)))
+        out[key] = ab
     return out
 
 
@@ -221,9 +283,17 @@ class Measured:
     zero: int
     kfactor: float = 1.0
 
+    control: float = 0.0
+
+    @property
+    def sync(self) -> float:
+        """Exposed communication: comm_wait plus the control phase, whose blocking host
+        allreduce queues behind the gradient traffic still on the wire."""
+        return self.comm_wait + self.control
+
     @property
     def other(self) -> float:
-        return self.step - sum(self.phases.values()) - self.comm_wait
+        return self.step - sum(self.phases.values()) - self.sync
 
 
 def measure(run: Run) -> Measured:
@@ -265,7 +335,7 @@ def measure(run: Run) -> Measured:
                     float(s.get("median_comm_wait_s", 0.0) or 0.0), collective, comm_bytes,
                     buckets, str(plan.get("device", run.config.get("run.device", "cpu"))),
                     int(plan.get("threads_per_rank", 1) or 1), cores, work, unit, samples, power,
-                    dict(plan), zero)
+                    dict(plan), zero, control=float(s.get("median_control_s", 0.0) or 0.0))
 
 
 # --- the model of one configuration -------------------------------------------------------------
@@ -340,9 +410,9 @@ class ConfigModel:
                 basis = f"alpha-beta {other} (NO {scope}-node comm runs)"
             t = c["rounds"] * sum(ab.time(b, ranks) for b in c["bucket_bytes"])
             return t, t * (1.0 - c["overlap"][scope]), basis
-        if "comm_wait" in self.phases:
-            w = max(0.0, evaluate_pmnf(self.phases["comm_wait"], ranks))
-            return w, w, "extrap comm_wait"
+        if "sync" in self.phases:
+            w = max(0.0, evaluate_pmnf(self.phases["sync"], ranks)) - c.get("sync_base", 0.0)
+            return w, w, "extrap comm_wait+control"
         return 0.0, 0.0, "none (no comm model)"
 
     def step(self, ranks: int, nodes: int) -> dict:
@@ -353,7 +423,7 @@ class ConfigModel:
         coll, exposed, basis = self.comm_time(ranks, nodes)
         if self.comm.get("source") == "alpha-beta" and ranks > 1:
             exposed = max(exposed, coll - parts.get("backward", 0.0))
-        total = sum(parts.values()) + exposed + other
+        total = sum(parts.values()) + self.comm.get("sync_base", 0.0) + exposed + other
         return {"step_s": total, "compute_s": sum(parts.values()), "collective_s": coll,
                 "exposed_comm_s": exposed, "other_s": other, "contention": k, "phases": parts,
                 "comm_basis": basis}
@@ -361,7 +431,7 @@ class ConfigModel:
     def sigma(self, comm_share: float, scope: str) -> float:
         ab = self.comm_models.get(("allreduce", scope)) if self.comm.get("source") == \
             "alpha-beta" else None
-        s_ab = comm_share * ab.rms_rel if ab else 0.0
+        s_ab = comm_share * ab.local_rms_rel if ab else 0.0
         return math.sqrt(self.sigma_fit**2 + self.sigma_repeat**2 + s_ab**2)
 
     def predict(self, ranks: int, nodes: int | None = None) -> dict:
@@ -471,32 +541,34 @@ def _series_for(cm_name: str, runs: list[Measured], mode: str, with_comm_wait: b
     if with_comm_wait:
         pc = [p for p in ps if p > 1]
         if pc:
-            out.append({"name": f"{cm_name}|comm_wait", "points": pc, "scaling": mode,
-                        "values": [[m.comm_wait for m in by_p[p]] for p in pc]})
+            out.append({"name": f"{cm_name}|sync", "points": pc, "scaling": mode,
+                        "values": [[m.sync for m in by_p[p]] for p in pc]})
     return out
 
 
 def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str]]:
     notes = []
     multi = [m for m in runs if m.ranks > 1]
+    single = [m.sync for m in runs if m.ranks == 1]
+    base = float(np.median(single)) if single else 0.0
     ref = next((m for m in multi if m.buckets), None) or next((m for m in runs if m.buckets), None)
     zero = max(m.zero for m in runs)
     if zero >= 1:
         notes.append(f"dist.zero={zero}: its reduce-scatter/all-gather traffic is modelled "
                      "empirically (Extra-P on comm_wait), not by the alpha-beta allreduce model")
-        return {"source": "extrap"}, notes
+        return {"source": "extrap", "sync_base": base}, notes
     if ref is None:
         notes.append("no /comm/buckets: comm_wait modelled empirically (Extra-P)")
-        return {"source": "extrap"}, notes
+        return {"source": "extrap", "sync_base": base}, notes
     if not any(k[0] == "allreduce" for k in comm_models):
         notes.append("no run.workload=comm runs with allreduce: comm_wait modelled empirically "
                      "(Extra-P); add comm runs for the alpha-beta model")
-        return {"source": "extrap"}, notes
+        return {"source": "extrap", "sync_base": base}, notes
     total = sum(ref.buckets)
     rounds = [m.comm_bytes / total for m in multi if total > 0 and m.comm_bytes > 0]
     overlap = {}
     for scope in ("intra", "inter"):
-        fr = [1.0 - m.comm_wait / m.collective for m in multi if m.collective > 0 and
+        fr = [1.0 - (m.sync - base) / m.collective for m in multi if m.collective > 0 and
               (m.nodes > 1) == (scope == "inter")]
         if fr:
             overlap[scope] = float(np.clip(np.mean(fr), 0.0, 1.0))
@@ -511,7 +583,8 @@ def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str
     if not any(m.collective > 0 for m in multi):
         notes.append("no multi-rank run measured the overlap: none assumed (upper bound)")
     return {"source": "alpha-beta", "bucket_bytes": ref.buckets,
-            "rounds": float(np.median(rounds)) if rounds else 1.0, "overlap": overlap}, notes
+            "rounds": float(np.median(rounds)) if rounds else 1.0, "overlap": overlap,
+            "sync_base": base}, notes
 
 
 def build_models(study: Study, mode: str = "strong", cores_per_node: float | None = None,
@@ -535,7 +608,11 @@ def build_models(study: Study, mode: str = "strong", cores_per_node: float | Non
         ms = [m for m in ms if m.step == m.step]
         if not ms:
             continue
-        cm = ConfigModel(describe_group(g, groups, mode), g[0].workload, mode,
+        same = [h for h in groups if h[0].workload == g[0].workload]
+        name = describe_group(g, same, mode)
+        if len({h[0].workload for h in groups}) > 1 and name != g[0].workload:
+            name = f"{g[0].workload}: {name}"
+        cm = ConfigModel(name, g[0].workload, mode,
                          point_config(g[0], mode=mode), ms, comm_models=comm_models,
                          cores_per_node=cores_per_node, shared_host_cores=shared_host_cores)
         for m in ms:
