@@ -154,7 +154,7 @@ def cmd_report(args) -> int:
 
 def _load_models(args):
     from .model import build_models
-    study = load(args.files)
+    study = load(list(args.files) + list(args.comm or []))
     rc = _warn_study(study, args.include_incomplete)
     models, comm, _ = build_models(study, args.mode, args.cores_per_node, args.shared_host_cores,
                                    args.include_incomplete)
@@ -267,7 +267,7 @@ def cmd_advise(args) -> int:
                              "give one amount (samples or tokens) per job, in --jobs order")
         jobs = []
         for i, path in enumerate(args.files):
-            study = load([path])
+            study = load([path] + list(args.comm or []))
             _warn_study(study, args.include_incomplete)
             models, _, _ = build_models(study, args.mode, args.cores_per_node,
                                         args.shared_host_cores, args.include_incomplete)
@@ -348,6 +348,9 @@ def main(argv=None) -> int:
         p.add_argument("--cores-per-node", type=float,
                        help="CPU runs: cores per node of the target (default: the runs' CPU "
                             "affinity); compute slows by ranks x threads / cores when above 1")
+        p.add_argument("--comm", nargs="+", metavar="PATH",
+                       help="run.workload=comm files or directories for the alpha-beta models "
+                            "(with --jobs: shared by every job)")
         p.add_argument("--shared-host-cores", type=float,
                        help="CPU runs on nodes emulated on ONE machine (tests/multinode): its "
                             "cores, shared by all ranks of all nodes")
