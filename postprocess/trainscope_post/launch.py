@@ -35,6 +35,30 @@ def mpirun_command(np_: int, program, *args, mpirun_args: Iterable[str] = (),
             str(program), *map(str, args)]
 
 
+# The two emulated nodes of tests/multinode/netns_nodes.sh: this host and a network namespace
+# joined to it by a veth pair (optionally rate-limited). MPI runs over TCP on the veth's subnet,
+# also between ranks of one node, so that what crosses the nodes crosses the link.
+EMULATED_NODES = ("10.77.0.1", "10.77.0.2")
+EMULATED_SUBNET = "10.77.0.0/24"
+
+
+def emulated_nodes_args(agent, slots: Iterable[int]) -> list[str]:
+    """mpirun arguments that place slots[i] ranks on emulated node i (node 0 is this host; the
+    other is started through the launch agent `agent`, tests/multinode/ns_agent). Both nodes share
+    this machine's cores, which MPI cannot see, so: ranks are not bound (each node's daemon would
+    bind its ranks from core 0 on: 1 + 1 ranks would share one core), and a rank waiting inside MPI
+    yields the core (a progress thread spinning through a slow transfer otherwise took a computing
+    rank's core: backward 1.8x slower at 1 + 1 ranks over 100 Mbit/s)."""
+    slots = list(slots)
+    if not 0 < len(slots) <= len(EMULATED_NODES):
+        raise ValueError(f"emulated nodes: {len(slots)} slot counts given, there are "
+                         f"{len(EMULATED_NODES)} nodes")
+    hosts = ",".join(f"{host}:{n}" for host, n in zip(EMULATED_NODES, slots) if n)
+    return ["--host", hosts, "--mca", "plm_rsh_agent", str(agent), "--mca", "btl", "tcp,self",
+            "--mca", "btl_tcp_if_include", EMULATED_SUBNET, "--mca", "oob_tcp_if_include",
+            EMULATED_SUBNET, "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1"]
+
+
 def launch_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
     """The environment for a launch: `base` (default os.environ) with OMP_NUM_THREADS=1 unless
     it is set, then `extra`."""

@@ -11,7 +11,7 @@ import subprocess
 import h5py
 import numpy as np
 import pytest
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_post.launch import emulated_nodes_args, launch_env, mpirun_command
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 BUILD = __import__("pathlib").Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
@@ -23,10 +23,8 @@ SLOW = "40mbit"
 
 def mpirun_two_nodes(*args, timeout=600):
     # Two slots per emulated node, so no --oversubscribe: 4 ranks must fill exactly 2 + 2.
-    cmd = mpirun_command(4, BINARY, *args, oversubscribe=False, mpirun_args=[
-        "--host", "10.77.0.1:2,10.77.0.2:2", "--mca", "plm_rsh_agent", AGENT,
-        "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "10.77.0.0/24",
-        "--mca", "oob_tcp_if_include", "10.77.0.0/24"])
+    cmd = mpirun_command(4, BINARY, *args, oversubscribe=False,
+                         mpirun_args=emulated_nodes_args(AGENT, (2, 2)))
     env = launch_env(OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
