@@ -9,12 +9,11 @@ them, for a scaling mode). Its model of the median iteration time at ``p`` ranks
   /summary) is fitted by Extra-P (extrap_fit.py, in Extra-P's own environment) over the measured
   rank counts; ``f_other`` is the rest of the step (median step minus the phases, comm_wait and
   control), fitted the same way.
-- ``k(p)`` is the CPU contention factor for CPU runs: max(1, ranks per node x busy threads per
-  rank / cores per node), or with ``shared_host_cores`` (nodes emulated on one machine) max(1,
-  ranks x busy threads / cores), where a rank's busy threads are its compute threads plus the MPI
-  progress thread for the fraction of the step its allreduce is in flight (collective / step:
-  MPI waits spin). Only with --cores-per-node or --shared-host-cores. Measured phase times are divided by their run's factor before fitting, and
-  predictions multiplied by the target's. GPU runs have k = 1.
+- ``k(p)`` is the CPU contention factor for CPU runs: max(1, ranks per node x threads per rank /
+  cores per node), or with ``shared_host_cores`` (nodes emulated on one machine) max(1, ranks x
+  threads / cores); only with --cores-per-node or --shared-host-cores. Measured phase times are
+  divided by their run's factor before fitting, and predictions multiplied by the target's. GPU
+  runs have k = 1.
 - ``exposed_comm`` is what the step waits for communication: comm_wait plus the control phase
   (its blocking host allreduce of the stop/non-finite flags queues behind gradient traffic still
   on the wire, so on a slow link it absorbs part of the wait), above its 1-rank value (the
@@ -252,13 +251,11 @@ def _cpu_count(affinity: str) -> int:
 
 
 def contention(device: str, ranks: int, nodes: int, threads: int, cores_per_node: float | None,
-               shared_host_cores: float | None, busy: float = 0.0) -> float:
-    """CPU contention factor (1 for GPU runs): busy threads per core, at least 1. A rank's busy
-    threads are its compute threads plus, for the fraction `busy` of the step its gradient
-    allreduce is in flight, the MPI progress thread that polls it (MPI waits spin)."""
+               shared_host_cores: float | None) -> float:
+    """CPU contention factor (1 for GPU runs): compute threads per core, at least 1."""
     if not str(device).startswith("cpu"):
         return 1.0
-    per_rank = threads + (min(max(busy, 0.0), 1.0) if ranks > 1 else 0.0)
+    per_rank = threads
     if shared_host_cores:
         return max(1.0, ranks * per_rank / shared_host_cores)
     if cores_per_node:
@@ -377,10 +374,10 @@ class ConfigModel:
     def unit(self) -> str:
         return self.runs[0].unit
 
-    def kfactor(self, ranks: int, nodes: int, busy: float = 0.0) -> float:
+    def kfactor(self, ranks: int, nodes: int) -> float:
         m = self.runs[0]
         return contention(m.device, ranks, nodes, m.threads, self.cores_per_node,
-                          self.shared_host_cores, busy)
+                          self.shared_host_cores)
 
     def work_per_step(self, ranks: int) -> float:
         base = [(m.work, m.ranks) for m in self.runs if m.work == m.work]
@@ -421,17 +418,7 @@ class ConfigModel:
         return 0.0, 0.0, "none (no comm model)"
 
     def step(self, ranks: int, nodes: int) -> dict:
-        """The composed step. Under CPU contention the busy fraction of the progress thread
-        depends on the step it is part of: a few fixed-point rounds settle it."""
-        st = self._step(ranks, nodes, 0.0)
-        if self.cores_per_node or self.shared_host_cores:
-            for _ in range(6):
-                busy = st["collective_s"] / st["step_s"] if st["step_s"] > 0 else 0.0
-                st = self._step(ranks, nodes, busy)
-        return st
-
-    def _step(self, ranks: int, nodes: int, busy: float) -> dict:
-        k = self.kfactor(ranks, nodes, busy)
+        k = self.kfactor(ranks, nodes)
         parts = {p: max(0.0, evaluate_pmnf(self.phases[p], ranks)) * k
                  for p in COMPUTE_PHASES if p in self.phases}
         other = evaluate_pmnf(self.phases["other"], ranks) if "other" in self.phases else 0.0
@@ -631,8 +618,7 @@ def build_models(study: Study, mode: str = "strong", cores_per_node: float | Non
                          point_config(g[0], mode=mode), ms, comm_models=comm_models,
                          cores_per_node=cores_per_node, shared_host_cores=shared_host_cores)
         for m in ms:
-            m.kfactor = cm.kfactor(m.ranks, m.nodes,
-                                   m.collective / m.step if m.step > 0 else 0.0)
+            m.kfactor = cm.kfactor(m.ranks, m.nodes)
         cm.comm, cm.notes = _comm_setup(ms, comm_models)
         models.append(cm)
     _fit_phases(models)
