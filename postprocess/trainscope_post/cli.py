@@ -292,15 +292,26 @@ def cmd_advise(args) -> int:
         raise StudyError("advise needs --gpus-per-node G and --max-nodes N (or --jobs ... "
                          "--gpus G for a co-allocation)")
     study, models, _, rc = _load_models(args)
-    cands = candidates(models, args.gpus_per_node, args.max_nodes, mem, args.min_efficiency)
-    ranked = rank(cands, args.objective)
-    table = candidate_table(ranked[: args.top] + [c for c in cands if c.excluded])
-    _emit(table, args, f"candidates by --objective {args.objective} ({args.gpus_per_node} GPUs "
-          "per node; excluded ones last)")
-    print()
-    for line in recommendation(cands, ranked, args.objective, args.min_efficiency):
-        print(line)
-    return rc if ranked else 3
+    # Throughputs in samples/s and tokens/s do not compare: one recommendation per workload.
+    by_workload: dict[str, list] = {}
+    for cm in models:
+        by_workload.setdefault(cm.workload, []).append(cm)
+    tables, found = [], True
+    for workload, group in by_workload.items():
+        cands = candidates(group, args.gpus_per_node, args.max_nodes, mem, args.min_efficiency)
+        ranked = rank(cands, args.objective)
+        tables.append(candidate_table(ranked[: args.top] + [c for c in cands if c.excluded]))
+        print(f"{workload}: candidates by --objective {args.objective} ({args.gpus_per_node} GPUs "
+              "per node; excluded ones last)")
+        print(text_table(tables[-1]))
+        for line in recommendation(cands, ranked, args.objective, args.min_efficiency):
+            print(line)
+        print()
+        found = found and bool(ranked)
+    if getattr(args, "csv", None):
+        pd.concat(tables).to_csv(args.csv, index=False)
+        print(f"table written to {args.csv}")
+    return rc if found else 3
 
 
 def main(argv=None) -> int:
