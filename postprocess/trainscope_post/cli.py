@@ -6,6 +6,7 @@ is not "completed" are listed but left out of aggregates unless --include-incomp
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -255,7 +256,15 @@ def cmd_advise(args) -> int:
             raise StudyError("--jobs needs --gpus G (the GPUs to split between the jobs)")
         gpn = args.gpus_per_node or args.gpus
         step = gpn if args.whole_nodes else 1
-        works = [float(w) for w in args.work.split(",")] if args.work else []
+        works = []
+        for w in (args.work.split(",") if args.work else []):
+            try:
+                works.append(float(w))
+            except ValueError:
+                works.append(math.nan)
+            if not works[-1] > 0:  # also NaN: a makespan of it would compare false
+                raise StudyError(f"--work {args.work!r}: {w!r} is not a positive amount; give "
+                                 "samples or tokens per job, e.g. --work 1e6,2e9")
         if works and len(works) != len(args.files):
             raise StudyError(f"--work has {len(works)} value(s) for {len(args.files)} job(s); "
                              "give one amount (samples or tokens) per job, in --jobs order")
