@@ -306,6 +306,18 @@ def cmd_advise(args) -> int:
     return rc if ranked else 3
 
 
+def _count(text: str) -> int:
+    """argparse type of the rank, node and GPU counts: a negative one crashed the predictions
+    (log2 of a negative ratio), a zero one silently meant "as measured" or nothing at all."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive count, e.g. 4")
+    return v
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="trainscope-post", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -359,22 +371,22 @@ def main(argv=None) -> int:
     model_options(p)
     p.add_argument("--out", help="write the models (JSON) to this file")
     p.add_argument("--predict", help="rank counts to predict, e.g. 8,16,32 or 8..4096")
-    p.add_argument("--ranks-per-node", type=int,
+    p.add_argument("--ranks-per-node", type=_count,
                    help="ranks per node of the predictions (default: as measured)")
     p.add_argument("--loo", action="store_true", help="leave-one-out validation table")
     p = add("advise", cmd_advise, "recommend configuration and node count, or split GPUs "
             "between jobs (--jobs)", figures=False)
     model_options(p)
-    p.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node of the target")
-    p.add_argument("--max-nodes", type=int, help="largest node count to consider")
+    p.add_argument("--gpus-per-node", type=_count, help="GPUs (ranks) per node of the target")
+    p.add_argument("--max-nodes", type=_count, help="largest node count to consider")
     p.add_argument("--memory-per-device", help="device memory, e.g. 80GiB: larger plans excluded")
     p.add_argument("--objective", choices=["time", "throughput", "efficiency", "energy"],
                    default="time")
     p.add_argument("--min-efficiency", type=float, help="exclude points below this efficiency")
-    p.add_argument("--top", type=int, default=10, help="candidates to print (default 10)")
+    p.add_argument("--top", type=_count, default=10, help="candidates to print (default 10)")
     p.add_argument("--jobs", action="store_true",
                    help="co-allocation: each FILES argument is one job's study directory")
-    p.add_argument("--gpus", type=int, help="--jobs: GPUs to split")
+    p.add_argument("--gpus", type=_count, help="--jobs: GPUs to split")
     p.add_argument("--work", help="--jobs: samples or tokens per job, comma-separated")
     p.add_argument("--whole-nodes", action="store_true",
                    help="--jobs: allocate whole nodes (--gpus-per-node each)")
