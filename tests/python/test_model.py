@@ -269,6 +269,18 @@ def test_bad_work_is_refused(scaling, capsys, value, bad):
     assert rc == 2 and f"--work {value!r}: {bad!r} is not a positive amount" in err
 
 
+@pytest.mark.parametrize("option", ["--gpus-per-node=-4", "--max-nodes=0", "--top=x"])
+def test_counts_must_be_positive(scaling, capsys, option):
+    args = {"--gpus-per-node": "4", "--max-nodes": "2", "--top": "10"}
+    args[option.split("=")[0]] = option.split("=")[1]
+    with pytest.raises(SystemExit) as e:
+        cli.main(["advise", str(scaling / "a"), *(f"{k}={v}" for k, v in args.items())])
+    assert e.value.code == 2
+    value = option.split("=")[1]
+    assert f"argument {option.split('=')[0]}: {value!r} is not a positive count" in \
+        capsys.readouterr().err
+
+
 def test_missing_extrap_names_scripts_setup(scaling, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("TRAINSCOPE_EXTRAP_PYTHON", str(tmp_path / "no-venv" / "bin" / "python"))
     rc, _, err = post(["model", scaling / "a" / "n1", scaling / "a" / "n2"], capsys)
