@@ -14,7 +14,7 @@ import pytest
 from synthetic_runs import GiB, MiB, Law, write_comm, write_run, write_study
 
 from trainscope_post import cli
-from trainscope_post.model import build_models
+from trainscope_post.model import build_models, evaluate_pmnf, extrap_fit
 from trainscope_post.study import load
 
 GPN = 4          # GPUs (ranks) per node of the synthetic cluster
@@ -106,6 +106,20 @@ def test_predict_marks_extrapolation_and_widens_the_band(scaling, tmp_path, caps
     # share of communication does (its fit error weighs in everywhere), every doubling further
     assert widths[1] > 3 * widths[0], widths
     assert all(w1 > 1.2 * w0 for w0, w1 in zip(widths[1:], widths[2:])), widths
+
+
+def test_models_are_defined_at_one_rank_when_measured_from_two(scaling, capsys):
+    # values exactly 1 + 1/log2(p): Extra-P's own negative exponents would choose log2(p)^-1,
+    # infinite at p = 1 (advise at 1 GPU, the leave-one-out fold of p = 1 crashed on it)
+    ps = [2, 4, 8, 16, 32]
+    series = [{"name": "x", "points": ps, "scaling": "strong",
+               "values": [[1.0 + 1.0 / math.log2(p)] * 2 for p in ps]}]
+    (m,) = extrap_fit(series)["models"].values()
+    assert all(t["log"] >= 0 for t in m["terms"]), m
+    assert math.isfinite(evaluate_pmnf(m, 1))
+    rc, stdout, _ = post(["model", *(scaling / "a" / f"n{p}" for p in ps), scaling / "comm",
+                          "--predict", "1"], capsys)
+    assert rc == 0 and "EXTRAPOLATED" in stdout
 
 
 # --- advise ---------------------------------------------------------------------------------------
