@@ -44,7 +44,7 @@ def parse_bytes(text: str) -> float:
     except ValueError:
         raise StudyError(f"--memory-per-device {text!r}: not a size; use e.g. 80GiB, 40GB or "
                          "81920MiB") from None
-    if v <= 0:
+    if not v > 0:  # also NaN, which every "plan > memory" comparison would let through
         raise StudyError(f"--memory-per-device {text!r}: must be positive")
     return v
 

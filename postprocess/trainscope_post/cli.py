@@ -6,6 +6,7 @@ is not "completed" are listed but left out of aggregates unless --include-incomp
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -261,7 +262,15 @@ def cmd_advise(args) -> int:
             raise StudyError("--jobs needs --gpus G (the GPUs to split between the jobs)")
         gpn = args.gpus_per_node or args.gpus
         step = gpn if args.whole_nodes else 1
-        works = [float(w) for w in args.work.split(",")] if args.work else []
+        works = []
+        for w in (args.work.split(",") if args.work else []):
+            try:
+                works.append(float(w))
+            except ValueError:
+                works.append(math.nan)
+            if not works[-1] > 0:  # also NaN: a makespan of it would compare false
+                raise StudyError(f"--work {args.work!r}: {w!r} is not a positive amount; give "
+                                 "samples or tokens per job, e.g. --work 1e6,2e9")
         if works and len(works) != len(args.files):
             raise StudyError(f"--work has {len(works)} value(s) for {len(args.files)} job(s); "
                              "give one amount (samples or tokens) per job, in --jobs order")
@@ -312,6 +321,18 @@ def cmd_advise(args) -> int:
         pd.concat(tables).to_csv(args.csv, index=False)
         print(f"table written to {args.csv}")
     return rc if found else 3
+
+
+def _count(text: str) -> int:
+    """argparse type of the rank, node and GPU counts: a negative one crashed the predictions
+    (log2 of a negative ratio), a zero one silently meant "as measured" or nothing at all."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive count, e.g. 4")
+    return v
 
 
 def main(argv=None) -> int:
@@ -370,22 +391,22 @@ def main(argv=None) -> int:
     model_options(p)
     p.add_argument("--out", help="write the models (JSON) to this file")
     p.add_argument("--predict", help="rank counts to predict, e.g. 8,16,32 or 8..4096")
-    p.add_argument("--ranks-per-node", type=int,
+    p.add_argument("--ranks-per-node", type=_count,
                    help="ranks per node of the predictions (default: as measured)")
     p.add_argument("--loo", action="store_true", help="leave-one-out validation table")
     p = add("advise", cmd_advise, "recommend configuration and node count, or split GPUs "
             "between jobs (--jobs)", figures=False)
     model_options(p)
-    p.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node of the target")
-    p.add_argument("--max-nodes", type=int, help="largest node count to consider")
+    p.add_argument("--gpus-per-node", type=_count, help="GPUs (ranks) per node of the target")
+    p.add_argument("--max-nodes", type=_count, help="largest node count to consider")
     p.add_argument("--memory-per-device", help="device memory, e.g. 80GiB: larger plans excluded")
     p.add_argument("--objective", choices=["time", "throughput", "efficiency", "energy"],
                    default="time")
     p.add_argument("--min-efficiency", type=float, help="exclude points below this efficiency")
-    p.add_argument("--top", type=int, default=10, help="candidates to print (default 10)")
+    p.add_argument("--top", type=_count, default=10, help="candidates to print (default 10)")
     p.add_argument("--jobs", action="store_true",
                    help="co-allocation: each FILES argument is one job's study directory")
-    p.add_argument("--gpus", type=int, help="--jobs: GPUs to split")
+    p.add_argument("--gpus", type=_count, help="--jobs: GPUs to split")
     p.add_argument("--work", help="--jobs: samples or tokens per job, comma-separated")
     p.add_argument("--whole-nodes", action="store_true",
                    help="--jobs: allocate whole nodes (--gpus-per-node each)")

@@ -10,11 +10,12 @@ Answer:  {"extrap_version": str, "models": {name: {"function": str, "constant": 
           "smape": float, "ar2": float, "search": str, "values": {p: value}}}}
 
 The hypothesis space follows what the points can identify. Five or more distinct values of p:
-Extra-P's default search (its PMNF building blocks, with negative exponents for strong scaling,
-terms chosen by leave-one-out cross-validation). Three or four: the exponents -1, -1/2, 1/2, 1
-(strong) or 1/2, 1 (weak) and log2 p, still cross-validated. Two: one term with the exponent the
-scaling mode implies (strong: c0 + c1 * p^-1, the work per rank; weak: c0 + c1 * log2 p, a
-collective's depth), fitted exactly. One: a constant.
+Extra-P's default search (its PMNF building blocks, with negative exponents for strong scaling
+but not its negative powers of log2 p, infinite at p = 1; terms chosen by leave-one-out
+cross-validation). Three or four: the exponents -1, -1/2, 1/2, 1 (strong) or 1/2, 1 (weak) and
+log2 p, still cross-validated. Two: one term with the exponent the scaling mode implies (strong:
+c0 + c1 * p^-1, the work per rank; weak: c0 + c1 * log2 p, a collective's depth), fitted exactly.
+One: a constant.
 """
 
 import json
@@ -44,6 +45,11 @@ def _modeler(n_points, scaling):
         m.use_crossvalidation = False
         search = "extrap fixed term " + ("c1 * p^-1" if strong else "c1 * log2(p)") + " (2 points)"
     m._exponents_changed()
+    # Extra-P's negative exponents include log2(p)^-1 and ^-2 (offered when no point is p = 1):
+    # infinite at one rank, which is a valid target (advise at 1 GPU, leave-one-out of p = 1).
+    m.hypotheses_building_blocks = [
+        ct for ct in m.hypotheses_building_blocks
+        if not any(t.term_type == "logarithm" and t.exponent < 0 for t in ct.simple_terms)]
     return m, search
 
 

@@ -1,0 +1,299 @@
+"""Valid trainscope run files (schema trainscope/1, docs/run_file_schema.md) made from KNOWN laws,
+so that tests and benchmarks can check that `trainscope-post model`/`advise` recover what was put
+in: training runs whose phase times follow `a + b / p` and whose gradient allreduce follows a
+ring alpha-beta law, and comm-workload files from the same alpha and beta per scope.
+
+The writer's conventions are reproduced where the model reads them: per-iteration columns
+[ranks, iterations] with `rank_rows`, /summary medians = per iteration the mean over ranks, then
+the median over the measured iterations; comm_wait = the collective time not hidden behind the
+backward phase; /plan memory categories per rank with ZeRO sharding. Noise (seeded, relative,
+per rank and iteration) is optional.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+PHASES = ("data", "h2d", "forward", "backward", "optimizer", "control")
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
+MiB = 2.0**20
+GiB = 2.0**30
+
+
+def ring(op: str, n: int) -> tuple[float, float]:
+    """(latency steps, bandwidth factor) of the ring algorithm of `op` on n ranks."""
+    if n <= 1:
+        return 0.0, 0.0
+    if op == "allreduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter"):
+        return float(n - 1), (n - 1) / n
+    return 1.0, 1.0
+
+
+@dataclass
+class Network:
+    """alpha [s] and beta [s/B] of every collective, per scope (intra: one node, inter: more)."""
+
+    intra: tuple[float, float] = (5e-6, 1 / 100e9)   # 5 us, 100 GB/s busbw
+    inter: tuple[float, float] = (20e-6, 1 / 10e9)   # 20 us, 10 GB/s busbw
+
+    def time(self, op: str, nbytes: float, n: int, nodes: int) -> float:
+        alpha, beta = self.inter if nodes > 1 else self.intra
+        lat, fac = ring(op, n)
+        return alpha * lat + beta * fac * nbytes
+
+
+@dataclass
+class Law:
+    """One configuration's per-iteration time [s] at p ranks on `nodes` nodes (strong scaling:
+    the global batch is fixed, every rank gets global_batch / p samples)."""
+
+    phases: dict = field(default_factory=lambda: {
+        "data": (2e-4, 2e-3), "h2d": (1e-5, 5e-4), "forward": (5e-3, 0.2),
+        "backward": (1e-2, 0.4), "optimizer": (3e-3, 0.0), "control": (2e-4, 0.0)})  # (a, b)
+    other: float = 1e-3                     # framework overhead outside the phases [s]
+    bucket_bytes: tuple = (25 * MiB, 25 * MiB, 10 * MiB)
+    rounds: float = 1.0                     # allreduces of every bucket per step
+    overlap: float = 0.5                    # share of the collective hidden behind backward
+    network: Network = field(default_factory=Network)
+    global_batch: int = 256
+    tokens_per_sample: float = 0.0          # > 0: an LLM run (throughput in tokens/s)
+    # per-rank memory plan of the unsharded model [B]; activations and logits per sample
+    weight: float = 1 * GiB
+    gradient: float = 1 * GiB
+    optimizer_state: float = 2 * GiB
+    activation_per_sample: float = 64 * MiB
+    logits_per_sample: float = 0.0
+    zero: int = 0
+
+    def phase(self, name: str, p: int) -> float:
+        a, b = self.phases[name]
+        return a + b / p
+
+    def collective(self, p: int, nodes: int) -> float:
+        if p <= 1:
+            return 0.0
+        return self.rounds * sum(self.network.time("allreduce", b, p, nodes)
+                                 for b in self.bucket_bytes)
+
+    def comm_wait(self, p: int, nodes: int) -> float:
+        c = self.collective(p, nodes)
+        return max(c * (1.0 - self.overlap), c - self.phase("backward", p))
+
+    def step(self, p: int, nodes: int) -> float:
+        return (sum(self.phase(n, p) for n in PHASES) + self.comm_wait(p, nodes) + self.other)
+
+    def work_per_step(self) -> float:
+        return self.global_batch * (self.tokens_per_sample or 1.0)
+
+    def throughput(self, p: int, nodes: int) -> float:
+        return self.work_per_step() / self.step(p, nodes)
+
+    def batch_per_rank(self, p: int) -> int:
+        return max(1, math.ceil(self.global_batch / p))
+
+    def memory_plan(self, p: int) -> dict:
+        """The /plan memory categories of one rank at p ranks [B]."""
+        shard = 1.0 / p
+        b = self.batch_per_rank(p)
+        return {
+            "weight": self.weight * (shard if self.zero >= 3 else 1.0),
+            "gradient": self.gradient * (shard if self.zero >= 2 else 1.0),
+            "optimizer_state": self.optimizer_state * (shard if self.zero >= 1 else 1.0),
+            "activation": self.activation_per_sample * b,
+            "logits": self.logits_per_sample * b,
+        }
+
+    def memory(self, p: int) -> float:
+        return sum(self.memory_plan(p).values())
+
+
+def _series(group, name, data, units):
+    ds = group.create_dataset(name, data=np.asarray(data, dtype=np.float64),
+                              maxshape=(data.shape[0], None))
+    ds.attrs["units"] = units
+
+
+def _ranks_table(f, ranks: int, nodes: int, device: str):
+    dt = np.dtype([("rank", "<i4"), ("local_rank", "<i4"), ("node", "<i4"), ("hostname", "S8"),
+                   ("pid", "<i8"), ("device", "S8"), ("device_name", "S16"),
+                   ("pci_bus_id", "S16"), ("cpu_affinity", "S16")])
+    per_node = math.ceil(ranks / nodes)
+    rows = [(r, r % per_node, r // per_node, f"node{r // per_node}".encode(), 1000 + r,
+             device.encode(), b"synthetic", b"", f"{r % per_node}".encode())
+            for r in range(ranks)]
+    f.create_dataset("ranks", data=np.array(rows, dtype=dt)).attrs["units"] = "1"
+
+
+def _root(f, workload: str, ranks: int, nodes: int, status: str):
+    for k, v in {"schema": "trainscope/1", "status": status, "workload": workload,
+                 "trainscope_version": "0.1.0", "git_sha": "synthetic",
+                 "created_utc": "2026-01-01T00:00:00Z", "finished_utc": "2026-01-01T00:01:00Z",
+                 "command_line": "tests/python/synthetic_runs.py"}.items():
+        f.attrs[k] = v
+    f.attrs["world_size"] = np.int64(ranks)
+    f.attrs["num_nodes"] = np.int64(nodes)
+
+
+def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None = None,
+              noise: float = 0.0, seed: int = 0, iterations: int = 12, warmup: int = 2,
+              device: str = "cuda", status: str = "completed") -> Path:
+    """A cv (or, with law.tokens_per_sample, llm) training run at `ranks` on `nodes` nodes.
+    `config` overrides /config attributes (strings), e.g. to name the configuration."""
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    llm = law.tokens_per_sample > 0
+    workload = "llm" if llm else "cv"
+    p, shape = ranks, (ranks, iterations)
+
+    def noisy(value):  # [ranks, iterations]
+        return value * (1.0 + noise * rng.standard_normal(shape)) if noise else np.full(shape,
+                                                                                      value)
+
+    cols = {f"{ph}_s": noisy(law.phase(ph, p)) for ph in PHASES}
+    coll = noisy(law.collective(p, nodes))
+    # exposed = the collective not hidden behind this iteration's backward (as the writer sees it)
+    wait = np.maximum(coll * (1.0 - law.overlap), coll - cols["backward_s"]) if p > 1 else \
+        np.zeros(shape)
+    other = noisy(law.other)
+    cols["comm_wait_s"] = wait
+    cols["comm_collective_s"] = coll
+    cols["step_s"] = sum(cols[f"{ph}_s"] for ph in PHASES) + wait + other
+    per_rank = law.global_batch / p
+    cols["comm_bytes"] = np.full(shape, law.rounds * sum(law.bucket_bytes) if p > 1 else 0.0)
+    cols["samples"] = np.full(shape, per_rank)
+    cols["tokens"] = np.full(shape, per_rank * law.tokens_per_sample if llm else math.nan)
+    cols["loss"] = np.full(shape, 2.0)
+    cols["iteration"] = np.tile(np.arange(iterations, dtype=np.float64), (ranks, 1))
+
+    meas = slice(warmup, iterations)
+
+    def median(col):  # the writer's: mean over ranks per iteration, median over iterations
+        return float(np.median(np.mean(cols[col][:, meas], axis=0)))
+
+    step = median("step_s")
+    cfg = {"run.workload": workload, "run.strategy": "ddp-ds", "run.precision": "bf16-mixed",
+           "run.device": device, "dist.zero": str(law.zero), "dist.backend": "nccl",
+           "train.batch_size": str(law.batch_per_rank(p)), "train.global_batch_size": "0",
+           "profile.warmup_iters": str(warmup), "train.max_iters": str(iterations),
+           "cv.model": "mobilenet_v2", "llm.method": "full" if llm else "lora",
+           "output.file": str(path)}
+    cfg.update({k: str(v) for k, v in (config or {}).items()})
+    summary = {f"median_{ph}_s": median(f"{ph}_s") for ph in (*PHASES, "comm_wait")}
+    summary.update({
+        "median_step_s": step, "mean_step_s": float(np.mean(cols["step_s"][:, meas])),
+        "global_batch_samples": float(law.global_batch),
+        "throughput_samples_per_s": law.global_batch / step,
+        "warmup_iterations": np.int64(warmup),
+        "measured_iterations": np.int64(iterations - warmup),
+        "total_iterations": np.int64(iterations),
+        "energy_per_sample_j": math.nan, "wall_s": float(np.sum(cols["step_s"][0])),
+        "peak_device_allocated_bytes": law.memory(p), "peak_host_rss_bytes": GiB,
+    })
+    if llm:
+        summary["throughput_tokens_per_s"] = law.work_per_step() / step
+        summary["throughput_tokens_per_s_per_rank"] = law.work_per_step() / step / p
+    plan = {"device": device, "backend": "nccl", "strategy": cfg["run.strategy"],
+            "precision": cfg["run.precision"], "global_batch": np.int64(law.global_batch),
+            "batch_per_rank": np.int64(law.batch_per_rank(p)), "threads_per_rank": np.int64(1),
+            "total_iterations": np.int64(iterations), "zero": np.int64(law.zero)}
+    mem = law.memory_plan(p)
+    plan.update({f"memory_plan_{k}_bytes": float(v) for k, v in mem.items()})
+    plan["memory_estimate_bytes"] = float(sum(mem.values()))
+    if llm:
+        plan["method"] = cfg["llm.method"]
+
+    with h5py.File(path, "w") as f:
+        _root(f, workload, ranks, nodes, status)
+        for name, attrs in (("config", cfg), ("plan", plan), ("summary", summary)):
+            g = f.create_group(name)
+            for k, v in attrs.items():
+                g.attrs[k] = v
+        it = f.create_group("iterations")
+        units = {"samples": "samples", "tokens": "tokens", "comm_bytes": "B", "loss": "1",
+                 "iteration": "1"}
+        for name, data in cols.items():
+            _series(it, name, data, units.get(name, "s"))
+        it.attrs["columns"] = ",".join(cols)
+        it.attrs["rows"] = np.int64(iterations)
+        it.attrs["rank_rows"] = np.full(ranks, iterations, dtype=np.int64)
+        b = f.create_group("comm/buckets")
+        bb = b.create_dataset("bytes", data=np.asarray(law.bucket_bytes, dtype=np.float64))
+        bb.attrs["units"] = "B"
+        total = max(sum(law.bucket_bytes), 1.0)
+        for k, nbytes in enumerate(law.bucket_bytes):  # the collective split by payload
+            _series(b, f"bucket_{k}_s", coll * nbytes / total, "s")
+        b.attrs["columns"] = ",".join(f"bucket_{k}_s" for k in range(len(law.bucket_bytes)))
+        b.attrs["rows"] = np.int64(iterations)
+        b.attrs["rank_rows"] = np.full(ranks, iterations, dtype=np.int64)
+        _ranks_table(f, ranks, nodes, device)
+    return path
+
+
+def write_comm(path: Path, network: Network, ranks: int, nodes: int, noise: float = 0.0,
+               seed: int = 0, sizes=tuple(2**k for k in range(3, 29, 2))) -> Path:
+    """A run.workload=comm file: /comm/<op> tables over `sizes` bytes at `ranks` on `nodes`,
+    time_s from `network` (the scope follows nodes)."""
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbytes = np.asarray(sizes, dtype=np.float64)
+    with h5py.File(path, "w") as f:
+        _root(f, "comm", ranks, nodes, "completed")
+        cfg = f.create_group("config")
+        for k, v in {"run.workload": "comm", "comm.ops": ",".join(OPS), "comm.dtype": "float32",
+                     "comm.iters": "20", "comm.warmup": "5", "output.file": str(path)}.items():
+            cfg.attrs[k] = v
+        plan = f.create_group("plan")
+        for k, v in {"workload": "comm", "device": "cuda", "backend": "nccl",
+                     "dataset": "none (communication benchmark)"}.items():
+            plan.attrs[k] = v
+        comm = f.create_group("comm")
+        for k, v in {"backend": "nccl", "dtype": "float32", "iters": np.int64(20),
+                     "warmup": np.int64(5), "world_size": np.int64(ranks),
+                     "bytes": "whole array as nccl-tests count it",
+                     "time": "seconds per operation"}.items():
+            comm.attrs[k] = v
+        for op in OPS:
+            t = np.array([network.time(op, b, ranks, nodes) for b in nbytes])
+            if noise:
+                t = t * (1.0 + noise * rng.standard_normal(t.shape))
+            fac = ring(op, ranks)[1] if op != "broadcast" else 1.0
+            algbw = nbytes / t / 1e9
+            g = comm.create_group(op)
+            g.attrs["busbw_factor"] = float(fac)
+            for name, data, units in (("bytes", nbytes, "B"), ("count", nbytes / 4, "1"),
+                                      ("time_s", t, "s"), ("time_max_s", t * 1.02, "s"),
+                                      ("algbw_GBps", algbw, "GB/s"),
+                                      ("busbw_GBps", algbw * fac, "GB/s")):
+                g.create_dataset(name, data=data).attrs["units"] = units
+        _ranks_table(f, ranks, nodes, "cuda")
+    return path
+
+
+def write_study(root: Path, configs: dict, ranks=(1, 2, 4, 8, 16), gpus_per_node: int = 4,
+                repeats: int = 2, noise: float = 0.0, comm_ranks=((2, 1), (4, 1), (8, 2), (16, 4)),
+                seed: int = 0) -> Path:
+    """root/<name>/n<p>/rep<r>.h5 for every configuration {name: (law, config overrides)} and
+    root/comm/n<p>.h5 for every (ranks, nodes) of comm_ranks, with the first law's network.
+    Ranks fill nodes of gpus_per_node."""
+    root = Path(root)
+    s = seed
+    for name, (law, cfg) in configs.items():
+        for p in ranks:
+            for r in range(repeats):
+                s += 1
+                write_run(root / name / f"n{p}" / f"rep{r}.h5", law, p,
+                          math.ceil(p / gpus_per_node), cfg, noise=noise, seed=s)
+    network = next(iter(configs.values()))[0].network
+    for p, n in comm_ranks:
+        s += 1
+        write_comm(root / "comm" / f"n{p}x{n}.h5", network, p, n, noise=noise, seed=s)
+    return root
