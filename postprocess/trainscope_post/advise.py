@@ -136,7 +136,7 @@ def candidate_table(cands: list[Candidate]) -> pd.DataFrame:
             "efficiency": p.get("efficiency", math.nan),
             "energy [J/sample]": p.get("energy_per_sample_j", math.nan),
             "memory [GiB]": p.get("memory_bytes", math.nan) / GIB,
-            "range": ("measured" if p.get("in_range") else "extrapolated") if p else "-",
+            "range": p.get("range", "-").lower() if p else "-",
             "excluded": c.excluded or "",
         })
     return pd.DataFrame(rows)
@@ -265,8 +265,7 @@ def coallocate(jobs: list[Job], gpus: int, gpus_per_node: int, step_gpus: int,
                         "throughput": thr, "unit": f"{jobs[j].unit}/s",
                         "work": jobs[j].work,
                         "time [s]": jobs[j].work / thr if thr > 0 else math.inf,
-                        "range": ("measured" if pred and pred["in_range"] else "extrapolated")
-                        if pred else "-"})
+                        "range": pred["range"].lower() if pred else "-"})
         return out
 
     def value_of(al):

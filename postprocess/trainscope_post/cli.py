@@ -225,7 +225,7 @@ def cmd_model(args) -> int:
                              "energy [J/sample]": pr["energy_per_sample_j"],
                              "memory [GiB]": pr["memory_bytes"] / 2**30,
                              "contention": pr["contention"], "comm": pr["comm_basis"],
-                             "range": "measured" if pr["in_range"] else "EXTRAPOLATED"})
+                             "range": pr["range"]})
             print(f"prediction ({rpn} ranks per node; band = +-2 sigma of fit, repeats and comm "
                   "model, widened outside the measured ranks):")
             print(text_table(pd.DataFrame(prow)))

@@ -464,7 +464,10 @@ class ConfigModel:
             "sigma_rel": sig, "throughput": work / t if t > 0 else math.nan,
             "throughput_unit": f"{self.unit}/s", "efficiency": eff,
             "energy_per_sample_j": energy, "memory_bytes": self.memory(ranks),
-            "in_range": in_range, "compute_s": st["compute_s"],
+            "in_range": in_range,
+            "range": ("measured" if (ranks, nodes) in self.points else "interpolated") if in_range
+            else "EXTRAPOLATED",
+            "compute_s": st["compute_s"],
             "exposed_comm_s": st["exposed_comm_s"], "collective_s": st["collective_s"],
             "contention": st["contention"], "comm_basis": st["comm_basis"],
         }

@@ -53,6 +53,9 @@ def test_model_recovers_the_phase_terms_and_the_network(scaling, tmp_path, capsy
     (cfg,) = doc["configurations"]
     assert [r["ranks"] for r in cfg["fit"]] == list(RANKS)
     for ph, (a, b) in LAW.phases.items():
+        if ph == "control":  # its host allreduce counts as exposed communication: a constant base
+            assert cfg["comm"]["sync_base"] == pytest.approx(a, rel=0.05)
+            continue
         m = cfg["phases"][ph]
         if b:  # a + b/p: Extra-P's default search must choose p^-1 out of its whole space
             assert [(t["poly"], t["log"]) for t in m["terms"]] == [(-1.0, 0.0)], (ph, m)
@@ -63,7 +66,8 @@ def test_model_recovers_the_phase_terms_and_the_network(scaling, tmp_path, capsy
             assert m["constant"] == pytest.approx(a, rel=0.03), ph
     assert "p^(-1)" in stdout
     assert cfg["comm"]["source"] == "alpha-beta"
-    assert cfg["comm"]["overlap"] == pytest.approx(LAW.overlap, abs=0.03)
+    for scope, f in cfg["comm"]["overlap"].items():
+        assert f == pytest.approx(LAW.overlap, abs=0.03), scope
     ab = {(c["op"], c["scope"]): c for c in doc["comm"]}
     for scope, (alpha, beta) in (("intra", LAW.network.intra), ("inter", LAW.network.inter)):
         m = ab["allreduce", scope]
@@ -201,8 +205,8 @@ def test_advise_excludes_plans_beyond_the_device_memory(memory_study, tmp_path, 
         law = ZERO3 if row["configuration"] == "dist.zero=3" else DENSE
         need = law.memory(int(row["ranks"]))
         if need > mem:
-            assert row["excluded"] == (f"memory plan {need / GiB:.2f} GiB per device > "
-                                       "--memory-per-device 4.00 GiB"), row.to_dict()
+            assert row["excluded"] == (f"memory plan {need / GiB:.3g} GiB per device > "
+                                       "--memory-per-device 4 GiB"), row.to_dict()
         else:
             assert row["excluded"] == "", row.to_dict()
     assert set(rows[rows["excluded"] == ""]["ranks"]) == {5, 6, 7, 8}  # zero=3 from 5 ranks on
