@@ -379,21 +379,23 @@ class ConfigModel:
         return contention(m.device, ranks, nodes, m.threads, self.cores_per_node,
                           self.shared_host_cores)
 
-    def work_per_step(self, ranks: int) -> float:
-        base = [(m.work, m.ranks) for m in self.runs if m.work == m.work]
+    def _per_step(self, attr: str, ranks: int) -> float:
+        """Measured `attr` (all ranks' work per step) at `ranks`: the mean of the runs under
+        strong scaling (fixed global batch), the per-rank mean x ranks under weak scaling."""
+        base = [(getattr(m, attr), m.ranks) for m in self.runs if getattr(m, attr) ==
+                getattr(m, attr)]
         if not base:
             return math.nan
         if self.mode == "weak":
             return float(np.mean([w / r for w, r in base])) * ranks
         return float(np.mean([w for w, _ in base]))
 
+    def work_per_step(self, ranks: int) -> float:
+        """Samples or tokens (self.unit) per step at `ranks`."""
+        return self._per_step("work", ranks)
+
     def samples_per_step(self, ranks: int) -> float:
-        base = [(m.samples, m.ranks) for m in self.runs if m.samples == m.samples]
-        if not base:
-            return math.nan
-        if self.mode == "weak":
-            return float(np.mean([w / r for w, r in base])) * ranks
-        return float(np.mean([w for w, _ in base]))
+        return self._per_step("samples", ranks)
 
     # -- prediction
     def comm_time(self, ranks: int, nodes: int) -> tuple[float, float, str]:
