@@ -162,23 +162,14 @@ def _load_models(args):
     return study, models, comm, rc
 
 
-def _comm_model_table(comm):
-    import pandas as pd
-    return pd.DataFrame([{
-        "op": ab.op, "scope": ab.scope, "ranks": ",".join(map(str, ab.ranks)),
-        "sizes": ab.points, "alpha [us]": 1e6 * ab.alpha_s, "busbw [GB/s]": ab.busbw_GBps,
-        "line RMS err [%]": 100 * ab.rms_rel, "line max err [%]": 100 * ab.max_rel,
-        "local RMS err [%]": 100 * ab.local_rms_rel, "local max err [%]": 100 * ab.local_max_rel}
-        for ab in comm.values()])
-
-
 def cmd_model(args) -> int:
     import pandas as pd
-    from .model import leave_one_out, parse_counts, save
+    from .model import (comm_model_table, comm_summary, fit_table, leave_one_out,
+                        parse_counts, phase_model_table, save)
     predict = parse_counts(args.predict) if args.predict else None
     _, models, comm, rc = _load_models(args)
     if comm:
-        _emit(_comm_model_table(comm), args, "alpha-beta models of the collectives (ring: "
+        _emit(comm_model_table(comm), args, "alpha-beta models of the collectives (ring: "
               "t = alpha * L(n) + bytes * F(n) / busbw, one line over all sizes and rank "
               "counts; messages are priced by the line of the sizes within 4x, whose error is "
               "'local', each size left out of its own fit)")
@@ -189,28 +180,14 @@ def cmd_model(args) -> int:
     for cm in models:
         print(f"\n== {cm.label} ({cm.workload}, {cm.mode} scaling, {len(cm.runs)} runs at ranks "
               f"{','.join(map(str, cm.rank_counts))}; {cm.ranks_per_node} ranks per node)")
-        rows = [{"phase": k, "model [s] (p = ranks)": v["function"], "SMAPE [%]": v["smape"],
-                 "adj. R2": v["ar2"], "search": v["search"]} for k, v in cm.phases.items()]
-        print(text_table(pd.DataFrame(rows)))
-        c = cm.comm
-        if c.get("source") == "alpha-beta":
-            print(f"communication: alpha-beta allreduce of {len(c['bucket_bytes'])} bucket(s), "
-                  f"{sum(c['bucket_bytes']) / 2**20:.3f} MiB x {c['rounds']:.3g} per step, "
-                  f"measured overlap {100 * c['overlap']['intra']:.0f} % intra-node, "
-                  f"{100 * c['overlap']['inter']:.0f} % inter-node (hidden at most the backward "
-                  "phase)")
+        print(text_table(phase_model_table(cm)))
+        line = comm_summary(cm)
+        if line:
+            print(line)
         for note in cm.notes:
             print(f"note: {note}")
-        fit = pd.DataFrame(cm.fit_rows())
-        fit["rel_err"] *= 100
         print("predicted vs measured median step [s] (min-max over repeats):")
-        print(text_table(fit.rename(columns={"measured_s": "measured [s]",
-                                             "measured_min_s": "min [s]",
-                                             "measured_max_s": "max [s]",
-                                             "predicted_s": "predicted [s]",
-                                             "rel_err": "error [%]",
-                                             "collective_measured_s": "allreduce meas. [s]",
-                                             "collective_predicted_s": "allreduce pred. [s]"})))
+        print(text_table(fit_table(cm)))
         if predict:
             rpn = args.ranks_per_node or cm.ranks_per_node
             prow = []

@@ -534,6 +534,51 @@ class ConfigModel:
         }
 
 
+# --- tables for `model` and the report ----------------------------------------------------------
+def comm_model_table(comm: dict):
+    """One row per (collective, scope) alpha-beta model: the single line's alpha and busbw with its
+    error, and the error of the size-local pricing the predictions use."""
+    import pandas as pd
+    return pd.DataFrame([{
+        "op": ab.op, "scope": ab.scope, "ranks": ",".join(map(str, ab.ranks)),
+        "sizes": ab.points, "alpha [us]": 1e6 * ab.alpha_s, "busbw [GB/s]": ab.busbw_GBps,
+        "line RMS err [%]": 100 * ab.rms_rel, "line max err [%]": 100 * ab.max_rel,
+        "local RMS err [%]": 100 * ab.local_rms_rel, "local max err [%]": 100 * ab.local_max_rel}
+        for ab in comm.values()])
+
+
+def phase_model_table(cm: ConfigModel):
+    """The Extra-P model of each phase with its fit quality and hypothesis space."""
+    import pandas as pd
+    return pd.DataFrame([{"phase": k, "model [s] (p = ranks)": v["function"],
+                          "SMAPE [%]": v["smape"], "adj. R2": v["ar2"], "search": v["search"]}
+                         for k, v in cm.phases.items()])
+
+
+def fit_table(cm: ConfigModel):
+    """Predicted vs measured median step (and allreduce time) at every measured point."""
+    import pandas as pd
+    fit = pd.DataFrame(cm.fit_rows())
+    fit["rel_err"] *= 100
+    return fit.rename(columns={"measured_s": "measured [s]", "measured_min_s": "min [s]",
+                               "measured_max_s": "max [s]", "predicted_s": "predicted [s]",
+                               "rel_err": "error [%]",
+                               "collective_measured_s": "allreduce meas. [s]",
+                               "collective_predicted_s": "allreduce pred. [s]"})
+
+
+def comm_summary(cm: ConfigModel) -> str | None:
+    """What the alpha-beta pricing of a configuration's traffic rests on (None when its
+    communication is fitted empirically; its notes say so)."""
+    c = cm.comm
+    if c.get("source") != "alpha-beta":
+        return None
+    return (f"communication: alpha-beta allreduce of {len(c['bucket_bytes'])} bucket(s), "
+            f"{sum(c['bucket_bytes']) / 2**20:.3f} MiB x {c['rounds']:.3g} per step, "
+            f"measured overlap {100 * c['overlap']['intra']:.0f} % intra-node, "
+            f"{100 * c['overlap']['inter']:.0f} % inter-node (hidden at most the backward phase)")
+
+
 def _series_for(cm_name: str, runs: list[Measured], mode: str, with_comm_wait: bool) -> list[dict]:
     by_p: dict[int, list[Measured]] = {}
     for m in runs:
