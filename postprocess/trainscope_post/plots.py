@@ -1,10 +1,11 @@
-"""Figures for the tables of study.py. Every function returns a matplotlib Figure (Agg backend, no
-display needed) with a title, labelled axes and units; colours are the Okabe-Ito palette (told
-apart with the common colour-vision deficiencies), and series also differ by marker, line style
-and hatch, so the figures read in greyscale too."""
+"""Figures for the tables of study.py and the models of model.py. Every function returns a
+matplotlib Figure (Agg backend, no display needed) with a title, labelled axes and units; colours
+are the Okabe-Ito palette (told apart with the common colour-vision deficiencies), and series also
+differ by marker, line style and hatch, so the figures read in greyscale too."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -174,6 +175,59 @@ def scaling_time_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
         ax.set_xticks(n)
         ax.grid(True, color="0.85")
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def model_figure(fit: pd.DataFrame, curve: pd.DataFrame, title: str,
+                 recommended: tuple[int, float] | None = None) -> plt.Figure:
+    """A configuration's performance model (model.ConfigModel) against its runs. `fit`: one row per
+    measured point (ranks, nodes, measured_s, measured_min_s, measured_max_s; fit_rows); `curve`:
+    predictions (ranks, step_s, step_lo_s, step_hi_s, in_range) from the smallest measured rank
+    count to beyond the largest. Measured medians are markers with min-max bars over repeats (one
+    marker per node count), the model a line (solid where measured, dashed where extrapolated,
+    which is also shaded), the +-2 sigma band a lighter fill; log2 x axis."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    curve = curve.sort_values("ranks")
+    x = curve["ranks"].to_numpy(dtype=float)
+    inside = curve["in_range"].to_numpy(dtype=bool)
+    ax.fill_between(x, curve["step_lo_s"], curve["step_hi_s"], color=colour(0), alpha=0.18,
+                    linewidth=0, label="model ±2σ band")
+    last_in = np.flatnonzero(inside)
+    if last_in.size and last_in[-1] + 1 < len(x):
+        # the dashed part starts at the last measured rank count so that the line is unbroken
+        edge = last_in[-1]
+        ax.axvspan(x[edge], x[-1], color="0.93", zorder=0,
+                   label="extrapolated (beyond the measured ranks or nodes)")
+        ax.plot(x[: edge + 1], curve["step_s"].iloc[: edge + 1], color=colour(0), linewidth=2,
+                label="model (Extra-P phases + comm)")
+        ax.plot(x[edge:], curve["step_s"].iloc[edge:], color=colour(0), linewidth=2,
+                linestyle="--", label="model, extrapolated")
+    else:
+        ax.plot(x, curve["step_s"], color=colour(0), linewidth=2,
+                label="model (Extra-P phases + comm)")
+    for i, (nodes, g) in enumerate(fit.groupby("nodes", sort=True)):
+        y = g["measured_s"]
+        ax.errorbar(g["ranks"], y, yerr=[y - g["measured_min_s"], g["measured_max_s"] - y],
+                    fmt=MARKERS[(i + 1) % len(MARKERS)], color=colour(3 + i), capsize=4,
+                    markersize=7, markeredgecolor="black", zorder=5,
+                    label=f"measured median, {nodes} node(s) (bars: min-max over repeats)")
+    if recommended is not None:
+        ax.plot(*recommended, marker="*", markersize=16, color=colour(2), markeredgecolor="black",
+                linestyle="none", zorder=6, label=f"recommended: {recommended[0]} ranks")
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(2**k) for k in range(int(np.floor(np.log2(x.min()))),
+                                             int(np.ceil(np.log2(x.max()))) + 1)}
+                   | set(int(r) for r in fit["ranks"]))
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlim(x.min() / 1.15, x.max() * 1.15)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("ranks (GPUs or CPU processes), log2 scale")
+    ax.set_ylabel("median iteration time [s]")
+    ax.set_title(textwrap.fill(title, 110), fontsize=9)
+    ax.grid(True, color="0.85")
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     return fig
 

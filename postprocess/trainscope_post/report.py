@@ -6,20 +6,22 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
+import subprocess
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from . import plots
+from . import advise, model, plots
 from .study import (NOT_COVERED, NOT_REPRODUCED, REPRODUCED, Study, StudyError, comm_table,
-                    curves_tables, execution_table, findings_table, imbalance_table, label,
-                    memory_table, phase_table, profile_table, scaling_table, step_matrix,
-                    summary_table, telemetry_table, top_ops_table)
+                    curves_tables, execution_table, findings_table, group_by_config,
+                    imbalance_table, label, memory_table, phase_table, profile_table,
+                    scaling_table, step_matrix, summary_table, telemetry_table, top_ops_table)
 
-SECTIONS = ["Findings", "Runs", "Scaling", "Training curves", "Step times", "Telemetry",
-            "Top operators", "Phase breakdown", "Profile", "Memory", "Communication"]
+SECTIONS = ["Findings", "Runs", "Scaling", "Model and advice", "Training curves", "Step times",
+            "Telemetry", "Top operators", "Phase breakdown", "Profile", "Memory", "Communication"]
 
 
 def section_id(title: str) -> str:
@@ -57,7 +59,7 @@ MAX_RUN_SECTIONS = 12  # per-run breakdowns in a report; the tables above cover 
 
 class _Section:
     def __init__(self, title):
-        # ("p", text) | ("table", df) | ("fig", name, png) | ("findings", df)
+        # ("p", text) | ("pre", text) | ("table", df) | ("fig", name, png) | ("findings", df)
         self.title, self.parts = title, []
 
 
@@ -111,6 +113,7 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     if not s.parts:
         s.parts.append(("p", "No training runs."))
     out.append(s)
+    out.append(_model_section(study, mode, include_incomplete))
 
     usable = [r for r in study.usable(include_incomplete) if r.workload in ("cv", "llm")]
     base = root if root.is_dir() else root.parent
@@ -158,6 +161,112 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
         s.parts += [("table", comm), ("fig", "comm", _png(plots.comm_figure(comm)))]
     out.append(s)
     return out
+
+
+MAX_MODEL_CONFIGS = 8  # configurations with a figure in the report; `trainscope-post model` has all
+# The model curve runs to this multiple of the largest measured rank count, and the advice
+# considers up to this multiple of the largest measured node count.
+EXTRAPOLATE_X = 8
+
+
+def _model_section(study: Study, mode: str, include_incomplete: bool) -> _Section:
+    """The "Model and advice" section. Modelling needs Extra-P's own venv and runs at 2+ rank
+    counts; whatever it lacks, the section says why in one sentence and the report goes on."""
+    s = _Section("Model and advice")
+    try:
+        s.parts = _model_parts(study, mode, include_incomplete)
+    except (StudyError, OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
+        # StudyError: no runs, Extra-P missing or failed; the others: Extra-P's Python could not
+        # be started, timed out or did not answer in JSON. A bug still raises: tests catch it.
+        s.parts = [("p", f"No models: {str(e).rstrip('.')}.")]
+    return s
+
+
+def _model_parts(study: Study, mode: str, include_incomplete: bool) -> list:
+    train = [r for r in study.usable(include_incomplete) if r.workload in ("cv", "llm")
+             and r.summary]
+    groups = group_by_config(train, ignore=("dist.nodes",), mode=mode)
+    if not any(len({r.ranks for r in g}) >= 2 for g in groups):
+        return [("p", f"No models: no configuration was measured at two or more rank counts "
+                      f"under {mode} scaling (of {len(groups)} configurations), and a model of "
+                      "how the step scales needs at least two.")]
+    models, comm, _ = model.build_models(study, mode, include_incomplete=include_incomplete)
+    fitted = [cm for cm in models if len(cm.rank_counts) >= 2]
+    parts = [("p", f"Performance models of the median step per configuration ({mode} scaling; "
+                   "trainscope-post model, docs/advisor.md): Extra-P fits each compute phase "
+                   "over the measured rank counts, the gradient traffic is priced by the "
+                   "alpha-beta models of the comm runs (run.workload=comm) where the study has "
+                   "them, and the band is +-2 sigma (fit residuals, repeats and comm model, "
+                   "widened beyond the measured ranks).")]
+    single = [cm.workload for cm in models if len(cm.rank_counts) < 2]
+    if single:
+        counts = ", ".join(f"{single.count(w)} {w}" for w in ("cv", "llm") if w in single)
+        parts.append(("p", f"Not modelled: {counts} configuration(s) measured at one rank count "
+                           "only (trainscope-post model lists them; advise does not scale them)."))
+
+    recommended = {}
+    for workload in ("cv", "llm"):
+        wl = [cm for cm in fitted if cm.workload == workload]
+        if not wl:
+            continue
+        gpn = max(cm.ranks_per_node for cm in wl)
+        max_nodes = EXTRAPOLATE_X * max(m.nodes for cm in wl for m in cm.runs)
+        cands = advise.candidates(wl, gpn, max_nodes, None, None)
+        ranked = advise.rank(cands, "time")
+        # Samples/s and tokens/s do not compare: each workload gets its own recommendation.
+        parts += [("p", f"{workload}: recommendation of trainscope-post advise --gpus-per-node "
+                        f"{gpn} (the most ranks per node measured) --max-nodes {max_nodes} "
+                        f"({EXTRAPOLATE_X}x the most nodes measured) --objective time, with no "
+                        "memory limit (run files do not record the device memory; give "
+                        "--memory-per-device to advise):"),
+                  ("pre", "\n".join(advise.recommendation(cands, ranked, "time", None)))]
+        if ranked:
+            recommended[id(ranked[0].model)] = ranked[0]
+
+    if len(fitted) > MAX_MODEL_CONFIGS:
+        parts.append(("p", f"The first {MAX_MODEL_CONFIGS} of {len(fitted)} modelled "
+                           "configurations (trainscope-post model prints them all)."))
+    for k, cm in enumerate(fitted[:MAX_MODEL_CONFIGS]):
+        parts += [("p", f"{cm.label} ({cm.workload}, {len(cm.runs)} runs at ranks "
+                        f"{','.join(map(str, cm.rank_counts))}; {cm.ranks_per_node} ranks per "
+                        "node): the Extra-P model of each phase, in seconds per step at p ranks."),
+                  ("table", model.phase_model_table(cm))]
+        notes = [x for x in [model.comm_summary(cm)] + cm.notes if x]
+        rec = recommended.get(id(cm))
+        curve = _model_curve(cm, rec.ranks if rec else None)
+        notes.append("the curve's communication: " + "; ".join(
+            f"{basis} at ranks {_span(g['ranks'])}"
+            for basis, g in curve.groupby("comm_basis", sort=False)))
+        parts += [("p", n[0].upper() + n[1:] + ".") for n in notes]
+        parts += [("p", "Predicted vs measured median step at each measured point."),
+                  ("table", model.fit_table(cm)),
+                  ("fig", f"model_{k}", _png(plots.model_figure(
+                      pd.DataFrame(cm.fit_rows()), curve, f"{cm.label}: measured and modelled "
+                      "step time", (rec.ranks, rec.pred["step_s"]) if rec else None)))]
+
+    if comm:
+        parts += [("p", "Alpha-beta models of the collectives from the comm runs (ring: t = alpha "
+                        "* L(n) + bytes * F(n) / busbw; 'line' is one line over all sizes, "
+                        "'local' the size-local pricing the predictions use, each size left out "
+                        "of its own fit)."), ("table", model.comm_model_table(comm))]
+    else:
+        parts.append(("p", "No comm runs (run.workload=comm): communication is fitted "
+                           "empirically per configuration (Extra-P on comm_wait)."))
+    return parts
+
+
+def _span(ranks) -> str:
+    lo, hi = int(min(ranks)), int(max(ranks))
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
+
+
+def _model_curve(cm, extra_ranks: int | None = None) -> pd.DataFrame:
+    """Predictions on a log-spaced grid of rank counts from the smallest measured one to
+    EXTRAPOLATE_X times the largest (or `extra_ranks`), with every measured count on it."""
+    lo, hi = min(cm.rank_counts), max(cm.rank_counts)
+    top = max(EXTRAPOLATE_X * hi, extra_ranks or 0)
+    grid = set(np.unique(np.round(np.geomspace(lo, top, 64))).astype(int)) | set(cm.rank_counts)
+    return pd.DataFrame([cm.predict(int(p)) for p in sorted(grid)])
 
 
 def _run_sections(usable, base: Path) -> list[_Section]:
@@ -248,6 +357,7 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
          "table.findings th{text-align:left}td.verdict{font-weight:bold;white-space:nowrap}"
          # Okabe-Ito blue / vermillion and grey; the verdict is also in words
          "td.ok{background:#cfe3f3}td.no{background:#f6d3bf}td.na{background:#e6e6e6}"
+         "pre{white-space:pre-wrap;background:#f4f4f4;padding:0.5em;font-size:12px}"
          "nav a{margin-right:0.8em}</style></head><body>",
          f"<h1>trainscope report: {html.escape(str(root))}</h1>",
          f"<p>{len(study.runs)} run files; {len(study.usable(include_incomplete))} in aggregates."
@@ -264,6 +374,9 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
             if part[0] == "p":
                 h.append(f"<p>{html.escape(part[1])}</p>")
                 md += [part[1], ""]
+            elif part[0] == "pre":
+                h.append(f"<pre>{html.escape(part[1])}</pre>")
+                md += ["```", part[1], "```", ""]
             elif part[0] == "findings":
                 h.append("<div class='t'>" + _findings_html(part[1]) + "</div>")
                 md += _findings_md(part[1])

@@ -3,6 +3,10 @@ runs; the numbers in its tables equal values computed here from the files with h
 the expected axis labels; the report has every section; incomplete runs are listed but kept out of
 aggregates; bad input gives clear errors and a non-zero exit."""
 
+import base64
+import html as htmllib
+import io
+import re
 import subprocess
 import sys
 
@@ -10,9 +14,12 @@ import h5py
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.collections import PolyCollection
+from PIL import Image
 
 from trainscope_post import cli, plots
-from trainscope_post.report import SECTIONS
+from trainscope_post.model import build_models
+from trainscope_post.report import SECTIONS, _model_curve, write_report
 from trainscope_post.study import (compare_table, load, long_table, memory_table, phase_table,
                                    scaling_table, summary_table)
 
@@ -179,6 +186,94 @@ def test_report_has_every_section_and_embedded_figures(study, tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "## Scaling" in md and "report_files/scaling.png" in md
     assert (tmp_path / "report_files" / "scaling.png").exists()
+
+
+def section(page: str, sid: str) -> str:
+    start = page.index(f"<section id='{sid}'>")
+    return page[start:page.index("</section>", start)]
+
+
+def test_report_model_and_advice(study, tmp_path):
+    """The report's Model and advice section on the study: the configuration run at 1 and 2 ranks
+    is modelled (the 1-rank-count ones are not), its measured points are the files' medians, the
+    figure is there, and the recommendation is what `advise` prints with the section's settings
+    (2 ranks per node, as measured; 8 x 1 node)."""
+    out = tmp_path / "report.html"
+    write_report(load([study]), study, out)
+    sec = section(out.read_text(), "model-and-advice")
+    assert "No models" not in sec
+    assert "Not modelled: 1 cv, 1 llm configuration(s) measured at one rank count only" in sec
+    # one modelled configuration, one figure, a decodable PNG
+    imgs = re.findall(r"<img id='fig-(model_\d+)' alt='\w+' src='data:image/png;base64,([^']+)'>",
+                      sec)
+    assert [name for name, _ in imgs] == ["model_0"]
+    im = Image.open(io.BytesIO(base64.b64decode(imgs[0][1], validate=True)))
+    assert im.format == "PNG" and im.size == (800, 420)
+    # predicted vs measured: the measured column is the median over the repeats' medians
+    for n in (1, 2):
+        med = np.median([float(summary_attrs(study / f"cv/n{n}/rep{r}.h5")["median_step_s"])
+                         for r in (0, 1)])
+        assert re.search(rf"<td>{n}</td>\s*<td>1</td>\s*<td>2</td>\s*<td>{med:.4g}</td>", sec)
+    assert "alpha-beta intra at ranks 2" in sec  # the comm run is intra-node, 2 ranks
+    assert "<td>allreduce</td>" in sec  # the alpha-beta table of the comm run
+    # the recommendation: the lines `advise` prints for the same study and settings
+    adv = post("advise", study, "--gpus-per-node", 2, "--max-nodes", 8, "--objective", "time")
+    assert adv.returncode == 0, adv.stderr
+    lines = adv.stdout[adv.stdout.index("recommended: "):].rstrip("\n")
+    assert lines.startswith("recommended: cv")
+    assert f"<pre>{htmllib.escape(lines)}</pre>" in sec
+    assert "--gpus-per-node 2 (the most ranks per node measured) --max-nodes 8 (8x" in sec
+
+
+def test_model_figure(study):
+    """The model figure: measured medians with min-max bars, the model solid over the measured
+    ranks 1-2 and dashed from 2 to 16 (8x), its +-2 sigma band, a log2 x axis with units."""
+    models, _, _ = build_models(load([study]), "strong")
+    cm = next(m for m in models if m.rank_counts == [1, 2] and m.workload == "cv")
+    curve = _model_curve(cm)
+    assert curve["ranks"].min() == 1 and curve["ranks"].max() == 16
+    fit = pd.DataFrame(cm.fit_rows())
+    ax = plots.model_figure(fit, curve, "t", (16, float(curve["step_s"].iloc[-1]))).axes[0]
+    assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2
+    assert ax.get_xlabel().startswith("ranks") and ax.get_ylabel() == "median iteration time [s]"
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    solid, dashed = lines["model (Extra-P phases + comm)"], lines["model, extrapolated"]
+    assert list(solid.get_xdata()) == [1, 2] and solid.get_linestyle() == "-"
+    assert dashed.get_xdata()[0] == 2 and dashed.get_xdata()[-1] == 16
+    assert dashed.get_linestyle() == "--"
+    assert np.allclose(dashed.get_ydata(), curve[curve["ranks"] >= 2]["step_s"])
+    assert "recommended: 16 ranks" in lines
+    band = [c for c in ax.collections if isinstance(c, PolyCollection)
+            and c.get_label() == "model ±2σ band"]
+    assert len(band) == 1
+    ys = band[0].get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(curve["step_lo_s"].min())
+    assert ys.max() == pytest.approx(curve["step_hi_s"].max())
+    # the measured markers: one node count, the medians, bars down to min and up to max
+    (bars,) = ax.containers
+    assert list(bars.lines[0].get_ydata()) == pytest.approx(list(fit["measured_s"]))
+    seg = bars.lines[2][0].get_segments()
+    assert [s[0][1] for s in seg] == pytest.approx(list(fit["measured_min_s"]))
+    assert [s[1][1] for s in seg] == pytest.approx(list(fit["measured_max_s"]))
+
+
+def test_report_without_models_says_why(study, tmp_path, monkeypatch):
+    """Without Extra-P, or without a configuration at two rank counts, the section says why in a
+    sentence and the rest of the report is made."""
+    missing = tmp_path / "no-extrap" / "bin" / "python"
+    monkeypatch.setenv("TRAINSCOPE_EXTRAP_PYTHON", str(missing))
+    out = tmp_path / "cv.html"
+    write_report(load([study / "cv"]), study / "cv", out)
+    page = out.read_text()
+    sec = section(page, "model-and-advice")
+    assert f"<p>No models: Extra-P is not installed ({missing} does not exist): run " \
+           "scripts/setup" in sec and "<img" not in sec
+    assert "id='fig-scaling'" in page and "<section id='communication'>" in page
+    monkeypatch.delenv("TRAINSCOPE_EXTRAP_PYTHON")
+    write_report(load([study / "llm"]), study / "llm", out)  # one run at 2 ranks
+    sec = section(out.read_text(), "model-and-advice")
+    assert sec.count("<p>") == 1 and "<p>No models: no configuration was measured at two or " \
+        "more rank counts under strong scaling (of 1 configurations)" in sec
 
 
 def test_bad_inputs(study, tmp_path):

@@ -99,7 +99,8 @@ def test_report_page_renders_with_every_figure_and_a_verdict_per_finding(page_st
     runs = [r for r in load([page_study]).usable() if r.workload in ("cv", "llm")]
     n = len(runs)
     assert n == 11  # 4 scaling, profiled, lora (2 ranks), 5 x llm1; comm and killed are not
-    expected = {"scaling", "execution_cv", "curves_cv", "curves_llm", "memory", "comm"}
+    expected = {"scaling", "execution_cv", "curves_cv", "curves_llm", "memory", "comm",
+                "model_0"}  # the one configuration at two rank counts: cv at 1 and 2
     expected |= {f"{kind}_{k}" for kind in ("steps", "heatmap", "breakdown") for k in range(n)}
     llm_with_telemetry = [k for k, r in enumerate(runs) if r.workload == "llm"]
     expected |= {f"telemetry_{k}" for k in llm_with_telemetry}  # the CV runs turned it off
@@ -167,6 +168,13 @@ def test_report_page_renders_with_every_figure_and_a_verdict_per_finding(page_st
         assert f"{share:.1f}% of {float(a['median_step_s']) * 1e3:.4g} ms" in evidence
     assert verdict == ("reproduced" if min(shares) >= 50 else "not reproduced")
 
+    # Model and advice: the cv configuration's model figure and the recommendation for it.
+    sec = text[text.index("<section id='model-and-advice'>"):
+               text.index("<section id='training-curves'>")]
+    assert [n for n, _ in imgs if f"id='fig-{n}'" in sec] == ["model_0"]
+    assert re.search(r"<pre>recommended: cv\b.* on \d+ node\(s\) = \d+ ranks: step ", sec)
+    assert "Not modelled: 1 cv, 6 llm configuration(s)" in sec  # profiled; lora 2 ranks, llm1
+
     # The page as a browser draws it: the top (title, Findings) and the whole page.
     top = tmp_path / "top.png"
     screenshot(out, top, 1600)
@@ -178,3 +186,17 @@ def test_report_page_renders_with_every_figure_and_a_verdict_per_finding(page_st
     with Image.open(top) as im:
         rgb = np.asarray(im.convert("RGB"), dtype=np.int16)
     assert (np.abs(rgb[..., 0] - rgb[..., 2]) > 30).mean() > 0.001
+
+    # The Model and advice section alone, with the page's style (headless Chromium does not
+    # scroll to a #fragment before its screenshot): text, tables and the coloured model figure.
+    alone = tmp_path / "model.html"
+    alone.write_text(text[:text.index("<h1>")] + sec + "</body></html>")
+    shot = tmp_path / "model.png"
+    screenshot(alone, shot, 1800)
+    with Image.open(shot) as im:
+        rgb = np.asarray(im.convert("RGB"), dtype=np.int16)
+    g = rgb.mean(axis=2)
+    assert g.std() > 20 and (g < 128).mean() > 0.01
+    # The model's blue (#0072B2) and the measured markers' vermillion (#D55E00) are drawn.
+    for colour in ((0, 114, 178), (213, 94, 0)):
+        assert (np.abs(rgb - colour).max(axis=2) < 30).sum() > 50, colour
