@@ -95,7 +95,8 @@ def extrap_fit(series: list[dict], evaluate=()) -> dict:
     proc = subprocess.run([py, str(Path(__file__).with_name("extrap_fit.py"))], input=req,
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise StudyError(f"Extra-P failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+        err = proc.stderr.strip()[-2000:] or f"no error output from {py}"
+        raise StudyError(f"Extra-P failed (exit {proc.returncode}): {err}")
     return json.loads(proc.stdout)
 
 
