@@ -216,10 +216,14 @@ def test_report_model_and_advice(study, tmp_path):
         assert re.search(rf"<td>{n}</td>\s*<td>1</td>\s*<td>2</td>\s*<td>{med:.4g}</td>", sec)
     assert "alpha-beta intra at ranks 2" in sec  # the comm run is intra-node, 2 ranks
     assert "<td>allreduce</td>" in sec  # the alpha-beta table of the comm run
-    # the recommendation: the lines `advise` prints for the same study and settings
+    # the recommendation: the lines `advise` prints for the same study and settings; advise exits
+    # 3 for the LLM run (one rank count: nothing qualifies), which the section leaves out
     adv = post("advise", study, "--gpus-per-node", 2, "--max-nodes", 8, "--objective", "time")
-    assert adv.returncode == 0, adv.stderr
-    lines = adv.stdout[adv.stdout.index("recommended: "):].rstrip("\n")
+    assert adv.returncode == 3 and "llm: candidates" in adv.stdout, adv.stdout + adv.stderr
+    assert "no configuration qualifies: " in adv.stdout
+    assert "no configuration qualifies" not in sec
+    start = adv.stdout.index("recommended: ")
+    lines = adv.stdout[start:adv.stdout.index("\n\n", start)]
     assert lines.startswith("recommended: cv")
     assert f"<pre>{htmllib.escape(lines)}</pre>" in sec
     assert "--gpus-per-node 2 (the most ranks per node measured) --max-nodes 8 (8x" in sec
