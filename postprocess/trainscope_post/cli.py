@@ -148,7 +148,9 @@ def cmd_report(args) -> int:
     rc = _warn_study(study, args.include_incomplete)
     out = Path(args.output) if args.output else (root if root.is_dir() else root.parent) / \
         "report.html"
-    h, m = write_report(study, root, out, args.mode, args.include_incomplete)
+    h, m = write_report(study, root, out, args.mode, args.include_incomplete,
+                        {"cores_per_node": args.cores_per_node,
+                         "shared_host_cores": args.shared_host_cores})
     print(f"report: {h}\nmarkdown: {m}")
     return rc
 
@@ -344,25 +346,29 @@ def main(argv=None) -> int:
     p = add("export", cmd_export, "tidy long table of /iterations", figures=False)
     p.add_argument("--format", choices=["csv", "parquet"], default="csv")
     p.add_argument("-o", "--output", required=True, help="output file")
+    def contention_options(p):
+        p.add_argument("--cores-per-node", type=float,
+                       help="CPU runs: cores per node (default: no contention modelled); "
+                            "compute slows by ranks per node x threads / cores when above 1")
+        p.add_argument("--shared-host-cores", type=float,
+                       help="CPU runs on nodes emulated on ONE machine (tests/multinode): its "
+                            "cores, shared by all ranks of all nodes")
+
     p = add("report", cmd_report, "self-contained HTML report (and Markdown twin) of a study",
             files=False, figures=False)
     p.add_argument("dir", help="study directory (or one run file)")
     p.add_argument("-o", "--output", help="HTML file (default: <dir>/report.html)")
     p.add_argument("--mode", choices=["strong", "weak"], default="strong",
-                   help="scaling mode for the report's scaling section")
+                   help="scaling mode for the report's scaling and model sections")
+    contention_options(p)
 
     def model_options(p):
         p.add_argument("--mode", choices=["strong", "weak"], default="strong",
                        help="how the runs scale: strong = fixed global batch (default)")
-        p.add_argument("--cores-per-node", type=float,
-                       help="CPU runs: cores per node of the target (default: the runs' CPU "
-                            "affinity); compute slows by ranks x threads / cores when above 1")
+        contention_options(p)
         p.add_argument("--comm", nargs="+", metavar="PATH",
                        help="run.workload=comm files or directories for the alpha-beta models "
                             "(with --jobs: shared by every job)")
-        p.add_argument("--shared-host-cores", type=float,
-                       help="CPU runs on nodes emulated on ONE machine (tests/multinode): its "
-                            "cores, shared by all ranks of all nodes")
     p = add("model", cmd_model, "performance models (Extra-P phases, alpha-beta comm)",
             figures=False)
     model_options(p)

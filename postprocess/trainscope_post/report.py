@@ -70,7 +70,8 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool) -> list[_Section]:
+def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool,
+                   model_kw: dict | None = None) -> list[_Section]:
     out = []
     s = _Section("Findings")
     s.parts.append(("p", "Each finding of the studies, and whether the runs in this report "
@@ -113,7 +114,7 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     if not s.parts:
         s.parts.append(("p", "No training runs."))
     out.append(s)
-    out.append(_model_section(study, mode, include_incomplete))
+    out.append(_model_section(study, mode, include_incomplete, model_kw or {}))
 
     usable = [r for r in study.usable(include_incomplete) if r.workload in ("cv", "llm")]
     base = root if root.is_dir() else root.parent
@@ -169,12 +170,13 @@ MAX_MODEL_CONFIGS = 8  # configurations with a figure in the report; `trainscope
 EXTRAPOLATE_X = 8
 
 
-def _model_section(study: Study, mode: str, include_incomplete: bool) -> _Section:
+def _model_section(study: Study, mode: str, include_incomplete: bool,
+                   model_kw: dict) -> _Section:
     """The "Model and advice" section. Modelling needs Extra-P's own venv and runs at 2+ rank
     counts; whatever it lacks, the section says why in one sentence and the report goes on."""
     s = _Section("Model and advice")
     try:
-        s.parts = _model_parts(study, mode, include_incomplete)
+        s.parts = _model_parts(study, mode, include_incomplete, model_kw)
     except (StudyError, OSError, subprocess.SubprocessError, json.JSONDecodeError) as e:
         # StudyError: no runs, Extra-P missing or failed; the others: Extra-P's Python could not
         # be started, timed out or did not answer in JSON. A bug still raises: tests catch it.
@@ -182,7 +184,8 @@ def _model_section(study: Study, mode: str, include_incomplete: bool) -> _Sectio
     return s
 
 
-def _model_parts(study: Study, mode: str, include_incomplete: bool) -> list:
+def _model_parts(study: Study, mode: str, include_incomplete: bool, model_kw: dict) -> list:
+    """model_kw: build_models' cores_per_node / shared_host_cores (CPU contention)."""
     train = [r for r in study.usable(include_incomplete) if r.workload in ("cv", "llm")
              and r.summary]
     groups = group_by_config(train, ignore=("dist.nodes",), mode=mode)
@@ -190,7 +193,8 @@ def _model_parts(study: Study, mode: str, include_incomplete: bool) -> list:
         return [("p", f"No models: no configuration was measured at two or more rank counts "
                       f"under {mode} scaling (of {len(groups)} configurations), and a model of "
                       "how the step scales needs at least two.")]
-    models, comm, _ = model.build_models(study, mode, include_incomplete=include_incomplete)
+    models, comm, _ = model.build_models(study, mode, include_incomplete=include_incomplete,
+                                         **model_kw)
     fitted = [cm for cm in models if len(cm.rank_counts) >= 2]
     parts = [("p", f"Performance models of the median step per configuration ({mode} scaling; "
                    "trainscope-post model, docs/advisor.md): Extra-P fits each compute phase "
@@ -340,14 +344,15 @@ def _findings_md(df: pd.DataFrame) -> list[str]:
 
 
 def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
-                 include_incomplete: bool = False) -> tuple[Path, Path]:
+                 include_incomplete: bool = False,
+                 model_kw: dict | None = None) -> tuple[Path, Path]:
     out_html = Path(out_html)
     out_md = out_html.with_suffix(".md")
     files_dir = out_html.parent / (out_html.stem + "_files")
     files_dir.mkdir(parents=True, exist_ok=True)
     for old in files_dir.glob("*.png"):  # figures of an earlier report of this name
         old.unlink()
-    sections = build_sections(study, root, mode, include_incomplete)
+    sections = build_sections(study, root, mode, include_incomplete, model_kw)
     h = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>trainscope report</title>",
          "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#111}"
          "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}"
