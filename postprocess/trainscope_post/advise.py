@@ -146,8 +146,11 @@ def recommendation(cands: list[Candidate], ranked: list[Candidate], objective: s
                    min_efficiency: float | None) -> list[str]:
     """Sentences: the choice and why, what happens one node further, the runner-up."""
     if not ranked:
-        reasons = sorted({c.excluded for c in cands if c.excluded})
-        return ["no configuration qualifies: " + "; ".join(reasons[:6])]
+        # memory first: it cannot be traded away, an efficiency floor can
+        reasons = sorted({c.excluded for c in cands if c.excluded},
+                         key=lambda r: (not r.startswith("memory"), r))
+        more = f"; and {len(reasons) - 6} more (see the table)" if len(reasons) > 6 else ""
+        return ["no configuration qualifies: " + "; ".join(reasons[:6]) + more]
     best = ranked[0]
     p = best.pred
     lines = [f"recommended: {best.model.label} on {best.nodes} node(s) = {best.ranks} ranks: "

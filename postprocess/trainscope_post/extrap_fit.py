@@ -43,7 +43,8 @@ def _modeler(n_points, scaling):
         m.poly_exponents = "-1" if strong else "0"
         m.log_exponents = "0" if strong else "1"
         m.use_crossvalidation = False
-        search = "extrap fixed term " + ("c1 * p^-1" if strong else "c1 * log2(p)") + " (2 points)"
+        search = "extrap fixed term " + ("c1 * p^-1" if strong else "c1 * log2(p)") + " (2 points)" \
+            if n_points == 2 else "constant (1 point)"
     m._exponents_changed()
     # Extra-P's negative exponents include log2(p)^-1 and ^-2 (offered when no point is p = 1):
     # infinite at one rank, which is a valid target (advise at 1 GPU, leave-one-out of p = 1).
