@@ -253,10 +253,10 @@ def cmd_advise(args) -> int:
         if works and len(works) != len(args.files):
             raise StudyError(f"--work has {len(works)} value(s) for {len(args.files)} job(s); "
                              "give one amount (samples or tokens) per job, in --jobs order")
-        jobs = []
+        jobs, rc = [], 0
         for i, path in enumerate(args.files):
             study = load([path] + list(args.comm or []))
-            _warn_study(study, args.include_incomplete)
+            rc = max(rc, _warn_study(study, args.include_incomplete))
             models, _, _ = build_models(study, args.mode, args.cores_per_node,
                                         args.shared_host_cores, args.include_incomplete)
             ref = models[0]
@@ -275,7 +275,7 @@ def cmd_advise(args) -> int:
                   f"({100 * (1 - val / eqval):.1f} % shorter)")
         else:
             print(f"predicted work rate {val:.4g} jobs/s against {eqval:.4g} for the equal split")
-        return 0
+        return rc
     if not args.gpus_per_node or not args.max_nodes:
         raise StudyError("advise needs --gpus-per-node G and --max-nodes N (or --jobs ... "
                          "--gpus G for a co-allocation)")

@@ -754,6 +754,9 @@ def parse_counts(text: str) -> list[int]:
         try:
             if ".." in part:
                 a, b = (int(x) for x in part.split("..", 1))
+                if a > b:
+                    raise StudyError(f"--predict {text!r}: the range {part!r} runs backwards; "
+                                     f"write {b}..{a}")
                 v = a
                 while v <= b:
                     out.append(v)

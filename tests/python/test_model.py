@@ -262,7 +262,7 @@ def test_coallocation_finds_the_brute_force_split(tmp_path_factory, tmp_path, ca
 # --- errors ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value, says", [
     ("8,abc", "'abc' is not a rank count"), ("0,8", "give positive rank counts"),
-    ("64..8", "give positive rank counts"), ("8-64", "is not a rank count")])
+    ("64..8", "runs backwards; write 8..64"), ("8-64", "is not a rank count")])
 def test_bad_predict_is_refused(scaling, capsys, value, says):
     rc, stdout, err = post(["model", scaling / "a", "--predict", value], capsys)
     assert rc == 2 and stdout == ""
