@@ -746,7 +746,7 @@ def save(models: list[ConfigModel], comm_models: dict, path: Path, predictions=N
 
 def parse_counts(text: str) -> list[int]:
     """'8,16,32' -> [8, 16, 32]; 'a..b' doubles from a to b (e.g. 8..4096)."""
-    out = []
+    out, backwards = [], ""
     for part in str(text).split(","):
         part = part.strip()
         if not part:
@@ -755,8 +755,8 @@ def parse_counts(text: str) -> list[int]:
             if ".." in part:
                 a, b = (int(x) for x in part.split("..", 1))
                 if a > b:
-                    raise StudyError(f"--predict {text!r}: the range {part!r} runs backwards; "
-                                     f"write {b}..{a}")
+                    backwards = f"{b}..{a}"
+                    break
                 v = a
                 while v <= b:
                     out.append(v)
@@ -766,6 +766,9 @@ def parse_counts(text: str) -> list[int]:
         except ValueError:
             raise StudyError(f"--predict {text!r}: {part!r} is not a rank count; use e.g. "
                              "8,16,32 or 8..4096") from None
+    if backwards:
+        raise StudyError(f"--predict {text!r}: a range runs backwards; write {backwards} "
+                         "(e.g. 8..4096)")
     if not out or min(out) < 1:
         raise StudyError(f"--predict {text!r}: give positive rank counts, e.g. 8,16,32")
     return out
