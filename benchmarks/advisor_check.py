@@ -42,7 +42,7 @@ def main():
     def held(r):
         return r.workload in ("cv", "llm") and (r.ranks, r.nodes) == HELD_OUT
 
-    models, comm, _ = build_models(study, "strong", shared_host_cores=a.cores, exclude=held)
+    models, comm = build_models(study, "strong", shared_host_cores=a.cores, exclude=held)
     rows = []
     for cm in models:
         runs = [r for r in study.usable() if held(r) and r.workload == cm.workload]
@@ -67,7 +67,7 @@ def main():
           "other points (median step)")
     print(text_table(pd.DataFrame(rows)))
 
-    models_all, _, _ = build_models(study, "strong", shared_host_cores=a.cores)
+    models_all, _ = build_models(study, "strong", shared_host_cores=a.cores)
     loo = leave_one_out(models_all)
     df = pd.DataFrame(loo)
     if not df.empty:

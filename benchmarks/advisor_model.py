@@ -118,7 +118,7 @@ def main() -> int:
             t0 = time.perf_counter()
             study = load([root])
             t1 = time.perf_counter()
-            models, _, _ = model.build_models(study)
+            models, _ = model.build_models(study)
             t2 = time.perf_counter()
             rows = model.leave_one_out(models)
             t3 = time.perf_counter()

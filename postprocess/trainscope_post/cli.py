@@ -159,7 +159,7 @@ def _load_models(args):
     from .model import build_models
     study = load(list(args.files) + list(args.comm or []))
     rc = _warn_study(study, args.include_incomplete)
-    models, comm, _ = build_models(study, args.mode, args.cores_per_node, args.shared_host_cores,
+    models, comm = build_models(study, args.mode, args.cores_per_node, args.shared_host_cores,
                                    args.include_incomplete)
     return study, models, comm, rc
 
@@ -257,7 +257,7 @@ def cmd_advise(args) -> int:
         for i, path in enumerate(args.files):
             study = load([path] + list(args.comm or []))
             rc = max(rc, _warn_study(study, args.include_incomplete))
-            models, _, _ = build_models(study, args.mode, args.cores_per_node,
+            models, _ = build_models(study, args.mode, args.cores_per_node,
                                         args.shared_host_cores, args.include_incomplete)
             ref = models[0]
             work = works[i] if works else ref.work_per_step(ref.rank_counts[0]) * float(

@@ -237,20 +237,6 @@ def fit_comm(runs: list[Run]) -> dict[tuple[str, str], AlphaBeta]:
 
 
 # --- measurements of one training run -----------------------------------------------------------
-def _cpu_count(affinity: str) -> int:
-    n = 0
-    for part in str(affinity).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            n += int(b) - int(a) + 1
-        else:
-            n += 1
-    return n
-
-
 def contention(device: str, ranks: int, nodes: int, threads: int, cores_per_node: float | None,
                shared_host_cores: float | None) -> float:
     """CPU contention factor (1 for GPU runs): compute threads per core, at least 1."""
@@ -277,7 +263,6 @@ class Measured:
     buckets: list
     device: str
     threads: int
-    cores_per_node: int
     work: float            # samples or tokens per step, all ranks
     unit: str
     samples: float         # samples per step, all ranks
@@ -314,12 +299,6 @@ def measure(run: Run) -> Measured:
         buckets = [float(b) for b in rf.series("comm/buckets", "bytes").values] \
             if rf.has("comm/buckets/bytes") else []
         plan = rf.plan
-        cores = 0
-        if rf.has("ranks"):
-            tab = rf.ranks()
-            if "cpu_affinity" in (tab.dtype.names or ()):
-                aff = tab["cpu_affinity"][0]
-                cores = _cpu_count(aff.decode() if isinstance(aff, bytes) else aff)
     step = float(s.get("median_step_s", math.nan))
     tok = float(s.get("throughput_tokens_per_s", math.nan))
     samples = float(s.get("global_batch_samples", math.nan))
@@ -337,7 +316,7 @@ def measure(run: Run) -> Measured:
     return Measured(str(run.path), run.ranks, run.nodes, step, phases,
                     float(s.get("median_comm_wait_s", 0.0) or 0.0), collective, comm_bytes,
                     buckets, str(plan.get("device", run.config.get("run.device", "cpu"))),
-                    int(plan.get("threads_per_rank", 1) or 1), cores, work, unit, samples, power,
+                    int(plan.get("threads_per_rank", 1) or 1), work, unit, samples, power,
                     dict(plan), zero, control=float(s.get("median_control_s", 0.0) or 0.0))
 
 
@@ -503,10 +482,6 @@ class ConfigModel:
                     cats[c] *= b / b0
         return float(sum(cats.values()))
 
-    def global_batch(self) -> float:
-        plan = self.runs[0].plan
-        return float(plan.get("global_batch", 0) or 0)
-
     # -- reporting
     def fit_rows(self) -> list[dict]:
         rows = []
@@ -642,10 +617,9 @@ def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str
 
 def build_models(study: Study, mode: str = "strong", cores_per_node: float | None = None,
                  shared_host_cores: float | None = None, include_incomplete: bool = False,
-                 exclude=None) -> tuple[list[ConfigModel], dict, dict]:
+                 exclude=None) -> tuple[list[ConfigModel], dict]:
     """Models of every cv/llm configuration of `study` and the alpha-beta models of its comm runs.
-    `exclude(run) -> bool` leaves runs out (held-out points). Returns (models, comm models,
-    Extra-P info)."""
+    `exclude(run) -> bool` leaves runs out (held-out points). Returns (models, comm models)."""
     usable = [r for r in study.usable(include_incomplete) if r.summary or r.workload == "comm"]
     if exclude is not None:
         usable = [r for r in usable if not exclude(r)]
@@ -673,7 +647,7 @@ def build_models(study: Study, mode: str = "strong", cores_per_node: float | Non
         cm.comm, cm.notes = _comm_setup(ms, comm_models)
         models.append(cm)
     _fit_phases(models)
-    return models, comm_models, {}
+    return models, comm_models
 
 
 def _fit_phases(models: list[ConfigModel]):

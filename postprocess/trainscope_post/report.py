@@ -193,7 +193,7 @@ def _model_parts(study: Study, mode: str, include_incomplete: bool, model_kw: di
         return [("p", f"No models: no configuration was measured at two or more rank counts "
                       f"under {mode} scaling (of {len(groups)} configurations), and a model of "
                       "how the step scales needs at least two.")]
-    models, comm, _ = model.build_models(study, mode, include_incomplete=include_incomplete,
+    models, comm = model.build_models(study, mode, include_incomplete=include_incomplete,
                                          **model_kw)
     fitted = [cm for cm in models if len(cm.rank_counts) >= 2]
     parts = [("p", f"Performance models of the median step per configuration ({mode} scaling; "

@@ -77,7 +77,7 @@ def test_model_recovers_the_phase_terms_and_the_network(scaling, tmp_path, capsy
 
 
 def test_model_predicts_a_held_out_larger_rank_count(scaling):
-    models, comm, _ = build_models(load([scaling]), exclude=lambda r: r.ranks == 32)
+    models, comm = build_models(load([scaling]), exclude=lambda r: r.ranks == 32)
     (cm,) = models
     assert cm.rank_counts == list(RANKS) and ("allreduce", "inter") in comm
     held = [r.summary["median_step_s"] for r in load([scaling / "a" / "n32"]).runs]
@@ -186,7 +186,7 @@ def memory_study(tmp_path_factory):
 
 
 def test_memory_plan_follows_zero_sharding(memory_study):
-    models, _, _ = build_models(load([memory_study]))
+    models, _ = build_models(load([memory_study]))
     by_zero = {cm.runs[0].zero: cm for cm in models}
     for law, cm in ((DENSE, by_zero[0]), (ZERO3, by_zero[3])):
         for p in (1, 3, 8, 32):  # measured and not

@@ -232,7 +232,7 @@ def test_report_model_and_advice(study, tmp_path):
 def test_model_figure(study):
     """The model figure: measured medians with min-max bars, the model solid over the measured
     ranks 1-2 and dashed from 2 to 16 (8x), its +-2 sigma band, a log2 x axis with units."""
-    models, _, _ = build_models(load([study]), "strong")
+    models, _ = build_models(load([study]), "strong")
     cm = next(m for m in models if m.rank_counts == [1, 2] and m.workload == "cv")
     curve = _model_curve(cm)
     assert curve["ranks"].min() == 1 and curve["ranks"].max() == 16
