@@ -314,6 +314,18 @@ def _count(text: str) -> int:
     return v
 
 
+def _cores(text: str) -> float:
+    """argparse type of the core counts: 0, a negative number or nan silently meant "no
+    contention" (the model tests `if cores`)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of cores, e.g. 2")
+    return v
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="trainscope-post", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -347,12 +359,12 @@ def main(argv=None) -> int:
     p.add_argument("--format", choices=["csv", "parquet"], default="csv")
     p.add_argument("-o", "--output", required=True, help="output file")
     def contention_options(p):
-        p.add_argument("--cores-per-node", type=float,
+        p.add_argument("--cores-per-node", type=_cores,
                        help="CPU runs: cores per node (default: no contention modelled); "
                             "compute slows by ranks per node x threads / cores when above 1")
-        p.add_argument("--shared-host-cores", type=float,
+        p.add_argument("--shared-host-cores", type=_cores,
                        help="CPU runs on nodes emulated on ONE machine (tests/multinode): its "
-                            "cores, shared by all ranks of all nodes")
+                            "cores, shared by all ranks of all nodes (default: not emulated)")
 
     p = add("report", cmd_report, "self-contained HTML report (and Markdown twin) of a study",
             files=False, figures=False)
@@ -380,17 +392,23 @@ def main(argv=None) -> int:
     p = add("advise", cmd_advise, "recommend configuration and node count, or split GPUs "
             "between jobs (--jobs)", figures=False)
     model_options(p)
-    p.add_argument("--gpus-per-node", type=_count, help="GPUs (ranks) per node of the target")
+    p.add_argument("--gpus-per-node", type=_count,
+                   help="GPUs (ranks) per node of the target (with --jobs, default: --gpus)")
     p.add_argument("--max-nodes", type=_count, help="largest node count to consider")
-    p.add_argument("--memory-per-device", help="device memory, e.g. 80GiB: larger plans excluded")
+    p.add_argument("--memory-per-device",
+                   help="device memory, e.g. 80GiB: larger plans excluded (default: no limit)")
     p.add_argument("--objective", choices=["time", "throughput", "efficiency", "energy"],
-                   default="time")
-    p.add_argument("--min-efficiency", type=float, help="exclude points below this efficiency")
+                   default="time", help="what to rank by (default time; with --jobs: "
+                   "throughput maximises jobs per second, the others minimise the makespan)")
+    p.add_argument("--min-efficiency", type=float,
+                   help="exclude points below this parallel efficiency, a fraction in (0, 1] "
+                        "(default: none)")
     p.add_argument("--top", type=_count, default=10, help="candidates to print (default 10)")
     p.add_argument("--jobs", action="store_true",
                    help="co-allocation: each FILES argument is one job's study directory")
     p.add_argument("--gpus", type=_count, help="--jobs: GPUs to split")
-    p.add_argument("--work", help="--jobs: samples or tokens per job, comma-separated")
+    p.add_argument("--work", help="--jobs: samples or tokens per job, comma-separated "
+                   "(default: one run of each job's measured configuration)")
     p.add_argument("--whole-nodes", action="store_true",
                    help="--jobs: allocate whole nodes (--gpus-per-node each)")
     args = parser.parse_args(argv)

@@ -317,3 +317,14 @@ def test_a_study_without_training_runs_is_refused(tmp_path, capsys):
     assert "status failed: excluded" in err  # says why the training run did not count
     rc, _, err = post(["model", tmp_path / "nothing-here"], capsys)
     assert rc == 2 and "no such file or directory" in err
+
+
+@pytest.mark.parametrize("option", ["--cores-per-node=0", "--shared-host-cores=-2",
+                                    "--shared-host-cores=nan", "--cores-per-node=two"])
+def test_core_counts_must_be_positive(scaling, capsys, option):
+    name, value = option.split("=")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["model", str(scaling / "a"), option])
+    assert e.value.code == 2
+    assert f"argument {name}: {value!r} is not a positive number of cores" in \
+        capsys.readouterr().err
