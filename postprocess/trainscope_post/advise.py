@@ -235,7 +235,6 @@ def coallocate(jobs: list[Job], gpus: int, gpus_per_node: int, step_gpus: int,
             return jobs[j].work / thr if thr > 0 else math.inf
         return -(thr / jobs[j].work) if thr > 0 else 0.0
 
-    combine = max if objective == "makespan" else (lambda a, b: a + b)
     # best[j][u]: best value for jobs j.. with u units
     memo = {}
 
@@ -248,7 +247,7 @@ def coallocate(jobs: list[Job], gpus: int, gpus_per_node: int, step_gpus: int,
         best = (math.inf, [])
         for k in range(1, u - (len(jobs) - j - 1) + 1):
             rest, alloc = solve(j + 1, u - k)
-            v = combine(cost(j, k), rest) if objective == "makespan" else cost(j, k) + rest
+            v = max(cost(j, k), rest) if objective == "makespan" else cost(j, k) + rest
             if v < best[0]:
                 best = (v, [k] + alloc)
         memo[key] = best
@@ -260,8 +259,7 @@ def coallocate(jobs: list[Job], gpus: int, gpus_per_node: int, step_gpus: int,
     def rows(al):
         out = []
         for j, u in enumerate(al):
-            thr, cm, pred = table[j, u] if (j, u) in table else best_at(
-                jobs[j], u * step_gpus, gpus_per_node, memory_per_device)
+            thr, cm, pred = table[j, u]  # every split's share is in the table
             out.append({"job": jobs[j].name, "GPUs": u * step_gpus,
                         "nodes": math.ceil(u * step_gpus / gpus_per_node),
                         "configuration": cm.label if cm else "(nothing fits)",

@@ -20,6 +20,7 @@ One: a constant.
 
 import json
 import math
+import statistics
 import sys
 import warnings
 
@@ -110,8 +111,7 @@ def fit(request):
         coords = {}
         for s in series:
             cp = Callpath(s["name"])
-            data[s["name"]] = [(float(p), sorted(v)[len(v) // 2] if len(v) % 2 else
-                                sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2)
+            data[s["name"]] = [(float(p), statistics.median(v))
                                for p, v in zip(s["points"], s["values"])]
             exp.add_callpath(cp)
             for p, vals in zip(s["points"], s["values"]):
