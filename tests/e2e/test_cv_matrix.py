@@ -37,6 +37,9 @@ def test_fp16_mixed_records_the_loss_scale(run_ts, tmp_path):
         assert np.array_equal(skipped[0], skipped[1])  # ranks skip together
         assert np.all(np.isfinite(it["loss"][...]))
         assert f["plan"].attrs["precision"] in ("fp16-mixed", b"fp16-mixed")
+        # One host read per step: the scaler's verdict (and the scale) in the control phase.
+        assert np.all(it["host_syncs"][...] == 1)
+        assert float(f["summary"].attrs["host_syncs_per_iteration"]) == 1.0
 
 
 def test_bf16_nhwc_device_preprocessing(run_ts, tmp_path):
@@ -46,6 +49,8 @@ def test_bf16_nhwc_device_preprocessing(run_ts, tmp_path):
         it = f["iterations"]
         assert np.all(np.isnan(it["loss_scale"][...]))
         assert np.all(it["step_skipped"][...] == 0)
+        # No host read in the step of a bf16 run: the non-finite flag waits for the loss.
+        assert np.all(it["host_syncs"][...] == 0)
         params = int(f["plan"].attrs["parameters"])
         # bf16 gradients travel as fp32 on the MPI backend: 4 bytes per parameter.
         assert np.all(it["comm_bytes"][...] == params * 4)

@@ -270,7 +270,13 @@ def test_nonfinite_loss_abort_and_skip(tmp_path):
                    "is NaN/Inf" in l and "run.nonfinite=skip" in l for l in job.lines), job.output
     with h5py.File(tmp_path / "abort.h5", "r") as f:
         assert text(f.attrs["status"]) == "failed"
-        assert int(f["iterations"].attrs["rows"]) == 3  # iterations 0-2 kept
+        # log.every=1 resolves after every iteration: found right after iteration 3, whose row
+        # (NaN loss) is kept with those before it.
+        assert int(f["iterations"].attrs["rows"]) == 4
+        loss = f["iterations/loss"][...]
+        assert np.isnan(loss[1, 3]) and np.all(np.isfinite(loss[:, :3]))  # rank 1 made it NaN
+        # The abort policy's check reads nothing in the step (issue 25): no host sync.
+        assert np.all(f["iterations/host_syncs"][...] == 0)
 
     job = Job(2, *SHORT, "--train.max_iters=8", "--run.nonfinite=skip",
               f"--output.file={tmp_path}/skip.h5", env=fault)
@@ -282,6 +288,29 @@ def test_nonfinite_loss_abort_and_skip(tmp_path):
         assert int(f["summary"].attrs["nonfinite_skipped_steps"]) == 1
         loss = f["iterations/loss"][...]
         assert np.isnan(loss[1, 3]) and np.all(np.isfinite(np.delete(loss, 3, axis=1)))
+        # Skipping decides before the optimizer phase: one read of the flag per iteration.
+        assert np.all(f["iterations/host_syncs"][...] == 1)
+
+
+def test_nonfinite_abort_found_with_the_deferred_losses(tmp_path):
+    """Without progress lines or flushes in between, the flag of iteration 3 is read with the
+    losses at the end of the run: the error still names iteration 3, says when it was found,
+    and no checkpoint is written after it."""
+    fault = {"TRAINSCOPE_FAULT": "nonfinite:rank=0:iteration=3"}
+    ckpt = tmp_path / "ckpt"
+    job = Job(2, *SHORT, "--train.max_iters=8", "--log.every=0", "--output.flush_every=50",
+              f"--checkpoint.dir={ckpt}", "--checkpoint.every=6",
+              f"--output.file={tmp_path}/late.h5", env=fault)
+    assert job.wait(120) == 6, job.output
+    for rank in (0, 1):
+        assert any(l.startswith(f"[rank {rank}/2 ") and "iteration 3: the loss or a gradient "
+                   "is NaN/Inf" in l and "resolved after iteration 5" in l
+                   for l in job.lines), job.output
+    # The checkpoint after iteration 5 resolves the losses first and is refused.
+    assert not list(ckpt.glob("ckpt-*"))
+    with h5py.File(tmp_path / "late.h5", "r") as f:
+        assert text(f.attrs["status"]) == "failed"
+        assert int(f["iterations"].attrs["rows"]) == 6
 
 
 def test_resume_refuses_what_it_cannot_continue(tmp_path, run_ts):

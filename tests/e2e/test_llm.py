@@ -146,10 +146,12 @@ def test_lora_in_low_precision(run_ts, tmp_path, precision):
         if precision == "bf16":
             assert np.all(it["trainable_weight_bytes"][...] == trainable * 2)  # bf16 adapters
             assert np.all(np.isnan(scale))
+            assert np.all(it["host_syncs"][...] == 0)  # the step reads nothing from the device
         else:
             assert np.all(it["trainable_weight_bytes"][...] == trainable * 4)  # fp32 master
             assert np.all(scale > 0) and np.all(np.isfinite(scale))
             assert np.all(np.isin(it["step_skipped"][...], [0, 1]))
+            assert np.all(it["host_syncs"][...] == 1)  # the scaler's verdict, once per step
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])

@@ -39,8 +39,8 @@ int world() {
 std::string shared_dir(const std::string& name) {
     std::string dir;
     if (rank() == 0) {
-        dir = (fs::temp_directory_path() / ("trainscope_ckpt_" + name + "_" +
-                                            std::to_string(::getpid())))
+        dir = (fs::temp_directory_path() /
+               ("trainscope_ckpt_" + name + "_" + std::to_string(::getpid())))
                   .string();
         fs::remove_all(dir);
     }
@@ -82,7 +82,7 @@ TEST(Checkpoint, SavesEveryRankFindsTheNewestCompleteAndPrunes) {
     EXPECT_EQ(m.world_size, world());
     EXPECT_EQ(m.run_file, "runs/x.h5");
     torch::serialize::InputArchive in;
-    tt::Checkpointer::load(m, rank(), in);
+    tt::Checkpointer::load(m, rank(), in, torch::kCPU);
     torch::Tensor mine;
     in.read("mine", mine);
     EXPECT_TRUE(torch::equal(mine, torch::full({3}, 100.0 * rank() + 15.0)));
@@ -99,6 +99,82 @@ TEST(Checkpoint, SavesEveryRankFindsTheNewestCompleteAndPrunes) {
     if (rank() == 0) fs::remove_all(dir);
 }
 
+// A rank reads its own archive and the state source's onto its own device: the optimizer state and
+// weights saved from another device must not come back there (issue 25: every rank of a
+// multi-GPU job allocated rank 0's optimizer state on cuda:0). The meta device stands in for
+// "another device" on CPU.
+static void save_optimizer_checkpoint(tt::Checkpointer& ck, torch::Device device) {
+    torch::manual_seed(3);
+    torch::Tensor w =
+        torch::randn({4}, torch::dtype(torch::kFloat64).device(device)).requires_grad_(true);
+    torch::optim::AdamW opt({w}, torch::optim::AdamWOptions(0.1));
+    (w * w).sum().backward();
+    opt.step();
+    ck.save(2, [&](torch::serialize::OutputArchive& out) {
+        torch::serialize::OutputArchive optimizer;
+        opt.save(optimizer);
+        out.write("weights", w.detach(), /*is_buffer=*/true);
+        out.write("optimizer", optimizer);
+        tt::save_rng_state(out, device.is_cuda() ? device.index() : -1);
+    });
+}
+
+static void expect_loaded_onto(const tt::CheckpointManifest& m, torch::Device device,
+                               bool with_optimizer = true) {
+    torch::serialize::InputArchive in;
+    tt::Checkpointer::load(m, rank(), in, device);
+    torch::Tensor w;
+    in.read("weights", w, /*is_buffer=*/true);
+    EXPECT_EQ(w.device(), device);
+    // (AdamW::load reads its step count with item(), which meta tensors cannot give.)
+    if (!with_optimizer) return;
+    torch::serialize::InputArchive optimizer;
+    in.read("optimizer", optimizer);
+    // An optimizer over a parameter on `device` takes the state as loaded: it must be there too.
+    torch::Tensor p = torch::zeros({4}, torch::dtype(torch::kFloat64).device(device));
+    p.requires_grad_(true);
+    torch::optim::AdamW opt({p}, torch::optim::AdamWOptions(0.1));
+    opt.load(optimizer);
+    ASSERT_EQ(opt.state().size(), 1U);
+    const auto& st =
+        static_cast<const torch::optim::AdamWParamState&>(*opt.state().begin()->second);
+    EXPECT_EQ(st.exp_avg().device(), device);
+    EXPECT_EQ(st.exp_avg_sq().device(), device);
+}
+
+TEST(Checkpoint, LoadMapsEveryTensorOntoTheRanksDevice) {
+    const std::string dir = shared_dir("device");
+    const core::Config cfg = config({{"checkpoint.dir", dir}});
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "d.h5", 0);
+    save_optimizer_checkpoint(ck, torch::kCPU);
+    const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
+    expect_loaded_onto(m, torch::Device(torch::kMeta), /*with_optimizer=*/false);
+    expect_loaded_onto(m, torch::kCPU);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(dir);
+}
+
+// The same from a GPU: saved on cuda:0, loaded onto the host and back onto the rank's GPU (label
+// gpu, through scripts/gpu-check; skipped without a GPU).
+TEST(Checkpoint, CudaSavedStateLoadsOntoTheRequestedDevice) {
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+    const std::string dir = shared_dir("cuda");
+    const core::Config cfg = config({{"checkpoint.dir", dir}});
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "c.h5", 0);
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    save_optimizer_checkpoint(ck, torch::Device(torch::kCUDA, 0));
+    const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
+    expect_loaded_onto(m, torch::kCPU);
+    const torch::Device mine(torch::kCUDA, static_cast<c10::DeviceIndex>(rank() % gpus));
+    expect_loaded_onto(m, mine);
+    // The RNG states, mapped onto the GPU with the rest, go back to the host for the generators.
+    torch::serialize::InputArchive in;
+    tt::Checkpointer::load(m, rank(), in, mine);
+    EXPECT_NO_THROW(tt::load_rng_state(in, mine.index()));
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(dir);
+}
+
 TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
     const std::string dir = shared_dir("compat");
     const core::Config saved = config({{"checkpoint.dir", dir}, {"train.lr", "0.01"}});
@@ -106,17 +182,15 @@ TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
     ck.save(3, [](torch::serialize::OutputArchive&) {});
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
     // Output, logging and timeouts may change.
-    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(
-        m,
-        config({{"checkpoint.dir", dir},
-                {"train.lr", "0.01"},
-                {"output.file", "b.h5"},
-                {"run.iteration_timeout", "60"}}),
-        world()));
+    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(m,
+                                                       config({{"checkpoint.dir", dir},
+                                                               {"train.lr", "0.01"},
+                                                               {"output.file", "b.h5"},
+                                                               {"run.iteration_timeout", "60"}}),
+                                                       world()));
     try {
         tt::Checkpointer::check_compatible(
-            m, config({{"checkpoint.dir", dir}, {"train.lr", "0.02"}, {"run.seed", "7"}}),
-            world());
+            m, config({{"checkpoint.dir", dir}, {"train.lr", "0.02"}, {"run.seed", "7"}}), world());
         FAIL() << "a changed learning rate and seed were accepted";
     } catch (const core::ConfigError& e) {
         const std::string what = e.what();

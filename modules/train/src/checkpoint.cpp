@@ -384,10 +384,11 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
                                 ". Resume with the original configuration, or start a new run");
 }
 
-void Checkpointer::load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in) {
+void Checkpointer::load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in,
+                        torch::Device device) {
     const std::string file = rank_file(m.path, rank);
     try {
-        in.load_from(file);
+        in.load_from(file, device);
     } catch (const c10::Error& e) {
         throw core::InputError("checkpoint file " + file +
                                " cannot be read: " + std::string(e.what_without_backtrace()) +
@@ -454,14 +455,14 @@ void load_rng_state(torch::serialize::InputArchive& in, int cuda_index) {
     torch::Tensor cpu;
     in.read("rng_cpu", cpu, /*is_buffer=*/true);
     at::Generator generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(cpu);
+    generator.set_state(cpu.cpu());
 #if TRAINSCOPE_HAVE_CUDA
     if (cuda_index >= 0) {
         torch::Tensor cuda;
         in.read("rng_cuda", cuda, /*is_buffer=*/true);
         at::Generator generator =
             at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(cuda_index));
-        generator.set_state(cuda);
+        generator.set_state(cuda.cpu());
     }
 #else
     (void)cuda_index;

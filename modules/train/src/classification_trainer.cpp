@@ -21,6 +21,7 @@
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/data_parallel.hpp"
+#include "trainscope/train/host_sync.hpp"
 
 #if TRAINSCOPE_HAVE_CUDA
 #include <ATen/cuda/CUDAEvent.h>
@@ -270,10 +271,10 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
     State& s = *s_;
     dist::agree_on_errors(s.world, [&] {
         torch::serialize::InputArchive mine, source;
-        Checkpointer::load(m, s.rank, mine);
+        Checkpointer::load(m, s.rank, mine, s.o.device);
         torch::serialize::InputArchive* from = &mine;
         if (s.state_source_rank() != s.rank) {
-            Checkpointer::load(m, s.state_source_rank(), source);
+            Checkpointer::load(m, s.state_source_rank(), source, s.o.device);
             from = &source;
         }
         torch::serialize::InputArchive model, optimizer, scaler;
@@ -398,8 +399,8 @@ StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer&
             s.peak.end(r.backward_peak);
         }
     }
-    // The scale this iteration's backward used (the optimizer step may change it).
-    r.loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
+    // r.loss_scale (fp16-mixed): the scale this backward used, read with the scaler's verdict in
+    // prepare_apply.
     {
         prof::PhaseScope p(timer, prof::Phase::CommWait);
         s.sync->finish();
@@ -414,12 +415,20 @@ StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer&
     return r;
 }
 
-bool ClassificationTrainer::local_nonfinite(const StepResult&) {
+torch::Tensor ClassificationTrainer::nonfinite_flag(const StepResult&) {
     State& s = *s_;
     // The loss scaler handles its own inf/NaN steps.
-    if (s.scaler->enabled()) return false;
-    s.comm.synchronize("the non-finite check"); // NCCL: its host read, bounded by dist.timeout
-    return !all_finite(s.loss, s.params);
+    if (s.scaler->enabled()) return {};
+    return train::nonfinite_flag(s.loss, s.params);
+}
+
+void ClassificationTrainer::prepare_apply(StepResult& r) {
+    State& s = *s_;
+    if (!s.scaler->enabled()) return;
+    // fp16-mixed: the scaler's verdict, read once after a synchronize bounded by dist.timeout.
+    s.scaler->unscale_on_device(optimizer_parameters(*s.optimizer));
+    s.comm.synchronize("the loss scaler's inf/NaN check");
+    r.loss_scale = s.scaler->check_step().scale;
 }
 
 bool ClassificationTrainer::apply(bool skip, double& optimizer_peak) {
@@ -463,13 +472,14 @@ void ClassificationTrainer::resolve(std::vector<DeferredStep>& steps) {
     std::vector<torch::Tensor> losses;
     for (const auto& d : steps)
         losses.push_back(d.loss.reshape({1}));
-    const torch::Tensor mine = torch::cat(losses).cpu(); // [n]: one host read for all of them
+    const torch::Tensor mine =
+        read_to_host(torch::cat(losses)); // [n]: one host read for all of them
     torch::Tensor shared = mine;
     if (s.engine) {
         // The loss exists on the last stage only: every stage shows and averages that one.
         shared = torch::cat(losses).clone();
         s.o.pipeline->pipe->broadcast(shared, s.o.pipeline->stages - 1);
-        shared = shared.cpu();
+        shared = read_to_host(shared);
     }
     for (std::size_t i = 0; i < steps.size(); ++i) {
         const auto k = static_cast<std::int64_t>(i);

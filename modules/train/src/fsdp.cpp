@@ -298,13 +298,13 @@ void FsdpModel::finish_gradients(double grad_scale) {
             if (g.trainable) g.grad_shard.mul_(grad_scale / world_);
 }
 
-bool FsdpModel::shard_gradients_finite() const {
+torch::Tensor FsdpModel::shard_gradient_sum() const {
+    std::vector<torch::Tensor> sums;
     for (const auto& u : units_)
         for (const Group& g : u->groups)
-            if (g.trainable && g.grad_shard.numel() > 0 &&
-                !std::isfinite(g.grad_shard.sum(torch::kFloat64).item<double>()))
-                return false;
-    return true;
+            if (g.trainable && g.grad_shard.numel() > 0)
+                sums.push_back(g.grad_shard.sum(torch::kFloat64).reshape({1}));
+    return sums.empty() ? torch::Tensor() : torch::cat(sums).sum();
 }
 
 void FsdpModel::step(double lr) {

@@ -36,6 +36,7 @@
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/fsdp.hpp"
+#include "trainscope/train/host_sync.hpp"
 #include "trainscope/train/llm_loss.hpp"
 #include "trainscope/train/zero.hpp"
 
@@ -376,15 +377,25 @@ void LlmTrainer::begin_epoch(std::int64_t epoch, std::int64_t skip) {
     s.order = sampler.indices();
     const std::int64_t accum = s.o.llm.gradient_accumulation, batch = s.o.batch_size;
     const State* state = &s;
+    // On a GPU the token tensors are pinned by the loader's workers, so that the h2d copies are
+    // asynchronous: a copy from pageable memory makes the host wait for the device.
+    const bool pin = s.o.device.is_cuda();
     // Item j = iteration (skip + j) of the epoch: its accumulation micro-batches, collated.
     s.loader = std::make_unique<data::Prefetcher<std::vector<data::TextBatch>>>(
         std::max<std::int64_t>(0, s.per_epoch - skip), s.o.workers, s.o.prefetch,
-        [state, skip, accum, batch](std::int64_t j) {
+        [state, skip, accum, batch, pin](std::int64_t j) {
             const std::int64_t k = skip + j;
             std::vector<data::TextBatch> micro;
             for (std::int64_t a = 0; a < accum; ++a) {
                 const auto first = state->order.begin() + (k * accum + a) * batch;
-                micro.push_back(state->collate({first, first + batch}));
+                data::TextBatch b = state->collate({first, first + batch});
+                if (pin) {
+                    b.input_ids = b.input_ids.pin_memory();
+                    b.labels = b.labels.pin_memory();
+                    b.position_ids = b.position_ids.pin_memory();
+                    if (b.segment_ids.defined()) b.segment_ids = b.segment_ids.pin_memory();
+                }
+                micro.push_back(std::move(b));
             }
             return micro;
         });
@@ -442,10 +453,12 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
         torch::Tensor ids, labels, pos, seg;
         {
             prof::PhaseScope p(timer, prof::Phase::H2D);
-            ids = b.input_ids.to(s.o.device);
-            labels = b.labels.to(s.o.device);
-            pos = b.position_ids.to(s.o.device);
-            if (b.segment_ids.defined()) seg = b.segment_ids.to(s.o.device);
+            // Pinned on a GPU (begin_epoch): asynchronous copies, no host wait.
+            const bool async = s.o.device.is_cuda();
+            ids = b.input_ids.to(s.o.device, async);
+            labels = b.labels.to(s.o.device, async);
+            pos = b.position_ids.to(s.o.device, async);
+            if (b.segment_ids.defined()) seg = b.segment_ids.to(s.o.device, async);
         }
         torch::Tensor loss;
         {
@@ -528,7 +541,7 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
             s.comm_bytes = s.zero->bytes_per_iteration();
         }
     }
-    r.loss_scale = s.scaler->enabled() ? s.scaler->scale_value() : kNaN;
+    // r.loss_scale (fp16-mixed): read with the scaler's verdict in prepare_apply.
     s.loss_acc = loss_acc;
     // Resolved later: SFT = summed token loss / global label tokens (the count rides along);
     // DPO = this rank's mean over micro-batches averaged over ranks, plus this rank's rewards.
@@ -548,14 +561,24 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
     return r;
 }
 
-bool LlmTrainer::local_nonfinite(const StepResult&) {
+torch::Tensor LlmTrainer::nonfinite_flag(const StepResult&) {
     State& s = *s_;
     // The loss scaler handles its own inf/NaN steps.
-    if (s.scaler->enabled()) return false;
-    s.comm.synchronize("the non-finite check"); // NCCL: its host read, bounded by dist.timeout
-    if (s.zero) return !all_finite(s.loss_acc, {}) || !s.zero->shard_gradients_finite();
-    if (s.fsdp) return !all_finite(s.loss_acc, {}) || !s.fsdp->shard_gradients_finite();
-    return !all_finite(s.loss_acc, s.m.trainable);
+    if (s.scaler->enabled()) return {};
+    if (s.zero) return train::nonfinite_flag(s.loss_acc, {}, {s.zero->shard_gradient_sum()});
+    if (s.fsdp) return train::nonfinite_flag(s.loss_acc, {}, {s.fsdp->shard_gradient_sum()});
+    return train::nonfinite_flag(s.loss_acc, s.m.trainable);
+}
+
+void LlmTrainer::prepare_apply(StepResult& r) {
+    State& s = *s_;
+    if (!s.scaler->enabled() || !s.optimizer) return;
+    // fp16-mixed: the step is taken or skipped on the host, so the scaler's verdict is read
+    // here, once, after a synchronize bounded by dist.timeout (a stalled peer is named instead
+    // of blocking the read in the CUDA driver).
+    s.scaler->unscale_on_device(optimizer_parameters(*s.optimizer));
+    s.comm.synchronize("the loss scaler's inf/NaN check");
+    r.loss_scale = s.scaler->check_step().scale;
 }
 
 bool LlmTrainer::apply(bool skip, double& optimizer_peak) {
@@ -645,8 +668,9 @@ void LlmTrainer::resolve(std::vector<DeferredStep>& steps) {
     }
     torch::Tensor sum = torch::cat(losses); // [n]
     s.comm.allreduce(sum, dist::ReduceOp::Sum);
-    const torch::Tensor all = sum.cpu();
-    const torch::Tensor m = torch::cat(metrics).cpu(); // [n, 1] label tokens or [n, 4] rewards
+    const torch::Tensor all = read_to_host(sum);
+    const torch::Tensor m =
+        read_to_host(torch::cat(metrics)); // [n, 1] label tokens or [n, 4] rewards
     for (std::size_t i = 0; i < steps.size(); ++i) {
         const auto k = static_cast<std::int64_t>(i);
         const double total = all[k].item<double>();
@@ -796,10 +820,10 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
     const int cuda_index = s.o.device.is_cuda() ? s.o.device.index() : -1;
     dist::agree_on_errors(s.world, [&] {
         torch::serialize::InputArchive mine, first;
-        Checkpointer::load(m, s.rank, mine);
+        Checkpointer::load(m, s.rank, mine, s.o.device);
         torch::serialize::InputArchive* from = &mine;
         if (s.rank != 0) {
-            Checkpointer::load(m, 0, first);
+            Checkpointer::load(m, 0, first, s.o.device);
             from = &first;
         }
         torch::serialize::InputArchive weights, scaler;

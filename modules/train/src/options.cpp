@@ -90,9 +90,10 @@ void declare_options(core::OptionRegistry& r) {
                 0.0, 1e7);
     r.add_choice("run.nonfinite", "abort", {"abort", "skip"},
                  "a NaN/Inf loss or gradient on any rank: abort = stop the run (exit 6, file "
-                 "status failed); skip = drop that optimizer step on every rank and count it "
-                 "(/iterations/nonfinite_skipped). fp16-mixed: the loss scaler handles inf/NaN "
-                 "gradients itself");
+                 "status failed; checked on the device, read with the deferred losses, so no "
+                 "host sync per step); skip = drop that optimizer step on every rank and count "
+                 "it (/iterations/nonfinite_skipped; one host read per step). fp16-mixed: the "
+                 "loss scaler handles inf/NaN gradients itself");
     r.add_string("checkpoint.dir", "",
                  "directory for checkpoints (shared by all ranks; empty = no checkpoints); "
                  "--resume continues from its newest complete one");

@@ -11,6 +11,7 @@
 
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/train/host_sync.hpp"
 #if TRAINSCOPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -199,8 +200,8 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) const {
     return loss * scale_.to(loss.device(), /*non_blocking=*/true);
 }
 
-bool GradScaler::unscale(const std::vector<torch::Tensor>& params) {
-    if (!options_.enabled) return false;
+void GradScaler::unscale_on_device(const std::vector<torch::Tensor>& params) {
+    if (!options_.enabled) return;
     if (stage_ == Stage::Unscaled)
         throw core::InternalError("GradScaler::unscale called twice in one step (call update())");
     if (stage_ == Stage::Stepped)
@@ -229,7 +230,26 @@ bool GradScaler::unscale(const std::vector<torch::Tensor>& params) {
         if (dev != found_inf_.device()) found_inf_.add_(found.to(found_inf_.device()));
     }
     stage_ = Stage::Unscaled;
-    return found_inf_.item<float>() > 0.0f;
+    checked_ = false;
+}
+
+GradScaler::StepCheck GradScaler::check_step() {
+    if (!options_.enabled) return {};
+    if (stage_ != Stage::Unscaled)
+        throw core::InternalError("GradScaler::check_step before unscale_on_device in this step");
+    if (!checked_) {
+        const torch::Tensor both = read_to_host(torch::stack({found_inf_, scale_})); // [2]
+        check_.found_inf = both[0].item<float>() > 0.0f;
+        check_.scale = static_cast<double>(both[1].item<float>());
+        checked_ = true;
+    }
+    return check_;
+}
+
+bool GradScaler::unscale(const std::vector<torch::Tensor>& params) {
+    if (!options_.enabled) return false;
+    unscale_on_device(params);
+    return check_step().found_inf;
 }
 
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
@@ -239,9 +259,10 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     }
     if (stage_ == Stage::Stepped)
         throw core::InternalError("GradScaler::step called twice in one step (call update())");
-    if (stage_ == Stage::Ready) unscale(optimizer_parameters(optimizer));
+    if (stage_ == Stage::Ready) unscale_on_device(optimizer_parameters(optimizer));
+    const bool found_inf = check_step().found_inf;
     stage_ = Stage::Stepped;
-    if (found_inf_.item<float>() > 0.0f) {
+    if (found_inf) {
         ++skipped_steps_;
         return false;
     }
@@ -257,14 +278,15 @@ void GradScaler::update() {
     at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor,
                            options_.backoff_factor, options_.growth_interval);
     stage_ = Stage::Ready;
+    checked_ = false;
 }
 
 double GradScaler::scale_value() const {
-    return options_.enabled ? static_cast<double>(scale_.item<float>()) : 1.0;
+    return options_.enabled ? read_scalar(scale_) : 1.0;
 }
 
 std::int64_t GradScaler::growth_tracker() const {
-    return options_.enabled ? static_cast<std::int64_t>(growth_tracker_.item<int>()) : 0;
+    return options_.enabled ? static_cast<std::int64_t>(read_scalar(growth_tracker_)) : 0;
 }
 
 void GradScaler::save(torch::serialize::OutputArchive& out) const {

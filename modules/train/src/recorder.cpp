@@ -50,6 +50,7 @@ std::vector<io::Column> iteration_columns() {
                        {"loss_scale", "1"},
                        {"step_skipped", "1"},
                        {"nonfinite_skipped", "1"},
+                       {"host_syncs", "1"},
                        {"tokens", "tokens"},
                        {"label_tokens", "tokens"}});
     return c;
@@ -180,6 +181,7 @@ void Recorder::flush() {
                                v.loss_scale,
                                v.step_skipped,
                                v.nonfinite_skipped,
+                               v.host_syncs,
                                v.tokens,
                                v.label_tokens});
         row.insert(row.end(), v.extra.begin(), v.extra.end());
@@ -205,6 +207,7 @@ void Recorder::flush() {
             phase_seconds_.push_back(t.seconds);
             samples_.push_back(v.samples);
             tokens_.push_back(v.tokens);
+            host_syncs_ += v.host_syncs;
         }
         ++recorded_;
         pending_.erase(it);
@@ -382,6 +385,12 @@ void Recorder::finish(const RunInfo& info) {
         s.push_back({"final_train_loss", last_epoch_.train_loss});
     }
     s.push_back({"nonfinite_skipped_steps", static_cast<std::int64_t>(nonfinite_skipped_)});
+    // The harness's device->host reads per measured iteration, the largest over ranks.
+    const auto measured = static_cast<double>(step_seconds_.size());
+    const double syncs = measured > 0 ? host_syncs_ / measured : kNaN;
+    double syncs_max = std::isnan(syncs) ? -1 : syncs;
+    MPI_Allreduce(MPI_IN_PLACE, &syncs_max, 1, MPI_DOUBLE, MPI_MAX, comm_);
+    s.push_back({"host_syncs_per_iteration", syncs_max < 0 ? kNaN : syncs_max});
     file_.set_attributes("/summary", s);
     if (rank == 0) core::log::info() << "summary\n" << stats::format_summary_table(report);
 }

@@ -90,21 +90,44 @@ FaultInjection FaultInjection::from_environment() {
     return f;
 }
 
-bool all_finite(const torch::Tensor& loss, const std::vector<torch::Tensor>& params) {
-    // One host read: per-tensor float64 sums, whose total is NaN/Inf iff some element is (fp32
-    // and bf16 values cannot overflow a float64 sum of any realistic size).
-    std::vector<torch::Tensor> sums;
-    if (loss.defined()) sums.push_back(loss.detach().to(torch::kFloat64).reshape({1}));
+torch::Tensor nonfinite_flag(const torch::Tensor& loss, const std::vector<torch::Tensor>& params,
+                             const std::vector<torch::Tensor>& sums) {
+    // Per-tensor float64 sums, whose total is NaN/Inf iff some element is (fp32 and bf16 values
+    // cannot overflow a float64 sum of any realistic size).
+    std::vector<torch::Tensor> parts;
+    torch::Device device = torch::kCPU;
+    if (loss.defined()) {
+        parts.push_back(loss.detach().to(torch::kFloat64).reshape({1}));
+        device = loss.device();
+    }
     for (const auto& p : params)
-        if (p.grad().defined()) sums.push_back(p.grad().sum(torch::kFloat64).reshape({1}));
-    if (sums.empty()) return true;
-    return std::isfinite(torch::cat(sums).sum().item<double>());
+        if (p.grad().defined()) {
+            parts.push_back(p.grad().sum(torch::kFloat64).reshape({1}));
+            device = p.grad().device();
+        }
+    for (const auto& t : sums)
+        if (t.defined()) {
+            parts.push_back(t.to(torch::kFloat64).reshape({1}));
+            device = t.device();
+        }
+    if (parts.empty()) return torch::zeros({}, torch::dtype(torch::kFloat64).device(device));
+    return torch::cat(parts).sum().isfinite().logical_not().to(torch::kFloat64);
 }
 
-[[noreturn]] void throw_nonfinite(std::int64_t iteration) {
+[[noreturn]] void throw_nonfinite(std::int64_t iteration, std::int64_t found_after) {
+    std::string when;
+    if (found_after > iteration)
+        when = "; found when the losses were resolved after iteration " +
+               std::to_string(found_after) +
+               " (the check runs on the device and is read with "
+               "the deferred losses, so iterations " +
+               std::to_string(iteration + 1) + ".." + std::to_string(found_after) +
+               " ran on non-finite values; no checkpoint holds them)";
     core::NumericalError e("iteration " + std::to_string(iteration) +
                            ": the loss or a gradient is NaN/Inf on at least one rank "
-                           "(run.nonfinite=abort). Lower train.lr, add warm-up "
+                           "(run.nonfinite=abort" +
+                           when +
+                           "). Lower train.lr, add warm-up "
                            "(train.warmup_iters), use fp32 or bf16, or set run.nonfinite=skip to "
                            "drop such steps");
     e.set_collective(true); // every rank took this decision together

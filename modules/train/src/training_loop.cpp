@@ -1,7 +1,12 @@
 // TrainingLoop (see training_loop.hpp). One iteration:
 //   data (loop) -> lr -> step: h2d, forward, backward, comm_wait (workload) -> control (loop:
-//   non-finite check + one host allreduce of the stop/checkpoint/non-finite flags) -> optimizer
-//   (workload) -> record, progress, checkpoint, stop (loop, outside the timed phases).
+//   the non-finite flag on the device, the reads the optimizer decides on, one host allreduce of
+//   the stop/checkpoint/non-finite flags) -> optimizer (workload) -> record, progress,
+//   checkpoint, stop (loop, outside the timed phases).
+// Host syncs: a GPU step of an fp32/bf16/tf32 run under run.nonfinite=abort reads nothing from
+// the device; the flag is read with the deferred losses. run.nonfinite=skip reads the flag and
+// fp16-mixed the loss scaler's verdict once per iteration, in the control phase, after a
+// synchronize bounded by dist.timeout. /iterations/host_syncs counts them (host_sync.hpp).
 #include "trainscope/train/training_loop.hpp"
 
 #include <chrono>
@@ -13,6 +18,7 @@
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/checkpoint.hpp"
+#include "trainscope/train/host_sync.hpp"
 
 namespace trainscope::train {
 namespace {
@@ -44,6 +50,26 @@ void TrainingLoop::resolve_pending() {
     comm_.synchronize("the loss resolution"); // NCCL: the host read below, bounded
     step_.resolve(pending_);
     const std::vector<int> columns = step_.metric_columns();
+    // run.nonfinite=abort: the flags of every rank in one allreduce (Max) and one read. Every
+    // rank has the same iterations pending with the same flags defined, so this is collective.
+    std::vector<torch::Tensor> flags;
+    std::vector<std::int64_t> flagged;
+    for (const DeferredStep& d : pending_)
+        if (d.nonfinite.defined()) {
+            flags.push_back(d.nonfinite.reshape({1}));
+            flagged.push_back(d.iteration);
+        }
+    if (!flags.empty()) {
+        torch::Tensor all = torch::cat(flags).to(torch::kFloat64); // [flagged]
+        comm_.allreduce(all, dist::ReduceOp::Max);
+        const torch::Tensor host = read_to_host(all);
+        const double* f = host.data_ptr<double>();
+        for (std::size_t k = 0; k < flagged.size(); ++k)
+            if (f[k] != 0 && first_nonfinite_ < 0) {
+                first_nonfinite_ = flagged[k];
+                nonfinite_found_after_ = pending_.back().iteration;
+            }
+    }
     for (const DeferredStep& d : pending_) {
         if (recorder_) {
             recorder_->set_loss(d.iteration, d.loss_value);
@@ -61,15 +87,23 @@ void TrainingLoop::resolve_pending() {
 
 void TrainingLoop::flush() {
     resolve_pending();
-    if (!recorder_) return;
-    if (control_) inject_flush_fault(*control_, last_resolved_.iteration);
-    // Collective HDF5 writes wait inside MPI-IO for every rank, with no deadline of their own.
-    RunControl::PeerWait wait(control_, "a run-file flush (collective HDF5 write of every rank)");
-    recorder_->flush();
+    if (recorder_) {
+        if (control_) inject_flush_fault(*control_, last_resolved_.iteration);
+        // Collective HDF5 writes wait inside MPI-IO for every rank, with no deadline of their own.
+        RunControl::PeerWait wait(control_,
+                                  "a run-file flush (collective HDF5 write of every rank)");
+        recorder_->flush();
+    }
+    if (first_nonfinite_ >= 0) throw_nonfinite(first_nonfinite_, nonfinite_found_after_);
+}
+
+void TrainingLoop::resolve_and_check() {
+    resolve_pending();
+    if (first_nonfinite_ >= 0) flush(); // throws
 }
 
 void TrainingLoop::progress_line(std::int64_t iteration, std::int64_t epoch) {
-    resolve_pending();
+    resolve_and_check();
     // Samples and tokens of every rank since the last line (a replica's stages count once).
     std::vector<double> counts = {samples_since_log_, tokens_since_log_};
     comm_.allreduce_host(counts, dist::ReduceOp::Sum);
@@ -126,6 +160,7 @@ void TrainingLoop::run() {
 
         while (iteration < total) {
             timer_.begin_iteration(iteration);
+            const std::int64_t syncs_before = host_syncs();
             if (window_) window_->begin_iteration(iteration);
             if (control_) control_->begin_iteration(iteration);
             bool have_batch = false;
@@ -145,13 +180,21 @@ void TrainingLoop::run() {
 
             // The harness's own work, never folded into the phases it measures.
             Verdict verdict;
+            torch::Tensor deferred_flag; // run.nonfinite=abort: read with the loss
             if (control_) {
                 prof::PhaseScope p(timer_, prof::Phase::Control);
-                verdict = control_->agree(iteration, step_.local_nonfinite(r));
-            }
-            if (verdict.nonfinite && !control_->options().skip_nonfinite) {
-                flush();
-                throw_nonfinite(iteration);
+                torch::Tensor flag = step_.nonfinite_flag(r);
+                bool local_nonfinite = false;
+                if (flag.defined() && control_->options().skip_nonfinite) {
+                    comm_.synchronize("the non-finite check"); // NCCL: the read, bounded
+                    local_nonfinite = read_scalar(flag) != 0;
+                } else {
+                    deferred_flag = flag;
+                }
+                step_.prepare_apply(r);
+                verdict = control_->agree(iteration, local_nonfinite);
+            } else {
+                step_.prepare_apply(r);
             }
             double optimizer_peak = kNaN;
             bool stepped = true;
@@ -189,9 +232,11 @@ void TrainingLoop::run() {
                     v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;
                     v.memory.host_rss_bytes = v.memory.host_peak_rss_bytes = kNaN;
                 }
+                v.host_syncs = static_cast<double>(host_syncs() - syncs_before);
                 recorder_->record_iteration(v);
             }
-            pending_.push_back({iteration, epoch, r.loss, r.metrics, kNaN, kNaN, {}});
+            pending_.push_back(
+                {iteration, epoch, r.loss, r.metrics, deferred_flag, kNaN, kNaN, {}});
             if (recorder_ && recorder_->flush_due()) flush();
             ++iteration;
 
@@ -211,7 +256,7 @@ void TrainingLoop::run() {
         }
         if (interrupted_) break; // the epoch is incomplete: neither evaluated nor recorded
 
-        resolve_pending();
+        resolve_and_check();
         EpochValues ev;
         ev.epoch = epoch;
         ev.samples = epoch_samples;

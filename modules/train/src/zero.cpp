@@ -101,9 +101,8 @@ void ZeroOptimizer::step(double lr) {
     allgather_s_ = since(t0);
 }
 
-bool ZeroOptimizer::shard_gradients_finite() const {
-    return shard_grad_.numel() == 0 ||
-           std::isfinite(shard_grad_.sum(torch::kFloat64).item<double>());
+torch::Tensor ZeroOptimizer::shard_gradient_sum() const {
+    return shard_grad_.numel() == 0 ? torch::Tensor() : shard_grad_.sum(torch::kFloat64);
 }
 
 void ZeroOptimizer::save(torch::serialize::OutputArchive& out) const {

@@ -70,8 +70,12 @@ class Checkpointer {
     // the configuration resumes what the checkpoint saved.
     static void check_compatible(const CheckpointManifest& m, const core::Config& config,
                                  int world_size);
-    // Local: rank `rank`'s archive of checkpoint m.
-    static void load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in);
+    // Local: rank `rank`'s archive of checkpoint m, every tensor mapped onto `device` (the
+    // loading rank's own device). Without the mapping a tensor comes back on the device it was
+    // saved from: every rank of a multi-GPU job would allocate on cuda:0 (rank 0's optimizer
+    // state), and the optimizer would step tensors of another GPU.
+    static void load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in,
+                     torch::Device device);
 
   private:
     // agree_on_errors over world_ with dist.timeout as the limit of the wait for the peers.
@@ -88,7 +92,8 @@ class Checkpointer {
     int lock_fd_ = -1;     // rank 0: <dir>/.lock, flock'ed
 };
 
-// RNG states of this process (CPU generator, and the CUDA generator of `cuda_index` >= 0).
+// RNG states of this process (CPU generator, and the CUDA generator of `cuda_index` >= 0). The
+// states are byte tensors that the generators take on the host, wherever the archive mapped them.
 void save_rng_state(torch::serialize::OutputArchive& out, int cuda_index);
 void load_rng_state(torch::serialize::InputArchive& in, int cuda_index);
 

@@ -81,7 +81,8 @@ class ClassificationTrainer final : public TrainStep {
     bool next_batch() override;
     void set_lr(double lr) override;
     StepResult step(std::int64_t iteration, prof::PhaseTimer& timer, RunControl* control) override;
-    bool local_nonfinite(const StepResult& r) override;
+    torch::Tensor nonfinite_flag(const StepResult& r) override;
+    void prepare_apply(StepResult& r) override;
     bool apply(bool skip, double& optimizer_peak) override;
     void account(IterationValues& v) override;
     void resolve(std::vector<DeferredStep>& steps) override;

@@ -109,15 +109,26 @@ class GradScaler {
     torch::Tensor scale(const torch::Tensor& loss) const;
 
     // Divides the .grad of `params` by the scale in place (grouped by device and dtype, as the
-    // ATen op requires; parameters without a gradient are skipped) and returns whether any
-    // gradient held inf/NaN (one host read). Call at most once per step, after the gradients are
-    // final (after the DDP allreduce); the optimizer's parameters are remembered for step().
-    // Throws core::InternalError when called twice before update().
+    // ATen op requires; parameters without a gradient are skipped) and sets this step's found-inf
+    // flag on the device: no host read. Call at most once per step, after the gradients are
+    // final (after the DDP allreduce). Throws core::InternalError when called twice before
+    // update().
+    void unscale_on_device(const std::vector<torch::Tensor>& params);
+    // This step's verdict after unscale_on_device: whether a gradient held inf/NaN, and the scale
+    // the backward used (before update()). One host read for both (a host sync on GPU: call it
+    // where the loop already waits, after Communicator::synchronize), cached for step().
+    struct StepCheck {
+        bool found_inf = false;
+        double scale = 1.0;
+    };
+    StepCheck check_step();
+    // unscale_on_device + check_step: whether any gradient held inf/NaN.
     bool unscale(const std::vector<torch::Tensor>& params);
 
-    // optimizer.step() unless the last unscale() found inf/NaN; unscales the optimizer's
-    // parameters first when unscale() was not called this step (as PyTorch does). Returns whether
-    // the optimizer stepped. Throws core::InternalError when called twice before update().
+    // optimizer.step() unless this step found inf/NaN; unscales the optimizer's parameters first
+    // when no unscale happened this step and reads the verdict when check_step() was not called
+    // (as PyTorch's GradScaler.step does). Returns whether the optimizer stepped. Throws
+    // core::InternalError when called twice before update().
     bool step(torch::optim::Optimizer& optimizer);
 
     // at::_amp_update_scale_ with this step's found-inf: backs off on inf/NaN (and resets the
@@ -142,6 +153,8 @@ class GradScaler {
     torch::Tensor growth_tracker_; // () int32 on the device
     torch::Tensor found_inf_;      // () float32 on the device: > 0 when this step had inf/NaN
     Stage stage_ = Stage::Ready;
+    bool checked_ = false; // check_step() ran this step; check_ holds its verdict
+    StepCheck check_;
     std::int64_t skipped_steps_ = 0;
 };
 

@@ -43,6 +43,9 @@ struct IterationValues {
     double step_skipped = 0;
     // 1 when run.nonfinite=skip dropped this iteration's step (NaN/Inf loss or gradient).
     double nonfinite_skipped = 0;
+    // Device->host reads the harness made within this iteration (host_sync.hpp): on a GPU each is
+    // a host synchronisation. 0 for an fp32/bf16 step under run.nonfinite=abort.
+    double host_syncs = 0;
     // Token workloads: tokens this rank processed (non-padding) and those with a label (what the
     // loss averages over). NaN for image workloads.
     double tokens = std::numeric_limits<double>::quiet_NaN();
@@ -123,6 +126,7 @@ class Recorder {
     bool have_epoch_ = false;
     double peak_rss_ = 0;
     double nonfinite_skipped_ = 0; // steps dropped by run.nonfinite=skip (same on every rank)
+    double host_syncs_ = 0;        // this rank's host_syncs over the measured iterations
     double peak_device_ = std::numeric_limits<double>::quiet_NaN();
     double peak_tensor_ = std::numeric_limits<double>::quiet_NaN();
 };

@@ -74,10 +74,15 @@ struct Verdict {
 
 class RunControl;
 
-// Whether the loss (if defined) and every defined gradient are finite: one host read.
-bool all_finite(const torch::Tensor& loss, const std::vector<torch::Tensor>& params);
+// A 0-d float64 device tensor, 1 when the loss (if defined) or some defined gradient holds a
+// NaN/Inf, else 0; computed on the device (no host read). `sums` are further float64 sums to
+// check (e.g. a sharded optimizer's gradient shard, see ZeroOptimizer/FsdpModel).
+torch::Tensor nonfinite_flag(const torch::Tensor& loss, const std::vector<torch::Tensor>& params,
+                             const std::vector<torch::Tensor>& sums = {});
 // The collective NumericalError of run.nonfinite=abort (every rank decided it together).
-[[noreturn]] void throw_nonfinite(std::int64_t iteration);
+// `found_after`: the last iteration trained when the flags were read (run.nonfinite=abort reads
+// them with the deferred losses), or -1 when found at once.
+[[noreturn]] void throw_nonfinite(std::int64_t iteration, std::int64_t found_after = -1);
 // TRAINSCOPE_FAULT at this point of the forward phase: hangs, or makes `loss` NaN.
 void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tensor& loss);
 // TRAINSCOPE_FAULT=flush_stall at a run-file flush holding iterations up to `last_iteration`.

@@ -57,6 +57,9 @@ struct DeferredStep {
     // Filled by resolve(): the value this rank records, the value every rank of the job agrees
     // on (progress line, epoch mean; differs only where a rank has no loss of its own, e.g. the
     // first stages of a pipeline, which record NaN but show the last stage's), and the metrics.
+    // run.nonfinite=abort: this rank's non-finite flag (see TrainStep::nonfinite_flag), read
+    // with the loss; undefined when the iteration needs no deferred check.
+    torch::Tensor nonfinite;
     double loss_value = std::numeric_limits<double>::quiet_NaN();
     double shared_loss = std::numeric_limits<double>::quiet_NaN();
     std::vector<double> metric_values;
@@ -80,9 +83,15 @@ class TrainStep {
     // h2d, forward, backward, comm_wait for the current batch.
     virtual StepResult step(std::int64_t iteration, prof::PhaseTimer& timer,
                             RunControl* control) = 0;
-    // Control phase: whether this rank sees a NaN/Inf loss or gradient that the run.nonfinite
-    // policy has to act on (false when the loss scaler handles non-finite steps itself).
-    virtual bool local_nonfinite(const StepResult& r) = 0;
+    // Control phase: a 0-d device tensor, nonzero when this rank sees a NaN/Inf loss or gradient
+    // that the run.nonfinite policy has to act on; undefined when the loss scaler handles
+    // non-finite steps itself. Computed without a host read: the loop reads it at once only
+    // under run.nonfinite=skip (the optimizer phase depends on it), else with the losses.
+    virtual torch::Tensor nonfinite_flag(const StepResult& r) = 0;
+    // Control phase, before the ranks' agreement: read the device values the optimizer phase
+    // decides on (fp16-mixed: the loss scaler's inf/NaN verdict, and the scale the backward used
+    // into r.loss_scale), after the communicator's bounded synchronize. Default: none.
+    virtual void prepare_apply(StepResult& r) { (void)r; }
     // Optimizer phase. skip: no rank steps (run.nonfinite=skip). Returns whether the optimizer
     // stepped (the loss scaler may skip); writes the phase's allocator peak.
     virtual bool apply(bool skip, double& optimizer_peak) = 0;
@@ -128,8 +137,14 @@ class TrainingLoop {
     bool interrupted() const { return interrupted_; }
 
   private:
-    void resolve_pending(); // collective
-    void flush();           // collective: resolve, then flush the recorder
+    // Collective: the deferred losses, metrics and non-finite flags of the pending iterations
+    // (one synchronize, then host reads); a flag sets first_nonfinite_.
+    void resolve_pending();
+    // Collective: resolve, flush the recorder; then throws the run.nonfinite=abort error if a
+    // resolved flag was set (the file holds every iteration trained until then).
+    void flush();
+    // resolve_pending, then flush() (which throws) if a non-finite iteration was found.
+    void resolve_and_check();
     void progress_line(std::int64_t iteration, std::int64_t epoch);
     void checkpoint(std::int64_t next_iteration);
 
@@ -145,6 +160,9 @@ class TrainingLoop {
 
     std::vector<DeferredStep> pending_;
     DeferredStep last_resolved_;
+    // run.nonfinite=abort: the first iteration whose resolved flag was set (-1: none), and the
+    // last iteration trained when it was read.
+    std::int64_t first_nonfinite_ = -1, nonfinite_found_after_ = -1;
     double epoch_loss_sum_ = 0;
     std::int64_t epoch_resolved_ = 0, current_epoch_ = -1;
     // Progress line: counts since the last line, and the clock.

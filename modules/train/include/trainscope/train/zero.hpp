@@ -43,8 +43,9 @@ class ZeroOptimizer {
     double reduce_gradients(double grad_scale = 1.0);
     void step(double lr);
     double allgather_seconds() const { return allgather_s_; }
-    // After reduce_gradients: whether this rank's gradient shard is free of NaN/Inf.
-    bool shard_gradients_finite() const;
+    // After reduce_gradients: the float64 sum of this rank's gradient shard on the device (NaN/Inf
+    // iff an element is; undefined for an empty shard), for nonfinite_flag. No host read.
+    torch::Tensor shard_gradient_sum() const;
     // Checkpoints: this rank's shard of the optimizer state (moments, step count).
     void save(torch::serialize::OutputArchive& out) const;
     void load(torch::serialize::InputArchive& in);
