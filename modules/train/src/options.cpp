@@ -28,8 +28,12 @@ void declare_options(core::OptionRegistry& r) {
         "fp16-mixed: fp32 weights, fp16 autocast and dynamic loss scaling; bf16-mixed: "
         "fp32 weights, bf16 autocast; bf16: bf16 weights and compute");
     r.add_bool("run.deterministic", false,
-               "deterministic algorithms only (cuDNN/cuBLAS included; an operation without one "
-               "fails); sets CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set");
+               "deterministic algorithms (cuDNN/cuBLAS included; sets "
+               "CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set). CPU: an operation without a "
+               "deterministic implementation fails; CUDA: it warns instead (warn-only, as "
+               "torch.use_deterministic_algorithms(True, warn_only=True): MobileNetV2's "
+               "adaptive_avg_pool2d and nll_loss backward have none), so bitwise reproducibility "
+               "is not guaranteed for those operations");
     r.add_bool("run.cudnn_benchmark", false,
                "let cuDNN time convolution algorithms and pick the fastest for each shape");
     r.add_int("dp.devices", 0,
