@@ -125,3 +125,29 @@ TEST(Nf4, QuantisedLlamaReleasesTheDenseProjections) {
     const torch::Tensor logits = model->forward(torch::randint(0, 64, {1, 8}));
     EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
 }
+
+// Issue 25: the dequantisation table is built once per device and reused (on a GPU each build was
+// a pageable host-to-device copy, i.e. a host sync, in every projection's forward and backward).
+TEST(Nf4, ByteTableIsBuiltOncePerDeviceAndMatchesTheLevels) {
+    const torch::Tensor& a = tm_::nf4_byte_table(torch::kCPU);
+    torch::manual_seed(1);
+    const auto q = tm_::Nf4Tensor::quantize(torch::randn({64, 256}) * 0.05, torch::kFloat32);
+    const torch::Tensor first = q.dequantize();
+    const torch::Tensor& b = tm_::nf4_byte_table(torch::kCPU);
+    EXPECT_EQ(a.data_ptr(), b.data_ptr()); // the same buffer, not a rebuilt one
+    EXPECT_TRUE(torch::equal(first, q.dequantize()));
+    ASSERT_EQ(a.sizes(), torch::IntArrayRef({256, 2}));
+    EXPECT_EQ(a.device(), torch::Device(torch::kCPU));
+    const auto& L = tm_::nf4_levels();
+    for (int byte : {0x00, 0x0f, 0xf0, 0x7a, 0xff}) {
+        EXPECT_EQ(a[byte][0].item<float>(), L[static_cast<std::size_t>(byte >> 4)]) << byte;
+        EXPECT_EQ(a[byte][1].item<float>(), L[static_cast<std::size_t>(byte & 15)]) << byte;
+    }
+    if (torch::cuda::is_available()) { // the gpu label's run: one table per device, kept there
+        const torch::Device gpu(torch::kCUDA, 0);
+        const torch::Tensor& g = tm_::nf4_byte_table(gpu);
+        EXPECT_EQ(g.device(), gpu);
+        EXPECT_EQ(g.data_ptr(), tm_::nf4_byte_table(gpu).data_ptr());
+        EXPECT_TRUE(torch::equal(g.cpu(), a));
+    }
+}

@@ -1,7 +1,10 @@
 // NF4 quantisation with double-quantised block scales (torchao's NF4Tensor layout).
 #include "trainscope/models/nf4.hpp"
 
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <string>
 
 #include "trainscope/core/error.hpp"
 
@@ -28,13 +31,35 @@ const std::array<float, 16>& nf4_levels() {
 }
 
 namespace {
+
 torch::Tensor levels_tensor(torch::Device device) {
     const auto& l = nf4_levels();
     return torch::tensor(std::vector<float>(l.begin(), l.end()),
                          torch::TensorOptions().dtype(torch::kFloat32))
         .to(device);
 }
+
 } // namespace
+
+const torch::Tensor& nf4_byte_table(torch::Device device) {
+    // Built from host memory once per device: on a GPU each build is a pageable host-to-device
+    // copy that synchronises the host, which every projection's dequantisation used to pay. The
+    // map is never destroyed (its CUDA tensors must not be freed after the driver shut down).
+    static std::mutex mutex;
+    static auto* tables = new std::map<std::string, torch::Tensor>();
+    std::lock_guard<std::mutex> lock(mutex);
+    torch::Tensor& table = (*tables)[device.str()];
+    if (!table.defined()) {
+        torch::NoGradGuard no_grad;
+        const torch::Tensor levels = levels_tensor(device); // [16]
+        const torch::Tensor byte =
+            torch::arange(256, torch::TensorOptions().dtype(torch::kLong).device(device));
+        table = torch::stack(
+            {levels.index({byte.bitwise_right_shift(4)}), levels.index({byte.bitwise_and(15)})},
+            1); // [256, 2]
+    }
+    return table;
+}
 
 std::int64_t Nf4Tensor::numel() const {
     std::int64_t n = 1;
@@ -101,12 +126,7 @@ torch::Tensor Nf4Tensor::dequantize() const {
             .reshape({-1, 1}); // [blocks, 1]
     // A 256-entry table byte -> (level of the high nibble, level of the low nibble): one gather
     // per byte, no per-nibble index tensors.
-    const torch::Tensor levels = levels_tensor(codes.device());
-    const torch::Tensor byte =
-        torch::arange(256, torch::TensorOptions().dtype(torch::kLong).device(codes.device()));
-    const torch::Tensor table = torch::stack(
-        {levels.index({byte.bitwise_right_shift(4)}), levels.index({byte.bitwise_and(15)})},
-        1); // [256, 2]
+    const torch::Tensor& table = nf4_byte_table(codes.device()); // [256, 2]
     const torch::Tensor values =
         table.index_select(0, codes.to(torch::kLong)).view({-1, kNf4BlockSize}) * scalers;
     return values.reshape(shape).to(dtype);

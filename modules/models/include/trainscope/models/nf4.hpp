@@ -18,6 +18,10 @@ namespace trainscope::models {
 
 // The 16 NF4 levels, ascending, from -1 to 1.
 const std::array<float, 16>& nf4_levels();
+// float32 [256, 2] on `device`: byte -> (level of its high nibble, level of its low nibble), the
+// dequantisation table. Built once per device and kept (thread-safe), so a forward or backward
+// never copies it from the host again.
+const torch::Tensor& nf4_byte_table(torch::Device device);
 
 constexpr std::int64_t kNf4BlockSize = 64;
 constexpr std::int64_t kNf4ScalerBlockSize = 256;
