@@ -747,3 +747,26 @@ def test_help_and_version(run_ts):
     assert "[output]" in proc.stdout and "--output.overwrite" in proc.stdout
     proc = run_ts(1, "--version", timeout=60)
     assert proc.returncode == 0 and "libtorch: 2." in proc.stdout
+
+
+def test_auto_device_refuses_the_cpu_where_gpus_were_granted(tmp_path):
+    """Issue 25: run.device=auto on a node whose scheduler granted GPUs but where CUDA is
+    unavailable (here: no GPU at all) fails on every rank with the variable, CUDA's reason and the
+    fix, instead of training on the CPU and exiting 0. run.device=cpu still trains there."""
+    from conftest import launch_env, mpirun_cmd
+    args = [*QUICK, "--run.device=auto", "--train.max_iters=2", f"--output.file={tmp_path}/auto.h5"]
+    env = launch_env(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="0")
+    proc = subprocess.run(mpirun_cmd(2, *args), cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    both_ranks_said(proc, "run.device=auto would fall back to the CPU although "
+                    "CUDA_VISIBLE_DEVICES=0 says this job was given GPUs",
+                    "set run.device=cpu to train on the CPU on purpose")
+    assert "cudaGetDeviceCount" in proc.stdout + proc.stderr or \
+        "built without CUDA" in proc.stdout + proc.stderr
+    no_completed_run_file(tmp_path)
+    proc = subprocess.run(mpirun_cmd(2, *args, "--run.device=cpu", "--data.pin_memory=true"),
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # Pinning cannot apply on the CPU: said, not silently dropped.
+    assert "data.pin_memory=true is dropped" in proc.stdout + proc.stderr

@@ -83,6 +83,8 @@ def test_slurm_rendering(tmp_path, nodes, mode):
                  'srun --mpi=pmix --cpu-bind="$cpu_bind" --kill-on-bad-exit=1']:
         assert line in text, line
     assert "@@" not in text and "#@GPU@" not in text
+    # A GPU job never lets run.device=auto fall back to the CPU (issue 25).
+    assert "--run.device=cuda" in text
     if mode == "strong":
         assert "--run.scaling=strong --run.global_batch=256" in text
         assert rows[0]["batch_per_rank"] == 256 // ranks
@@ -97,6 +99,7 @@ def test_cpu_rendering_has_no_gpu_request(tmp_path):
           "--batch-per-rank", "32", "--out", tmp_path)
     text = (tmp_path / "quickstart/weak/n04/rep0/job.sbatch").read_text()
     assert "--gpus-per-node" not in text and "--signal" not in text
+    assert "--run.device" not in text
     assert "#SBATCH --ntasks-per-node=4" in text and "#SBATCH --nodes=1" in text
 
 
@@ -107,6 +110,7 @@ def test_pbs_rendering(tmp_path, nodes):
           "512", "--out", tmp_path)
     text = (tmp_path / f"quickstart/strong/n{4 * nodes:02d}/rep0/job.pbs").read_text()
     assert f"#PBS -l select={nodes}:ncpus=64:mpiprocs=4:ompthreads=16:ngpus=4" in text
+    assert "--run.device=cuda" in text
     assert "#PBS -l place=scatter:excl" in text
     assert '--map-by "ppr:${ranks_per_node}:node:PE=${cpus_per_task}"' in text
     assert '--bind-to "$bind_to"' in text and "PBS_NODEFILE" in text
@@ -127,6 +131,10 @@ def test_refused_points(tmp_path):
     p = sweep("--config", QUICK, "--scheduler", "pbs", "--nodes", "1,x", "--mode", "weak",
               "--batch-per-rank", "8", check=False)
     assert p.returncode == 2 and "comma-separated list of positive integers" in p.stderr
+    p = sweep("--config", QUICK, "--scheduler", "slurm", "--nodes", "1", "--gpus", "--mode",
+              "weak", "--batch-per-rank", "8", "--out", tmp_path / "g", "--",
+              "--run.device=cpu", check=False)
+    assert p.returncode == 2 and "--run.device=cpu with --gpus" in p.stderr, p.stderr
 
 
 def test_hostile_paths_reach_the_job_intact_and_are_never_run(tmp_path):

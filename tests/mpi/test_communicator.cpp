@@ -557,6 +557,46 @@ TEST(DistOptions, ResolvesAutoAndRejectsImpossibleCombinations) {
     EXPECT_THROW(cfg({{"dist.backend", "gloo"}}), core::ConfigError);
 }
 
+// Issue 25: auto must not fall back to the CPU on a node the scheduler gave GPUs to.
+TEST(DistOptions, AutoRefusesTheCpuWhereGpusWereGranted) {
+    core::OptionRegistry reg;
+    dist::declare_options(reg);
+    const core::Config auto_cfg = core::Config::from_values(reg, {});
+    const std::string why = "cudaGetDeviceCount: cudaErrorInsufficientDriver, CUDA driver version "
+                            "is insufficient for CUDA runtime version";
+    for (const auto& [key, value] :
+         std::vector<std::pair<std::string, std::string>>{{"SLURM_GPUS_ON_NODE", "4"},
+                                                          {"SLURM_JOB_GPUS", "0,1"},
+                                                          {"SLURM_GPUS_PER_TASK", "1"},
+                                                          {"CUDA_VISIBLE_DEVICES", "GPU-5e0c"}}) {
+        try {
+            dist::resolve_options(auto_cfg, 0, why, {{key, value}});
+            ADD_FAILURE() << key << " granted GPUs: auto must refuse the CPU";
+        } catch (const core::ConfigError& e) {
+            const std::string m = e.what();
+            EXPECT_NE(m.find("run.device=auto"), std::string::npos) << m;
+            EXPECT_NE(m.find(key + "=" + value), std::string::npos) << m; // what granted them
+            EXPECT_NE(m.find("cudaErrorInsufficientDriver"), std::string::npos) << m; // why
+            EXPECT_NE(m.find("run.device=cpu"), std::string::npos) << m;              // the fix
+        }
+    }
+    // No GPU granted, GPUs hidden on purpose, or a CPU run asked for: the CPU, with the reason.
+    for (const auto& env :
+         std::vector<std::map<std::string, std::string>>{{},
+                                                         {{"CUDA_VISIBLE_DEVICES", ""}},
+                                                         {{"CUDA_VISIBLE_DEVICES", "-1"}},
+                                                         {{"SLURM_GPUS_ON_NODE", "0"}},
+                                                         {{"SLURM_NTASKS", "2"}}}) {
+        const dist::DistOptions o = dist::resolve_options(auto_cfg, 0, why, env);
+        EXPECT_EQ(o.device, "cpu");
+        EXPECT_NE(o.auto_reason.find("cudaErrorInsufficientDriver"), std::string::npos);
+    }
+    const core::Config cpu_cfg = core::Config::from_values(reg, {{"run.device", "cpu"}});
+    EXPECT_EQ(dist::resolve_options(cpu_cfg, 0, why, {{"SLURM_GPUS_ON_NODE", "4"}}).device, "cpu");
+    EXPECT_EQ(dist::granted_gpus({{"SLURM_STEP_GPUS", "2"}}), "SLURM_STEP_GPUS=2");
+    EXPECT_EQ(dist::granted_gpus({{"CUDA_VISIBLE_DEVICES", "NoDevFiles"}}), "");
+}
+
 TEST(Topology, DescribesRanksNodesAndHosts) {
     auto t = dist::discover_topology(MPI_COMM_WORLD);
     EXPECT_EQ(t.rank, world_rank());
@@ -579,9 +619,49 @@ TEST(Topology, DescribesRanksNodesAndHosts) {
     EXPECT_NE(dist::mpi_library_version().find("MPI"), std::string::npos);
 }
 
+// Issue 25: distinct GPUs are counted by PCI bus id across a node's ranks (faked device lists).
+TEST(DeviceBinding, AssignsByPciBusIdAcrossTheNodesRanks) {
+    const std::vector<std::string> four = {"0000:1b:00.0", "0000:41:00.0", "0000:9a:00.0",
+                                           "0000:c1:00.0"};
+    // srun --gpus-per-task=1 / --gpu-bind: each of 4 ranks sees its own single GPU.
+    std::vector<dist::RankGpus> per_task;
+    for (int r = 0; r < 4; ++r)
+        per_task.push_back({"n1", r, {four[static_cast<std::size_t>(r)]}});
+    dist::GpuAssignment a = dist::assign_gpus(per_task, /*nccl_backend=*/true);
+    EXPECT_EQ(a.error, "");
+    EXPECT_EQ(a.index, (std::vector<int>{0, 0, 0, 0}));
+    // A plain launch: every rank sees all 4 and takes local_rank % 4; two nodes are independent.
+    std::vector<dist::RankGpus> plain;
+    for (int r = 0; r < 8; ++r)
+        plain.push_back({r < 4 ? "n1" : "n2", r % 4, four});
+    a = dist::assign_gpus(plain, true);
+    EXPECT_EQ(a.error, "");
+    EXPECT_EQ(a.index, (std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3}));
+    // 8 ranks on one node of 4 GPUs: ranks 0 and 4 meet on the first GPU.
+    for (int r = 0; r < 8; ++r)
+        plain[static_cast<std::size_t>(r)] = {"n1", r, four};
+    a = dist::assign_gpus(plain, true);
+    EXPECT_NE(a.error.find("ranks 0 and 4 on node n1 both use the GPU at PCI bus id 0000:1b:00.0"),
+              std::string::npos)
+        << a.error;
+    EXPECT_NE(a.error.find("NCCL cannot put two ranks on one GPU"), std::string::npos);
+    EXPECT_NE(a.error.find("--gpus-per-task=1"), std::string::npos);
+    // Two ranks given the same single GPU through their own CUDA_VISIBLE_DEVICES.
+    const std::vector<dist::RankGpus> same = {{"n1", 0, {four[2]}}, {"n1", 1, {four[2]}}};
+    a = dist::assign_gpus(same, true);
+    EXPECT_NE(a.error.find("ranks 0 and 1 on node n1 both use the GPU at PCI bus id 0000:9a:00.0"),
+              std::string::npos)
+        << a.error;
+    // The MPI backend may share (one-GPU smoke runs): noted, not refused.
+    a = dist::assign_gpus(same, /*nccl_backend=*/false);
+    EXPECT_EQ(a.error, "");
+    EXPECT_NE(a.shared.find("allowed with dist.backend=mpi"), std::string::npos);
+    EXPECT_EQ(a.index, (std::vector<int>{0, 0}));
+}
+
 TEST(DeviceBinding, CpuAndMissingGpu) {
     auto topo = dist::discover_topology(MPI_COMM_WORLD);
-    auto b = dist::bind_device("cpu", topo, /*nccl_backend=*/false);
+    auto b = dist::bind_device("cpu", topo, /*nccl_backend=*/false, MPI_COMM_WORLD);
     EXPECT_TRUE(b.device.is_cpu());
     EXPECT_EQ(b.name, "cpu");
     EXPECT_EQ(b.pci_bus_id, "");
@@ -592,14 +672,16 @@ TEST(DeviceBinding, CpuAndMissingGpu) {
     if (torch::cuda::is_available())
         GTEST_SKIP() << "a GPU is visible: the no-GPU error cannot occur";
     try {
-        dist::bind_device("cuda", topo, false);
+        dist::bind_device("cuda", topo, false, MPI_COMM_WORLD);
         ADD_FAILURE() << "run.device=cuda without a GPU must be rejected";
     } catch (const core::ConfigError& e) {
         EXPECT_EQ(
             std::string(e.what()).rfind(
-                "run.device=cuda but no CUDA device is visible on host " + topo.hostname + ": ", 0),
+                "run.device=cuda but no CUDA device is visible on host " + topo.hostname + " (", 0),
             0u)
             << e.what();
+        // and why, in the CUDA runtime's words (or the build's)
+        EXPECT_NE(std::string(e.what()).find(dist::cuda_unavailable_reason()), std::string::npos);
     }
 }
 

@@ -38,7 +38,9 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "mpi_check.hpp"
@@ -46,6 +48,7 @@
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/core/nvtx.hpp"
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
@@ -974,6 +977,21 @@ int cuda_device_count() {
 #endif
 }
 
+std::string cuda_unavailable_reason() {
+#if TRAINSCOPE_HAVE_CUDA
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess)
+        return std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) + ", " +
+               cudaGetErrorString(err);
+    if (count == 0) return "the CUDA runtime sees no device";
+    if (!torch::cuda::is_available()) return "LibTorch's CUDA backend is not available";
+    return "";
+#else
+    return "this trainscope was built without CUDA";
+#endif
+}
+
 std::string cpu_affinity_string() {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -995,7 +1013,38 @@ std::string cpu_affinity_string() {
     return out;
 }
 
-DeviceBinding bind_device(const std::string& requested, const Topology& topo, bool nccl_backend) {
+GpuAssignment assign_gpus(const std::vector<RankGpus>& ranks, bool nccl_backend) {
+    GpuAssignment a;
+    // (host, PCI bus id) -> the first rank that chose it.
+    std::map<std::pair<std::string, std::string>, std::size_t> owner;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+        const RankGpus& g = ranks[r];
+        if (g.pci_bus_ids.empty()) {
+            a.index.push_back(-1);
+            continue;
+        }
+        const int i = g.local_rank % static_cast<int>(g.pci_bus_ids.size());
+        a.index.push_back(i);
+        const std::string& bus = g.pci_bus_ids[static_cast<std::size_t>(i)];
+        const auto [it, fresh] = owner.emplace(std::make_pair(g.host, bus), r);
+        if (fresh || !a.error.empty() || !a.shared.empty()) continue;
+        const std::string what =
+            "ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " on node " +
+            g.host + " both use the GPU at PCI bus id " + bus + " (rank " + std::to_string(r) +
+            " sees " + std::to_string(g.pci_bus_ids.size()) + " GPU(s))";
+        if (nccl_backend)
+            a.error = what + ": NCCL cannot put two ranks on one GPU. Launch one rank per GPU: "
+                             "as many ranks per node as GPUs (--ntasks-per-node = "
+                             "--gpus-per-node), or bind one GPU per task (srun "
+                             "--gpus-per-task=1)";
+        else
+            a.shared = what + ": allowed with dist.backend=mpi, but they compete for it";
+    }
+    return a;
+}
+
+DeviceBinding bind_device(const std::string& requested, const Topology& topo, bool nccl_backend,
+                          MPI_Comm world) {
     DeviceBinding b;
     b.cpu_affinity = cpu_affinity_string();
     if (requested == "cpu") {
@@ -1013,17 +1062,38 @@ DeviceBinding bind_device(const std::string& requested, const Topology& topo, bo
                                 "'auto' with dist::resolve_options first)");
     const int gpus = cuda_device_count();
     if (gpus == 0)
-        throw core::ConfigError(
-            "run.device=cuda but no CUDA device is visible on host " + topo.hostname + ": " +
-            (TRAINSCOPE_HAVE_CUDA ? "check the job's GPU request (e.g. --gpus-per-node) and "
-                                    "CUDA_VISIBLE_DEVICES, or use run.device=cpu"
-                                  : "this trainscope was built without CUDA; use run.device=cpu"));
-    if (nccl_backend && topo.local_size > gpus)
-        throw core::ConfigError(std::to_string(topo.local_size) + " ranks share node " +
-                                topo.hostname + " with only " + std::to_string(gpus) +
-                                " GPUs; NCCL cannot put two ranks on one GPU: launch at most " +
-                                std::to_string(gpus) + " ranks per node");
-    const int index = topo.local_rank % gpus;
+        throw core::ConfigError("run.device=cuda but no CUDA device is visible on host " +
+                                topo.hostname + " (" + cuda_unavailable_reason() + "): " +
+                                (TRAINSCOPE_HAVE_CUDA
+                                     ? "check the job's GPU request (e.g. --gpus-per-node) and "
+                                       "CUDA_VISIBLE_DEVICES, or use run.device=cpu"
+                                     : "use run.device=cpu"));
+    // Every rank's visible GPUs by PCI bus id, so that ranks bound to one GPU each (their own
+    // CUDA_VISIBLE_DEVICES) are told apart from ranks that really share one.
+    std::string mine = topo.hostname + "\n" + std::to_string(topo.local_rank);
+#if TRAINSCOPE_HAVE_CUDA
+    for (int i = 0; i < gpus; ++i) {
+        char bus[32] = {};
+        const bool known = cudaDeviceGetPCIBusId(bus, sizeof(bus), i) == cudaSuccess;
+        mine += "\n" + (known ? std::string(bus) : "device-" + std::to_string(i));
+    }
+#endif
+    std::vector<RankGpus> all;
+    for (const std::string& text : core::allgather_strings(world, mine)) {
+        RankGpus g;
+        std::istringstream in(text);
+        std::string line;
+        std::getline(in, g.host);
+        std::getline(in, line);
+        g.local_rank = std::stoi(line);
+        while (std::getline(in, line))
+            g.pci_bus_ids.push_back(line);
+        all.push_back(std::move(g));
+    }
+    const GpuAssignment a = assign_gpus(all, nccl_backend);
+    if (!a.error.empty()) throw core::ConfigError(a.error);
+    if (!a.shared.empty() && topo.rank == 0) core::log::warn() << a.shared;
+    const int index = a.index[static_cast<std::size_t>(topo.rank)];
     b.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 #if TRAINSCOPE_HAVE_CUDA
     c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));

@@ -15,7 +15,10 @@ namespace trainscope::dist {
 void declare_options(core::OptionRegistry& registry) {
     registry.add_choice("run.device", "auto", {"auto", "cpu", "cuda"},
                         "compute device; auto = cuda when built with CUDA and a GPU is visible, "
-                        "else cpu (each rank uses GPU local_rank % GPUs per node)");
+                        "else cpu, but refused when the scheduler granted GPUs (SLURM_GPUS*, "
+                        "CUDA_VISIBLE_DEVICES) that CUDA cannot use; each rank uses GPU "
+                        "local_rank % the GPUs it sees, and NCCL refuses two ranks of a node on "
+                        "one PCI bus id");
     registry.add_choice("dist.backend", "auto", {"auto", "mpi", "nccl"},
                         "gradient communication; auto = nccl for cuda devices, mpi for cpu");
     // The MiB options stop at 1 TiB: beyond any model, and their byte counts stay exact integers.
@@ -47,14 +50,44 @@ void declare_options(core::OptionRegistry& registry) {
                         "comm benchmark: element type (the MPI backend reduces float32/float64)");
 }
 
-DistOptions resolve_options(const core::Config& config, int visible_cuda_devices) {
+std::string granted_gpus(const std::map<std::string, std::string>& env) {
+    // Slurm's GPU variables (set when the job or step was given GPUs) and CUDA_VISIBLE_DEVICES
+    // naming at least one device (container runtimes and schedulers set it; "" or "-1" or
+    // "NoDevFiles" hide every GPU on purpose).
+    for (const char* key : {"SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS",
+                            "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK"}) {
+        auto it = env.find(key);
+        if (it != env.end() && !it->second.empty() && it->second != "0")
+            return std::string(key) + "=" + it->second;
+    }
+    auto it = env.find("CUDA_VISIBLE_DEVICES");
+    if (it != env.end() && !it->second.empty() && it->second != "-1" && it->second != "NoDevFiles")
+        return "CUDA_VISIBLE_DEVICES=" + it->second;
+    return {};
+}
+
+DistOptions resolve_options(const core::Config& config, int visible_cuda_devices,
+                            const std::string& cuda_unavailable_reason,
+                            const std::map<std::string, std::string>& env) {
     DistOptions o;
     const std::string& device = config.get_string("run.device");
     const std::string& backend = config.get_string("dist.backend");
-    if (device == "auto")
+    if (device == "auto") {
         o.device = (TRAINSCOPE_HAVE_CUDA && visible_cuda_devices > 0) ? "cuda" : "cpu";
-    else
+        if (o.device == "cpu") {
+            const std::string granted = granted_gpus(env);
+            if (!granted.empty())
+                throw core::ConfigError(
+                    "run.device=auto would fall back to the CPU although " + granted +
+                    " says this job was given GPUs: CUDA is unavailable here (" +
+                    cuda_unavailable_reason +
+                    "). Fix the driver, container or device "
+                    "visibility, or set run.device=cpu to train on the CPU on purpose");
+            o.auto_reason = "run.device=auto chose cpu: " + cuda_unavailable_reason;
+        }
+    } else {
         o.device = device;
+    }
     if (backend == "auto")
         o.backend = o.device == "cuda" ? "nccl" : "mpi";
     else
@@ -124,7 +157,9 @@ std::string launch_problem(const Topology& topo, bool cuda,
 
 std::map<std::string, std::string> launch_environment() {
     std::map<std::string, std::string> env;
-    for (const char* key : {"SLURM_STEP_NUM_TASKS", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS"})
+    for (const char* key : {"SLURM_STEP_NUM_TASKS", "SLURM_GPUS_ON_NODE", "SLURM_NTASKS",
+                            "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "SLURM_GPUS",
+                            "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "CUDA_VISIBLE_DEVICES"})
         if (const char* v = std::getenv(key)) env[key] = v;
     return env;
 }

@@ -79,7 +79,9 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
             BatchLayout::resolve(c, topo.world_size, s.workload->pipeline_stages(),
                                  s.workload->sharded_data(), s.workload->gradient_accumulation());
         env.threads_per_rank = threads_per_rank(c.get_int("run.threads"), topo.local_size);
-        env.dist = dist::resolve_options(c, dist::cuda_device_count());
+        const int gpus = dist::cuda_device_count();
+        env.dist = dist::resolve_options(c, gpus, gpus > 0 ? "" : dist::cuda_unavailable_reason(),
+                                         dist::launch_environment());
         if (c.get_bool("run.deterministic")) {
             if (c.get_bool("run.cudnn_benchmark"))
                 throw core::ConfigError("run.deterministic=true and run.cudnn_benchmark=true "
@@ -92,7 +94,14 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
                 dist::launch_problem(topo, env.dist.device == "cuda", dist::launch_environment());
             !m.empty())
             throw core::ConfigError(m);
-        env.device = dist::bind_device(env.dist.device, topo, env.dist.backend == "nccl");
+        env.device = dist::bind_device(env.dist.device, topo, env.dist.backend == "nccl", world);
+        if (!env.dist.auto_reason.empty()) core::log::info() << env.dist.auto_reason;
+        if (c.get_bool("data.pin_memory") && !env.device.device.is_cuda() && core::log::rank() == 0)
+            core::log::warn() << "data.pin_memory=true is dropped: run.device resolved to "
+                              << env.device.device.str()
+                              << ", and pinned host memory only speeds copies to a GPU; the "
+                                 "batches stay in pageable memory (set data.pin_memory=false to "
+                                 "silence this)";
         env.precision = s.workload->precision();
         env.policy = resolve_precision(env.precision, env.device.device);
         s.workload->check(env);

@@ -28,13 +28,23 @@ struct DistOptions {
     // dist.timeout: seconds any wait for the peers may take (communicators, checkpoint
     // agreement, collective run-file writes; see docs/faults.md).
     double timeout_s = 600;
+    // run.device=auto resolved to cpu: why (logged by the session); empty otherwise.
+    std::string auto_reason;
 };
 
-// Resolves the "auto" values. `visible_cuda_devices` is what this process sees (pass
-// dist::cuda_device_count(); tests pass any number). Throws ConfigError for dist.backend=nccl with
-// a CPU device, for NCCL in a build without NCCL, and for dist.bucket_mb or dist.first_bucket_mb
-// <= 0.
-DistOptions resolve_options(const core::Config& config, int visible_cuda_devices);
+// Resolves the "auto" values. `visible_cuda_devices` is what this process sees and
+// `cuda_unavailable_reason` why it sees none (pass dist::cuda_device_count() and
+// dist::cuda_unavailable_reason(); tests pass anything); `env` the launch environment
+// (launch_environment()). Throws ConfigError when run.device=auto would fall back to the CPU on a
+// node whose scheduler granted GPUs (granted_gpus), naming the variable and the reason; for
+// dist.backend=nccl with a CPU device, for NCCL in a build without NCCL, and for dist.bucket_mb
+// or dist.first_bucket_mb <= 0.
+DistOptions resolve_options(const core::Config& config, int visible_cuda_devices,
+                            const std::string& cuda_unavailable_reason = "no GPU is visible",
+                            const std::map<std::string, std::string>& env = {});
+// "VAR=value" of the first variable saying this job was given GPUs (Slurm's SLURM_GPUS*,
+// SLURM_JOB_GPUS, SLURM_STEP_GPUS, or a CUDA_VISIBLE_DEVICES naming a device), "" if none.
+std::string granted_gpus(const std::map<std::string, std::string>& env);
 
 // Launch mistakes a batch job makes before any training, as a message (empty = none):
 // - an srun step of N > 1 tasks (SLURM_STEP_NUM_TASKS) whose MPI world has 1 rank: the MPI
