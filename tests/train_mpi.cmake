@@ -19,3 +19,13 @@ trainscope_add_test(NAME fsdp_mpi_tests MPI TORCH
   LABELS train
   MPI NP 2 4)
 target_compile_definitions(fsdp_mpi_tests PRIVATE TRAINSCOPE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+
+# Label gpu (scripts/gpu-check): the tests that need a GPU, each skipping itself without one, so
+# that the CPU suite runs them cleanly: the checkpoint's device mapping from cuda:0 and the NF4
+# table on the device.
+add_test(NAME gpu_checkpoint_np2
+  COMMAND ${MPIEXEC_EXECUTABLE} ${_trainscope_root_flags} ${TRAINSCOPE_MPIEXEC_EXTRA_FLAGS}
+          ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:train_mpi_tests> --gtest_filter=*Cuda*)
+add_test(NAME gpu_nf4 COMMAND models_unit_tests --gtest_filter=Nf4.ByteTable*)
+set_tests_properties(gpu_checkpoint_np2 gpu_nf4 PROPERTIES LABELS "gpu" TIMEOUT 300
+  ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMP_NUM_THREADS=1")

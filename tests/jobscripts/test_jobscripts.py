@@ -27,7 +27,8 @@ SCRIPTS = [ROOT / "jobscripts/slurm/train.sbatch", ROOT / "jobscripts/pbs/train.
            ROOT / "jobscripts/local/run.sh", ROOT / "jobscripts/site/default.env",
            ROOT / "tests/slurm/local_slurm.sh", ROOT / "scripts/setup", ROOT / "scripts/test",
            ROOT / "scripts/build", ROOT / "scripts/demo", ROOT / "scripts/mpirun",
-           ROOT / "scripts/bench", ROOT / "scripts/fuzz", ROOT / "benchmarks/comm_mpi.sh"]
+           ROOT / "scripts/bench", ROOT / "scripts/fuzz", ROOT / "benchmarks/comm_mpi.sh",
+           ROOT / "scripts/gpu-check"]
 
 
 def sweep(*args, check=True, env=None):
@@ -353,3 +354,25 @@ def test_real_slurm_signal_stops_and_requeue_resumes(slurm, tmp_path):
         assert int(f.attrs["resumed_from_iteration"]) == stopped
         it = f["iterations/iteration"][0]
         assert it[0] == stopped and it[-1] == 199
+
+
+def test_gpu_check_runs_up_to_the_gpu_and_says_what_it_skipped(tmp_path):
+    """scripts/gpu-check on this GPU-less machine (issue 25): against the suite's own CUDA build it
+    runs the ctest label gpu (whose tests skip themselves), then names every GPU step it skips and
+    exits 0; it refuses an unknown argument."""
+    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"],
+                                                     capture_output=True).returncode == 0:
+        pytest.skip("a GPU is present: scripts/gpu-check runs its matrix there")
+    build = os.environ.get("TRAINSCOPE_BUILD_DIR", str(ROOT / "build"))
+    env = dict(os.environ, TRAINSCOPE_VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    proc = subprocess.run([ROOT / "scripts/gpu-check", "--no-build", "--build-dir", build,
+                           "--out", tmp_path], capture_output=True, text=True, env=env,
+                          timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "tests passed" in out  # the gpu label ran
+    for step in ("CV MobileNetV2 fp16-mixed", "LLM qlora bf16-mixed, dist.zero=0 and dist.zero=3",
+                 "2 ranks sharing one GPU over dist.backend=mpi", "compute-sanitizer memcheck"):
+        assert f"SKIPPED (no GPU): {step}" in out, out
+    proc = subprocess.run([ROOT / "scripts/gpu-check", "--bogus"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "unknown argument '--bogus'" in proc.stderr

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The table of scripts/gpu-check: one row per run file of its smoke matrix, read back with h5py,
+and the checks a GPU run must pass. Exit 1 when any check fails (each failure is named)."""
+from __future__ import annotations
+
+import sys
+
+import h5py
+import numpy as np
+
+
+def text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def row(path: str) -> tuple[list[str], list[str]]:
+    """(cells, failed checks) of one run file."""
+    failed = []
+    with h5py.File(path, "r") as f:
+        ranks = f["ranks"][...]
+        devices = sorted({text(d) for d in ranks["device"]})
+        buses = [text(b) for b in ranks["pci_bus_id"]]
+        if not all(d.startswith("cuda") for d in devices):
+            failed.append(f"device {devices} is not cuda")
+        if not all(buses):
+            failed.append("a rank has no PCI bus id")
+        backend = text(f["config"].attrs.get("dist.backend", ""))
+        if backend != "mpi" and len(set(buses)) != len(buses):
+            failed.append("two NCCL ranks on one PCI bus id")
+        energy = f["telemetry/energy_j"][...] if "telemetry/energy_j" in f else np.array([])
+        rising = energy.size > 1 and np.nanmax(energy[:, -1] - energy[:, 0]) > 0
+        if not rising:
+            failed.append("NVML energy did not rise")
+        it = f["iterations"]
+        peak = float(np.nanmax(it["device_allocated_peak_bytes"][...]))
+        if not peak > 0:
+            failed.append("no device allocator peak")
+        syncs = it["host_syncs"][...]
+        precision = text(f["config"].attrs.get("run.precision", ""))
+        want = 1 if precision == "fp16-mixed" else 0
+        if not np.all(syncs == want):
+            failed.append(f"host_syncs {sorted(set(syncs.ravel().tolist()))}, expected {want}")
+        s = f["summary"].attrs
+        tps = s.get("throughput_tokens_per_s", np.nan)
+        rate = (f"{float(tps):.0f} tok/s" if np.isfinite(tps)
+                else f"{float(s.get('throughput_samples_per_s', np.nan)):.0f} img/s")
+        mfu = float(s.get("mfu", np.nan))
+        cells = [path.rsplit("/", 1)[-1], ",".join(devices), ",".join(sorted(set(buses))),
+                 f"{float(np.nanmax(energy[:, -1] - energy[:, 0])) if energy.size else float('nan'):.1f}",
+                 f"{peak / 2**20:.0f}", f"{float(np.mean(syncs)):.2f}", rate,
+                 f"{100 * mfu:.1f}%" if np.isfinite(mfu) else "n/a"]
+    return cells, failed
+
+
+def main(paths: list[str]) -> int:
+    head = ["run", "device", "pci_bus_id", "energy J", "peak MiB", "syncs/it", "throughput", "MFU"]
+    rows, failures = [], []
+    for p in paths:
+        cells, failed = row(p)
+        rows.append(cells + ["ok" if not failed else "FAIL"])
+        failures += [f"{p}: {m}" for m in failed]
+    table = [head + ["check"]] + rows
+    width = [max(len(r[i]) for r in table) for i in range(len(head) + 1)]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, width)))
+    for m in failures:
+        print(f"FAILED: {m}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
