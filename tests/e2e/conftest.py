@@ -29,8 +29,8 @@ def mpirun_cmd(np_, *args):
 def run_ts():
     """Runs trainscope under mpirun; returns CompletedProcess. Fails the test on a hang."""
 
-    def run(np_, *args, timeout=300, cwd=ROOT):
-        env = launch_env(OMP_NUM_THREADS="1")
+    def run(np_, *args, timeout=300, cwd=ROOT, env=None):
+        env = launch_env(OMP_NUM_THREADS="1", **(env or {}))
         return subprocess.run(mpirun_cmd(np_, *args), cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=timeout)
 

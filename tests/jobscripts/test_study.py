@@ -68,6 +68,9 @@ def test_every_shipped_study_renders_at_both_scales(tmp_path):
             for pt in doc["points"]:
                 assert Path(pt["script"]).is_file()
                 assert not (Path(pt["run_dir"]) / "job.id").exists()
+                # A GPU point never lets run.device=auto fall back to the CPU (issue 25).
+                gpu = "--run.device=cuda" in Path(pt["script"]).read_text()
+                assert gpu == bool(pt["gpus_per_node"]), (f, pt["point"])
 
 
 def test_dry_run_of_a_large_slurm_study_renders_throttled_arrays(tmp_path):
@@ -101,6 +104,7 @@ def test_dry_run_of_a_large_slurm_study_renders_throttled_arrays(tmp_path):
     dp4 = (out / "dp_fp32/strong/n04/rep0/job.sbatch").read_text()
     assert "#SBATCH --ntasks-per-node=1" in dp4 and "#SBATCH --gpus-per-node=4" in dp4
     assert "--dp.devices=4" in dp4 and "--run.global_batch=256" in dp4
+    assert "--run.device=cuda" in dp4
     assert not (out / "dp_fp32/strong/n08").exists()
     ddp16 = (out / "ddp_fp32/strong/n16/rep2/job.sbatch").read_text()
     assert "#SBATCH --nodes=4" in ddp16 and "--run.precision=fp32" in ddp16

@@ -659,6 +659,54 @@ TEST(DeviceBinding, AssignsByPciBusIdAcrossTheNodesRanks) {
     EXPECT_EQ(a.index, (std::vector<int>{0, 0}));
 }
 
+// Issue 25: what else the ranks' exchange decides (faked device lists).
+TEST(DeviceBinding, RefusesMixedDevicesAndNamesIdleGpus) {
+    const std::vector<std::string> four = {"0000:1b:00.0", "0000:41:00.0", "0000:9a:00.0",
+                                           "0000:c1:00.0"};
+    // run.device=auto on a node whose CUDA is broken: that node computes on the CPU, the others
+    // on GPUs. Refused on every rank, naming one rank of each kind.
+    std::vector<dist::RankGpus> mixed = {{"n1", 0, four}, {"n1", 1, four}, {"n2", 0, {}, false}};
+    dist::GpuAssignment a = dist::assign_gpus(mixed, /*nccl_backend=*/false);
+    EXPECT_NE(a.error.find("rank 0 (node n1) computes on cuda but rank 2 (node n2) on cpu"),
+              std::string::npos)
+        << a.error;
+    EXPECT_NE(a.error.find("run.device=cpu (or cuda) for every rank"), std::string::npos);
+    // All on the CPU: nothing to choose, nothing to say.
+    a = dist::assign_gpus({{"n1", 0, {}, false}, {"n1", 1, {}, false}}, false);
+    EXPECT_EQ(a.error + a.shared + a.idle, "");
+    EXPECT_EQ(a.index, (std::vector<int>{-1, -1}));
+    // 2 ranks on a node of 4 GPUs: accepted, and the 2 idle GPUs are named.
+    a = dist::assign_gpus({{"n1", 0, four}, {"n1", 1, four}}, true);
+    EXPECT_EQ(a.error, "");
+    EXPECT_EQ(a.index, (std::vector<int>{0, 1}));
+    EXPECT_NE(a.idle.find("node n1: its ranks use 2 of the 4 GPUs they see; idle: 0000:9a:00.0, "
+                          "0000:c1:00.0"),
+              std::string::npos)
+        << a.idle;
+    // Per-task binding on two nodes: every GPU used, none idle.
+    std::vector<dist::RankGpus> per_task;
+    for (int r = 0; r < 8; ++r)
+        per_task.push_back({r < 4 ? "n1" : "n2", r % 4, {four[static_cast<std::size_t>(r % 4)]}});
+    a = dist::assign_gpus(per_task, true);
+    EXPECT_EQ(a.error + a.idle, "");
+    EXPECT_EQ(a.index, (std::vector<int>(8, 0)));
+    // A rank that sees no GPU gets no index (bind_device refuses it on that rank, with CUDA's
+    // reason); the others are decided as usual.
+    a = dist::assign_gpus({{"n1", 0, {four[0]}}, {"n1", 1, {}}}, true);
+    EXPECT_EQ(a.error, "");
+    EXPECT_EQ(a.index, (std::vector<int>{0, -1}));
+}
+
+// bind_device exchanges what every rank sees before any rank may fail: ranks that disagree (here
+// rank 0 asks for cuda, the others for cpu) all fail, none waits in the exchange for ever.
+TEST(DeviceBinding, EveryRankFailsTogetherWhenTheRanksDisagree) {
+    const auto topo = dist::discover_topology(MPI_COMM_WORLD);
+    if (topo.world_size < 2) GTEST_SKIP() << "needs 2 ranks";
+    EXPECT_THROW(dist::bind_device(topo.rank == 0 ? "cuda" : "cpu", topo, /*nccl_backend=*/false,
+                                   MPI_COMM_WORLD),
+                 core::ConfigError);
+}
+
 TEST(DeviceBinding, CpuAndMissingGpu) {
     auto topo = dist::discover_topology(MPI_COMM_WORLD);
     auto b = dist::bind_device("cpu", topo, /*nccl_backend=*/false, MPI_COMM_WORLD);
@@ -685,26 +733,25 @@ TEST(DeviceBinding, CpuAndMissingGpu) {
     }
 }
 
-// Launch checks for batch jobs: an srun step whose MPI did not get PMI (N tasks, 1-rank worlds),
-// and CUDA ranks per node that differ from the GPUs Slurm gave the node.
-TEST(LaunchProblem, SrunWithoutPmiAndRanksPerGpu) {
+// Launch checks for batch jobs: an srun step whose MPI did not get PMI (N tasks, 1-rank worlds).
+// The GPUs Slurm counts on a node are not compared with its ranks (issue 25): with per-task
+// binding SLURM_GPUS_ON_NODE may count one task's GPUs, and bind_device judges by PCI bus id.
+TEST(LaunchProblem, SrunWithoutPmiButAnyGpuCount) {
     dist::Topology one;
     one.hostname = "n1";
-    EXPECT_EQ(dist::launch_problem(one, false, {}), "");
-    EXPECT_EQ(dist::launch_problem(one, false, {{"SLURM_STEP_NUM_TASKS", "1"}}), "");
-    const std::string m = dist::launch_problem(one, false, {{"SLURM_STEP_NUM_TASKS", "4"}});
+    EXPECT_EQ(dist::launch_problem(one, {}), "");
+    EXPECT_EQ(dist::launch_problem(one, {{"SLURM_STEP_NUM_TASKS", "1"}}), "");
+    const std::string m = dist::launch_problem(one, {{"SLURM_STEP_NUM_TASKS", "4"}});
     EXPECT_NE(m.find("4 tasks (SLURM_STEP_NUM_TASKS) but MPI sees 1 rank"), std::string::npos) << m;
     EXPECT_NE(m.find("srun --mpi=pmix"), std::string::npos);
 
     dist::Topology four = one;
     four.world_size = 8;
     four.local_size = 4;
-    EXPECT_EQ(dist::launch_problem(four, true,
-                                   {{"SLURM_STEP_NUM_TASKS", "8"}, {"SLURM_GPUS_ON_NODE", "4"}}),
-              "");
-    const std::string g = dist::launch_problem(four, true, {{"SLURM_GPUS_ON_NODE", "2"}});
-    EXPECT_NE(g.find("4 ranks run on node n1 but the job has 2 GPUs there"), std::string::npos)
-        << g;
-    EXPECT_EQ(dist::launch_problem(four, false, {{"SLURM_GPUS_ON_NODE", "2"}}), ""); // CPU run
-    EXPECT_EQ(dist::launch_problem(four, true, {{"SLURM_GPUS_ON_NODE", "junk"}}), "");
+    for (const char* gpus : {"4", "1", "2", "8", "junk"}) // per node, per task, shared, dp
+        EXPECT_EQ(dist::launch_problem(four, {{"SLURM_STEP_NUM_TASKS", "8"},
+                                              {"SLURM_GPUS_ON_NODE", gpus},
+                                              {"SLURM_GPUS_PER_TASK", "1"}}),
+                  "")
+            << gpus;
 }

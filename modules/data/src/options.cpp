@@ -29,7 +29,8 @@ void declare_options(core::OptionRegistry& r) {
     r.add_int("data.prefetch", 2, "batches the loader keeps ready ahead of the training step", 1,
               64);
     r.add_bool("data.pin_memory", false,
-               "build batches in page-locked host memory (CUDA only; ignored on CPU)");
+               "build CV batches in page-locked host memory (CUDA only: on a CPU device it is "
+               "dropped with a warning; /plan pin_memory says what applied)");
     r.add_bool("data.drop_last", true,
                "drop the samples that do not fill the last rank shard and the last batch");
     r.add_choice("data.preprocess", "host", {"host", "device"},

@@ -1,6 +1,6 @@
 // The MPI communicator (host tensors; a progress thread runs asynchronous allreduces on a
 // duplicated communicator so they overlap computation even though Open MPI only progresses
-// nonblocking collectives inside MPI calls), the backend factory, and CPU/GPU device binding.
+// nonblocking collectives inside MPI calls) and the backend factory (device binding: device.cpp).
 //
 // MPI runs at MPI_THREAD_SERIALIZED (see mpi_runtime.hpp): at most one thread is inside MPI at a
 // time. Every MPI communicator of the process (a run may have several: pipeline and data-parallel
@@ -26,7 +26,6 @@
 // thread as plain MPI calls.
 #include "trainscope/dist/communicator.hpp"
 
-#include <sched.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -38,9 +37,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <map>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "mpi_check.hpp"
@@ -50,13 +47,7 @@
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/core/nvtx.hpp"
-#include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
-
-#if TRAINSCOPE_HAVE_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#include <cuda_runtime_api.h>
-#endif
 
 namespace trainscope::dist {
 
@@ -964,145 +955,6 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_
     throw core::ConfigError("dist.backend = '" + backend +
                             "' is not a communicator backend; use "
                             "mpi or nccl");
-}
-
-// ---- device binding
-// ------------------------------------------------------------------------------
-
-int cuda_device_count() {
-#if TRAINSCOPE_HAVE_CUDA
-    return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
-#else
-    return 0;
-#endif
-}
-
-std::string cuda_unavailable_reason() {
-#if TRAINSCOPE_HAVE_CUDA
-    int count = 0;
-    const cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess)
-        return std::string("cudaGetDeviceCount: ") + cudaGetErrorName(err) + ", " +
-               cudaGetErrorString(err);
-    if (count == 0) return "the CUDA runtime sees no device";
-    if (!torch::cuda::is_available()) return "LibTorch's CUDA backend is not available";
-    return "";
-#else
-    return "this trainscope was built without CUDA";
-#endif
-}
-
-std::string cpu_affinity_string() {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) != 0) return "";
-    std::string out;
-    for (int c = 0; c < CPU_SETSIZE;) {
-        if (!CPU_ISSET(c, &set)) {
-            ++c;
-            continue;
-        }
-        int end = c;
-        while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set))
-            ++end;
-        if (!out.empty()) out += ',';
-        out += std::to_string(c);
-        if (end > c) out += "-" + std::to_string(end);
-        c = end + 1;
-    }
-    return out;
-}
-
-GpuAssignment assign_gpus(const std::vector<RankGpus>& ranks, bool nccl_backend) {
-    GpuAssignment a;
-    // (host, PCI bus id) -> the first rank that chose it.
-    std::map<std::pair<std::string, std::string>, std::size_t> owner;
-    for (std::size_t r = 0; r < ranks.size(); ++r) {
-        const RankGpus& g = ranks[r];
-        if (g.pci_bus_ids.empty()) {
-            a.index.push_back(-1);
-            continue;
-        }
-        const int i = g.local_rank % static_cast<int>(g.pci_bus_ids.size());
-        a.index.push_back(i);
-        const std::string& bus = g.pci_bus_ids[static_cast<std::size_t>(i)];
-        const auto [it, fresh] = owner.emplace(std::make_pair(g.host, bus), r);
-        if (fresh || !a.error.empty() || !a.shared.empty()) continue;
-        const std::string what =
-            "ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " on node " +
-            g.host + " both use the GPU at PCI bus id " + bus + " (rank " + std::to_string(r) +
-            " sees " + std::to_string(g.pci_bus_ids.size()) + " GPU(s))";
-        if (nccl_backend)
-            a.error = what + ": NCCL cannot put two ranks on one GPU. Launch one rank per GPU: "
-                             "as many ranks per node as GPUs (--ntasks-per-node = "
-                             "--gpus-per-node), or bind one GPU per task (srun "
-                             "--gpus-per-task=1)";
-        else
-            a.shared = what + ": allowed with dist.backend=mpi, but they compete for it";
-    }
-    return a;
-}
-
-DeviceBinding bind_device(const std::string& requested, const Topology& topo, bool nccl_backend,
-                          MPI_Comm world) {
-    DeviceBinding b;
-    b.cpu_affinity = cpu_affinity_string();
-    if (requested == "cpu") {
-        if (nccl_backend)
-            throw core::ConfigError(
-                "dist.backend=nccl needs run.device=cuda (run.device=cpu): NCCL "
-                "cannot communicate host memory; use dist.backend=mpi");
-        b.device = torch::Device(torch::kCPU);
-        b.name = "cpu";
-        return b;
-    }
-    if (requested != "cuda")
-        throw core::ConfigError("run.device = '" + requested +
-                                "': expected cpu or cuda (resolve "
-                                "'auto' with dist::resolve_options first)");
-    const int gpus = cuda_device_count();
-    if (gpus == 0)
-        throw core::ConfigError("run.device=cuda but no CUDA device is visible on host " +
-                                topo.hostname + " (" + cuda_unavailable_reason() + "): " +
-                                (TRAINSCOPE_HAVE_CUDA
-                                     ? "check the job's GPU request (e.g. --gpus-per-node) and "
-                                       "CUDA_VISIBLE_DEVICES, or use run.device=cpu"
-                                     : "use run.device=cpu"));
-    // Every rank's visible GPUs by PCI bus id, so that ranks bound to one GPU each (their own
-    // CUDA_VISIBLE_DEVICES) are told apart from ranks that really share one.
-    std::string mine = topo.hostname + "\n" + std::to_string(topo.local_rank);
-#if TRAINSCOPE_HAVE_CUDA
-    for (int i = 0; i < gpus; ++i) {
-        char bus[32] = {};
-        const bool known = cudaDeviceGetPCIBusId(bus, sizeof(bus), i) == cudaSuccess;
-        mine += "\n" + (known ? std::string(bus) : "device-" + std::to_string(i));
-    }
-#endif
-    std::vector<RankGpus> all;
-    for (const std::string& text : core::allgather_strings(world, mine)) {
-        RankGpus g;
-        std::istringstream in(text);
-        std::string line;
-        std::getline(in, g.host);
-        std::getline(in, line);
-        g.local_rank = std::stoi(line);
-        while (std::getline(in, line))
-            g.pci_bus_ids.push_back(line);
-        all.push_back(std::move(g));
-    }
-    const GpuAssignment a = assign_gpus(all, nccl_backend);
-    if (!a.error.empty()) throw core::ConfigError(a.error);
-    if (!a.shared.empty() && topo.rank == 0) core::log::warn() << a.shared;
-    const int index = a.index[static_cast<std::size_t>(topo.rank)];
-    b.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
-#if TRAINSCOPE_HAVE_CUDA
-    c10::cuda::set_device(static_cast<c10::DeviceIndex>(index));
-    cudaDeviceProp prop{};
-    if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) b.name = prop.name;
-    char bus[32] = {};
-    if (cudaDeviceGetPCIBusId(bus, sizeof(bus), index) == cudaSuccess) b.pci_bus_id = bus;
-#endif
-    return b;
 }
 
 } // namespace trainscope::dist

@@ -128,8 +128,7 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
     return o;
 }
 
-std::string launch_problem(const Topology& topo, bool cuda,
-                           const std::map<std::string, std::string>& env) {
+std::string launch_problem(const Topology& topo, const std::map<std::string, std::string>& env) {
     auto number = [&](const char* key) -> long {
         auto it = env.find(key);
         if (it == env.end()) return -1;
@@ -146,12 +145,9 @@ std::string launch_problem(const Topology& topo, bool cuda,
                "given the step's PMI, so each task started a job of its own. Launch with srun "
                "--mpi=pmix (srun --mpi=list shows what Slurm offers; Open MPI needs PMIx "
                "support), or with mpirun inside the allocation";
-    const long gpus = number("SLURM_GPUS_ON_NODE");
-    if (cuda && gpus > 0 && gpus != topo.local_size)
-        return std::to_string(topo.local_size) + " ranks run on node " + topo.hostname +
-               " but the job has " + std::to_string(gpus) +
-               " GPUs there (SLURM_GPUS_ON_NODE): trainscope runs one rank per GPU; set "
-               "--ntasks-per-node equal to --gpus-per-node";
+    // GPUs per node are not compared with ranks per node here: SLURM_GPUS_ON_NODE counts the
+    // step's GPUs on the node or, with per-task binding, the task's own, and a single-process
+    // run.strategy=dp drives several. bind_device decides from the PCI bus ids the ranks chose.
     return {};
 }
 

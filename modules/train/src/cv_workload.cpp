@@ -258,7 +258,7 @@ std::string CvWorkload::plan_text() const {
       << env_.precision << "\n"
       << ranks_text();
     o << "  data          " << data_.description << "; network input " << channels_ << "x"
-      << image_size << "x" << image_size << "\n"
+      << image_size << "x" << image_size << "; " << pinning_text(t_.pin_memory) << "\n"
       << "  batch         " << l.batch_per_rank << (pipe ? " per replica x " : " per rank x ")
       << l.replicas << " = " << l.global_batch() << " per iteration; " << samples_per_shard_
       << (pipe ? " samples per replica per epoch\n" : " samples per rank per epoch\n")
@@ -291,6 +291,7 @@ std::vector<io::Attribute> CvWorkload::plan_attributes() const {
         {"device", env_.device.device.str()},
         {"backend", env_.dist.backend},
         {"dataset", data_.description},
+        {"pin_memory", std::int64_t{t_.pin_memory}}, // what applied (data.pin_memory: requested)
         {"threads_per_rank", static_cast<std::int64_t>(env_.threads_per_rank)},
         {"batch_per_rank", l.batch_per_rank},
         {"global_batch", l.global_batch()},

@@ -228,7 +228,7 @@ void LlmWorkload::build() {
       << "  tokenizer     " << tokenizer_->kind() << " " << l_.tokenizer << " ("
       << tokenizer_->vocab_size() << " ids)\n"
       << "  data          " << dataset_description_ << (l_.packed ? ", packed" : "")
-      << "; max_seq_len " << l_.dataset.max_seq_len << "\n"
+      << "; max_seq_len " << l_.dataset.max_seq_len << "; " << pinning_text(cuda) << "\n"
       << "  validation    "
       << (val_description_.empty() ? std::string("none (llm.val_fraction, llm.val_dataset.path)")
                                    : val_description_ + ", after every epoch")
@@ -316,6 +316,8 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"packed", std::int64_t{l_.packed}},
         {"max_seq_len", l_.dataset.max_seq_len},
         {"tokenizer", l_.tokenizer},
+        // Token batches are pinned on every GPU run (data.pin_memory is not consulted).
+        {"pin_memory", std::int64_t{env_.device.device.is_cuda()}},
         {"threads_per_rank", static_cast<std::int64_t>(env_.threads_per_rank)},
         {"batch_per_rank", layout.batch_per_rank},
         {"gradient_accumulation", l_.gradient_accumulation},

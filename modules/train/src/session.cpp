@@ -90,18 +90,27 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
             // cuBLAS needs a fixed workspace for reproducible results; before any CUDA use.
             ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
         }
-        if (const std::string m =
-                dist::launch_problem(topo, env.dist.device == "cuda", dist::launch_environment());
+        if (const std::string m = dist::launch_problem(topo, dist::launch_environment());
             !m.empty())
             throw core::ConfigError(m);
+    });
+    // A phase of its own: bind_device is collective (the ranks compare the GPUs they chose), so
+    // every rank must get there, which the agreement above guarantees.
+    dist::agree_on_errors(world, [&] {
         env.device = dist::bind_device(env.dist.device, topo, env.dist.backend == "nccl", world);
         if (!env.dist.auto_reason.empty()) core::log::info() << env.dist.auto_reason;
-        if (c.get_bool("data.pin_memory") && !env.device.device.is_cuda() && core::log::rank() == 0)
-            core::log::warn() << "data.pin_memory=true is dropped: run.device resolved to "
-                              << env.device.device.str()
-                              << ", and pinned host memory only speeds copies to a GPU; the "
-                                 "batches stay in pageable memory (set data.pin_memory=false to "
-                                 "silence this)";
+        if (core::log::rank() == 0) {
+            if (!env.device.shared.empty()) core::log::warn() << env.device.shared;
+            // run.strategy=dp drives every GPU it sees from one rank: none is idle.
+            if (!env.device.idle.empty() && env.strategy != Strategy::Dp)
+                core::log::warn() << env.device.idle;
+            if (c.get_bool("data.pin_memory") && !env.device.device.is_cuda())
+                core::log::warn() << "data.pin_memory=true is dropped: run.device resolved to "
+                                  << env.device.device.str()
+                                  << ", and pinned host memory only speeds copies to a GPU; the "
+                                     "batches stay in pageable memory (/plan pin_memory=0; set "
+                                     "data.pin_memory=false to silence this)";
+        }
         env.precision = s.workload->precision();
         env.policy = resolve_precision(env.precision, env.device.device);
         s.workload->check(env);

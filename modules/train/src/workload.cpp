@@ -81,6 +81,14 @@ std::string Workload::ranks_text() const {
     return o.str();
 }
 
+std::string Workload::pinning_text(bool pinned) const {
+    if (pinned) return "batches in pinned host memory";
+    if (env_.cfg.get_bool("data.pin_memory"))
+        return "batches in pageable host memory (data.pin_memory=true dropped: device " +
+               env_.device.device.str() + ")";
+    return "batches in pageable host memory";
+}
+
 std::string Workload::precision() const {
     return env_.cfg.get_string("run.precision");
 }

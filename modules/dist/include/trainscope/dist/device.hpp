@@ -18,6 +18,9 @@ struct DeviceBinding {
     std::string name;         // "cpu" or the GPU's name
     std::string pci_bus_id;   // "" on CPU, else cudaDeviceGetPCIBusId, e.g. "0000:41:00.0"
     std::string cpu_affinity; // sched_getaffinity as a list, e.g. "0-3,8"
+    // Notes for the log (the same on every rank, "" when there is nothing to say): ranks sharing
+    // a GPU under the MPI backend; GPUs a node's ranks see but none uses.
+    std::string shared, idle;
 };
 
 // CUDA devices this process can see (0 in builds without CUDA or without a driver/GPU).
@@ -26,30 +29,35 @@ int cuda_device_count();
 // from cudaGetDeviceCount (no driver, insufficient driver, no device, ...). "" when it is not 0.
 std::string cuda_unavailable_reason();
 
-// What one rank sees: its node, its node-local rank, and the PCI bus ids of the GPUs visible to
-// it, in CUDA's order (per-task binding such as srun --gpus-per-task=1 or --gpu-bind gives each
-// rank its own list; a plain launch gives every rank of a node the same one).
+// What one rank sees: its node, its node-local rank, the PCI bus ids of the GPUs visible to it in
+// CUDA's order, and whether it computes on a GPU (run.device resolved to cuda). Per-task binding
+// (srun --gpus-per-task=1, --gpu-bind, a CUDA_VISIBLE_DEVICES per rank) gives each rank its own
+// list; a plain launch gives every rank of a node the same one.
 struct RankGpus {
     std::string host;
     int local_rank = 0;
     std::vector<std::string> pci_bus_ids;
+    bool cuda = true;
 };
-// The device choice of every rank: index[r] = local_rank % (GPUs rank r sees) into its own list.
-// `error` is set (NCCL only) when two ranks of one node chose the same physical GPU (the same PCI
-// bus id), naming both ranks, the bus id and the fix: NCCL cannot put two ranks on one GPU.
-// `shared` notes the same for the MPI backend, where sharing is allowed (tests, one-GPU smoke
-// runs). Distinct GPUs are counted by PCI bus id across the node's ranks, never by how many
-// devices one rank sees.
+// The device choice of every rank, from what all ranks see (no MPI, no CUDA: unit tests fake it).
+// index[r] = local_rank % (GPUs rank r sees), into rank r's own list; -1 for a CPU rank or a rank
+// that sees no GPU (bind_device refuses the latter on that rank). Distinct GPUs are counted by PCI
+// bus id across a node's ranks, never by how many devices one rank sees.
+// error (refuse on every rank): some ranks compute on cuda and others on cpu; or, with NCCL, two
+//   ranks of one node chose the same bus id (naming both ranks, the bus id and the fix).
+// shared: the same two ranks under the MPI backend, where sharing is allowed (one-GPU tests).
+// idle: a node whose ranks see GPUs that none of them uses (its name, the counts, the bus ids).
 struct GpuAssignment {
     std::vector<int> index;
-    std::string error, shared;
+    std::string error, shared, idle;
 };
 GpuAssignment assign_gpus(const std::vector<RankGpus>& ranks, bool nccl_backend);
 
-// Collective over `world`. requested: "cpu" or "cuda" (resolved, see resolve_options). "cuda"
-// binds the device assign_gpus picks (cuda:(local_rank % visible GPUs)) and makes it current.
-// Throws ConfigError when no GPU is visible, and with nccl_backend when two ranks of a node
-// would share a GPU.
+// Collective over `world` (every rank calls it, whatever it requests: the ranks exchange what
+// they see before any of them can fail). requested: "cpu" or "cuda" (resolved, see
+// resolve_options). "cuda" binds the GPU assign_gpus picks and makes it current. Throws
+// ConfigError on the rank that sees no GPU, and on every rank for an assign_gpus error or
+// dist.backend=nccl on the CPU.
 DeviceBinding bind_device(const std::string& requested, const Topology& topo, bool nccl_backend,
                           MPI_Comm world);
 

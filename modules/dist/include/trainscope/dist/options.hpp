@@ -48,12 +48,10 @@ std::string granted_gpus(const std::map<std::string, std::string>& env);
 
 // Launch mistakes a batch job makes before any training, as a message (empty = none):
 // - an srun step of N > 1 tasks (SLURM_STEP_NUM_TASKS) whose MPI world has 1 rank: the MPI
-//   library did not get the step's PMI, so every task started a 1-rank job of its own;
-// - CUDA runs whose node-local rank count differs from the GPUs the job has on the node
-//   (SLURM_GPUS_ON_NODE): one rank per GPU is the rule.
+//   library did not get the step's PMI, so every task started a 1-rank job of its own.
+// Ranks per GPU are bind_device's to judge (by PCI bus id), not the GPU count Slurm reports.
 // `env` holds the environment variables (dist::launch_environment() for the real ones).
-std::string launch_problem(const Topology& topo, bool cuda,
-                           const std::map<std::string, std::string>& env);
+std::string launch_problem(const Topology& topo, const std::map<std::string, std::string>& env);
 std::map<std::string, std::string> launch_environment();
 
 } // namespace trainscope::dist

@@ -102,6 +102,9 @@ class Workload {
     virtual int ranks_per_replica() const { return 1; }
     // The plan's "ranks" line and one line per rank (host, device), for the --dry-run texts.
     std::string ranks_text() const;
+    // Where batches are built, for the plan: pinned or pageable host memory, and whether
+    // data.pin_memory=true was dropped (a CPU device has no use for pinned memory).
+    std::string pinning_text(bool pinned) const;
 
     const RunEnvironment& env_;
     bool interrupted_ = false;
