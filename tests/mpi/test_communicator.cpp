@@ -19,6 +19,7 @@
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/device.hpp"
+#include "trainscope/dist/event_pool.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/dist/options.hpp"
 #include "trainscope/dist/topology.hpp"
@@ -202,6 +203,110 @@ TEST_P(MpiCommunicator, WorkReportsTheCollectivesOwnDuration) {
     EXPECT_EQ(empty->seconds(), 0.0); // no-op
 }
 
+// Work::exposed_seconds on the MPI backend: the host time the waiter spent in its first wait().
+// A late peer makes rank 0's wait long; a collective that completed before the wait exposes
+// nothing.
+TEST_P(MpiCommunicator, WorkReportsTheExposedWait) {
+    const int r = world_rank();
+    if (world_size() < 2) GTEST_SKIP() << "a late peer needs 2 ranks";
+    auto comm = make();
+    auto t = torch::ones({1024}, torch::kFloat32);
+    if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto late = comm->allreduce_async(t, dist::ReduceOp::Sum);
+    EXPECT_EQ(late->exposed_seconds(), 0.0); // not waited for yet
+    const auto t0 = std::chrono::steady_clock::now();
+    late->wait();
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LE(late->exposed_seconds(), wall);
+    if (r == 0) EXPECT_GT(late->exposed_seconds(), 0.15); // waited for the late peers
+    late->wait();                                         // a second wait exposes nothing more
+    EXPECT_LE(late->exposed_seconds(), wall);
+
+    auto early = comm->allreduce_async(t, dist::ReduceOp::Sum);
+    while (!early->completed())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    early->wait();
+    EXPECT_LT(early->exposed_seconds(), 0.05); // finished before the wait: nothing exposed
+    EXPECT_GE(early->exposed_seconds(), 0.0);
+}
+
+// The blocking reduce-scatter with a handle (ZeRO's): its seconds are the call's host time on the
+// MPI backend, known at once, all of it exposed; the result is the blocking call's.
+TEST_P(MpiCommunicator, TimedReduceScatterReportsTheCallsDuration) {
+    const int r = world_rank(), w = world_size();
+    auto comm = make();
+    auto in = torch::full({4 * w}, float(r + 1));
+    auto out = torch::zeros({4});
+    const auto t0 = std::chrono::steady_clock::now();
+    auto work = comm->reduce_scatter_timed(in, out, dist::ReduceOp::Sum);
+    const double wall =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(work->completed());
+    EXPECT_TRUE(torch::equal(out, torch::full({4}, float(w * (w + 1) / 2))));
+    EXPECT_GT(work->seconds(), 0.0);
+    EXPECT_LE(work->seconds(), wall);
+    EXPECT_EQ(work->exposed_seconds(), work->seconds());
+    EXPECT_EQ(comm->stats()["reduce_scatter"].calls, 1u);
+    // time_batch on MPI: a host clock around the batch.
+    const auto t1 = std::chrono::steady_clock::now();
+    const double batch = comm->time_batch([&] {
+        for (int i = 0; i < 5; ++i)
+            comm->allreduce(torch::ones({16}), dist::ReduceOp::Sum);
+    });
+    EXPECT_GT(batch, 0.0);
+    EXPECT_LE(batch, std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count());
+}
+
+TEST(ExposedWait, IsTheWaitersStallClampedAtZero) {
+    EXPECT_EQ(dist::exposed_wait_seconds(0.25), 0.25); // the collective ended 0.25 s after
+    EXPECT_EQ(dist::exposed_wait_seconds(0.0), 0.0);
+    EXPECT_EQ(dist::exposed_wait_seconds(-0.1), 0.0); // it had ended before the wait
+}
+
+// The NCCL backend's event pools (their bookkeeping, with integers for events): events are
+// created only up to the number in flight at once, reused afterwards, destroyed with the pool,
+// and after an abort never handed out or destroyed again.
+TEST(EventPool, CreatesOnlyWhatIsInFlightAndReusesIt) {
+    int next = 0;
+    std::vector<int> destroyed;
+    {
+        dist::EventPool<int> pool([&] { return next++; }, [&](int e) { destroyed.push_back(e); });
+        for (int op = 0; op < 1000; ++op) { // an operation: ready, start, done
+            const int a = pool.acquire(), b = pool.acquire(), c = pool.acquire();
+            EXPECT_NE(a, b);
+            EXPECT_NE(b, c);
+            pool.release(a);
+            pool.release(b);
+            pool.release(c);
+        }
+        EXPECT_EQ(pool.created(), 3u);
+        EXPECT_EQ(pool.idle(), 3u);
+        std::vector<int> held;
+        for (int i = 0; i < 5; ++i) // five in flight at once (e.g. retained handles)
+            held.push_back(pool.acquire());
+        EXPECT_EQ(pool.created(), 5u);
+        EXPECT_EQ(pool.idle(), 0u);
+        for (int e : held)
+            pool.release(e);
+        EXPECT_TRUE(destroyed.empty());
+    }
+    EXPECT_EQ(destroyed.size(), 5u); // the pool's end destroys what it caches
+
+    destroyed.clear();
+    {
+        dist::EventPool<int> pool([&] { return next++; }, [&](int e) { destroyed.push_back(e); });
+        const int a = pool.acquire(), b = pool.acquire();
+        pool.release(a);
+        pool.abandon(); // the communicator was aborted
+        EXPECT_TRUE(pool.abandoned());
+        EXPECT_EQ(pool.idle(), 0u);
+        pool.release(b); // dropped, not cached
+        EXPECT_EQ(pool.idle(), 0u);
+    }
+    EXPECT_TRUE(destroyed.empty()); // nothing of an aborted communicator is destroyed
+}
+
 TEST_P(MpiCommunicator, AccountsCallsAndBytesPerKind) {
     auto comm = make();
     const int w = world_size();
@@ -284,6 +389,39 @@ TEST_P(MpiCommunicator, SendRecvPairsAndRing) {
     EXPECT_THROW(comm->send(torch::ones({3}), r), core::InternalError); // never matched
     EXPECT_THROW(comm->recv(torch::ones({3}), w), core::InternalError);
     EXPECT_THROW(comm->send(torch::ones({4, 4}).t(), next), core::InternalError); // strided
+}
+
+// exchange(): sends and receives posted together. Every rank sends 4 MiB to its successor and
+// receives from its predecessor in one batch, with no parity ordering (blocking sends in that
+// order could wait for each other forever); then pairs swap in both directions at once.
+TEST_P(MpiCommunicator, ExchangePostsSendsAndReceivesTogether) {
+    const int r = world_rank(), w = world_size();
+    if (w < 2) GTEST_SKIP() << "point-to-point needs at least 2 ranks";
+    auto comm = make();
+    using Op = dist::P2POp;
+    const int next = (r + 1) % w, prev = (r + w - 1) % w;
+    const std::int64_t n = 1 << 20; // 4 MiB of float32: past any eager limit
+    auto out = torch::full({n}, float(r)), in = torch::full({n}, -1.0f);
+    comm->exchange({Op{Op::Kind::Send, out, next}, Op{Op::Kind::Recv, in, prev}});
+    EXPECT_TRUE(torch::equal(in, torch::full({n}, float(prev))));
+
+    const int partner = r ^ 1;
+    std::uint64_t calls = 1;
+    if (partner < w) {
+        auto mine = torch::full({3, 5}, double(10 * r + partner), torch::kFloat64);
+        auto theirs = torch::zeros({3, 5}, torch::kFloat64);
+        comm->exchange({Op{Op::Kind::Recv, theirs, partner}, Op{Op::Kind::Send, mine, partner},
+                        Op{Op::Kind::Send, torch::zeros({0}), partner}}); // empty: skipped
+        EXPECT_TRUE(
+            torch::equal(theirs, torch::full({3, 5}, double(10 * partner + r), torch::kFloat64)));
+        ++calls;
+    }
+    comm->exchange({}); // nothing to do
+    auto s = comm->stats();
+    EXPECT_EQ(s["send"].calls, calls);
+    EXPECT_EQ(s["recv"].calls, calls);
+    EXPECT_GE(s["send"].seconds, 0.0);
+    EXPECT_THROW(comm->exchange({Op{Op::Kind::Send, torch::ones({2}), r}}), core::InternalError);
 }
 
 TEST_P(MpiCommunicator, RejectsWhatItCannotReduce) {

@@ -47,6 +47,11 @@ struct Result {
     std::vector<torch::Tensor> trainable;
     double parameter_bytes = 0, gathered_bytes = 0, allgather_bytes = 0, reduce_scatter_bytes = 0;
     double comm_bytes = 0;
+    // The last iteration's durations: as account() left them (NaN: resolved later), then after
+    // resolve_accounting.
+    double collective_s_accounted = 0, allgather_s_accounted = 0;
+    double collective_s = 0, allgather_s = 0, allgather_exposed_s = 0, reduce_scatter_s = 0,
+           reduce_scatter_exposed_s = 0;
 };
 
 int extra_index(const std::string& name) {
@@ -108,8 +113,17 @@ Result train(const Case& c, int zero, int steps = 3) {
         double peak = 0;
         EXPECT_TRUE(trainer.apply(false, peak));
         tt::IterationValues v;
+        v.iteration = k;
         v.extra = r.extra;
         trainer.account(v);
+        out.collective_s_accounted = v.comm_collective_s;
+        out.allgather_s_accounted = v.extra[extra_index("allgather_s")];
+        trainer.resolve_accounting(k, v); // the loop's resolution point
+        out.collective_s = v.comm_collective_s;
+        out.allgather_s = v.extra[extra_index("allgather_s")];
+        out.allgather_exposed_s = v.extra[extra_index("allgather_exposed_s")];
+        out.reduce_scatter_s = v.extra[extra_index("reduce_scatter_s")];
+        out.reduce_scatter_exposed_s = v.extra[extra_index("reduce_scatter_exposed_s")];
         timer.end_iteration();
         std::vector<tt::DeferredStep> d(1);
         d[0].loss = r.loss;
@@ -220,5 +234,19 @@ TEST(Fsdp, EachRankStoresItsShardAndTheRunFileCountsTheTraffic) {
         EXPECT_DOUBLE_EQ(sharded.comm_bytes,
                          sharded.allgather_bytes + sharded.reduce_scatter_bytes);
         EXPECT_TRUE(std::isnan(plain.allgather_bytes)) << "unsharded runs leave the columns NaN";
+        // Durations are not read in account() (on NCCL that would wait for the device) but at
+        // the resolution point: all-gathers and reduce-scatters took time, exposed waits are
+        // within [0, ...), and the collective column is their sum.
+        EXPECT_TRUE(std::isnan(sharded.collective_s_accounted));
+        EXPECT_TRUE(std::isnan(sharded.allgather_s_accounted));
+        EXPECT_GT(sharded.allgather_s, 0.0);
+        EXPECT_GT(sharded.reduce_scatter_s, 0.0);
+        EXPECT_GE(sharded.allgather_exposed_s, 0.0);
+        EXPECT_GE(sharded.reduce_scatter_exposed_s, 0.0);
+        EXPECT_DOUBLE_EQ(sharded.collective_s, sharded.allgather_s + sharded.reduce_scatter_s);
+        EXPECT_TRUE(std::isnan(plain.allgather_s)) << "unsharded runs leave the columns NaN";
+        // Unsharded (DDP buckets at world > 1): resolved the same way.
+        EXPECT_TRUE(world == 1 || std::isnan(plain.collective_s_accounted));
+        EXPECT_GE(plain.collective_s, 0.0);
     }
 }

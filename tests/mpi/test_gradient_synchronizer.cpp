@@ -561,3 +561,39 @@ TEST(GradientSynchronizer, AccountsBytesCollectiveAndExposedTimePerIteration) {
         EXPECT_EQ(sync.last_iteration().bucket_s, it.bucket_s);
     }
 }
+
+// The training loop resolves an iteration's accounting late (issue 25, point 5): the handles
+// taken right after finish() know the bytes at once and, resolved after a later iteration, give
+// that iteration's figures, as last_iteration() did then.
+TEST(GradientSynchronizer, PendingIterationResolvesLaterToItsOwnFigures) {
+    const int r = world_rank(), w = world_size();
+    auto comm = mpi_communicator();
+    Net model = make_net(11);
+    dist::GradientSynchronizer sync(*comm, model->parameters(), 1024);
+    const dist::PendingIterationComm none = sync.last_iteration_pending();
+    EXPECT_EQ(none.works.size(), 3u); // one per bucket, none run yet
+    EXPECT_EQ(none.bytes(), 0.0);
+    EXPECT_EQ(none.resolve().bucket_s, std::vector<double>(3, 0.0));
+    std::vector<dist::PendingIterationComm> pending;
+    std::vector<dist::IterationComm> at_once;
+    for (int step = 0; step < 2; ++step) {
+        torch::manual_seed(step);
+        auto x = torch::randn({4, 1, 8, 8}, torch::kFloat64) + r;
+        auto y = torch::randint(0, 3, {4}, torch::kInt64);
+        model->zero_grad();
+        sync.begin_iteration();
+        torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+        sync.finish();
+        pending.push_back(sync.last_iteration_pending());
+        at_once.push_back(sync.last_iteration());
+        EXPECT_EQ(pending.back().bytes(), at_once.back().bytes); // known without waiting
+    }
+    for (std::size_t k = 0; k < pending.size(); ++k) {
+        const dist::IterationComm later = pending[k].resolve();
+        EXPECT_EQ(later.bucket_s, at_once[k].bucket_s) << "iteration " << k;
+        EXPECT_EQ(later.bucket_bytes, at_once[k].bucket_bytes);
+        EXPECT_EQ(later.collective_s, at_once[k].collective_s);
+        EXPECT_EQ(later.exposed_s, at_once[k].exposed_s);
+        if (w > 1) EXPECT_GT(later.collective_s, 0.0);
+    }
+}

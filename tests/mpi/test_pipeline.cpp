@@ -1,7 +1,8 @@
 // run.strategy=pipeline under MPI (np 2 and 4): the stage plan (contiguous, exact min-max balance,
 // explicit cuts, errors), the rank layout, and the GPipe engine checked in fp64 against the unsplit
 // MobileNetV2 (same seed) on the same micro-batches: gradients, loss, SGD steps, data-parallel
-// replicas with GradientSynchronizer, evaluation logits.
+// replicas with GradientSynchronizer, evaluation logits; and the order in which every rank issues
+// its point-to-point and data-parallel operations (recorded, 2 stages x 2 replicas).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <torch/torch.h>
@@ -9,12 +10,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "dist_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
@@ -381,11 +385,11 @@ TEST(PipelineEngine, GradientsAndLossEqualTheUnsplitModel) {
         SCOPED_TRACE("microbatches " + std::to_string(m));
         train::PipelineStage stage(full_model(), wp.plan, wp.groups.stage);
         train::PipelineEngine engine(stage, wp.plan, *wp.groups.pipe, m, kBatch);
-        int armed = 0;
-        const auto loss =
-            engine.step(engine.is_first() ? batch.images : torch::Tensor(),
-                        engine.is_last() ? batch.labels : torch::Tensor(), [&] { ++armed; });
-        EXPECT_EQ(armed, 1);
+        int forwards_done = 0;
+        const auto loss = engine.step(engine.is_first() ? batch.images : torch::Tensor(),
+                                      engine.is_last() ? batch.labels : torch::Tensor(), 0,
+                                      [&] { ++forwards_done; });
+        EXPECT_EQ(forwards_done, 1);
 
         auto ref = full_model();
         const double ref_loss = reference_step(ref, batch, m);
@@ -450,9 +454,10 @@ TEST(PipelineEngine, SgdStepsAndEvaluationMatchTheUnsplitModel) {
 }
 
 // (d) 2 stages x 2 replicas: each replica runs its half of a joint batch through its pipeline;
-// a GradientSynchronizer over the data-parallel communicator, armed before the last backward,
-// averages the stage gradients across replicas: they equal the unsplit model's gradients of the
-// joint batch's per-replica micro-batches, averaged over replicas.
+// a GradientSynchronizer over the data-parallel communicator, armed after the step (pipeline.cpp:
+// the allreduces follow the step's point-to-point on every rank), averages the stage gradients
+// across replicas: they equal the unsplit model's gradients of the joint batch's per-replica
+// micro-batches, averaged over replicas.
 TEST(PipelineEngine, DataParallelReplicasAverageGradients) {
     if (world_size() != 4) GTEST_SKIP() << "needs 2 stages x 2 replicas = 4 ranks";
     const int stages = 2, m = 3;
@@ -470,10 +475,11 @@ TEST(PipelineEngine, DataParallelReplicasAverageGradients) {
     for (int step = 0; step < 2; ++step) { // twice: the synchronizer is re-armed cleanly
         stage->zero_grad();
         const auto loss = engine.step(engine.is_first() ? mine.images : torch::Tensor(),
-                                      engine.is_last() ? mine.labels : torch::Tensor(),
-                                      [&] { sync.begin_iteration(); });
+                                      engine.is_last() ? mine.labels : torch::Tensor());
+        sync.begin_iteration();
         sync.finish();
-        EXPECT_GT(sync.buckets_launched_in_backward(), 0u);
+        EXPECT_EQ(sync.buckets_launched_in_backward(), 0u);
+        EXPECT_EQ(sync.buckets_launched_in_finish(), sync.num_buckets());
 
         auto ref = full_model();
         double local_loss = 0;
@@ -483,5 +489,111 @@ TEST(PipelineEngine, DataParallelReplicasAverageGradients) {
         }
         EXPECT_LE(max_diff(stage->named_parameters(), ref->named_parameters(), true), kTol);
         if (engine.is_last()) EXPECT_NEAR(loss.item<double>(), local_loss, 1e-12);
+    }
+}
+
+// Issue 25, point 10: the order of every rank's operations over the two communicators, recorded
+// at 2 stages x 2 replicas (and 4 stages x 1 replica, whose middle stages batch a send with a
+// receive), two steps each, as the trainer drives them (buffer broadcast, step, then the
+// gradient allreduce):
+//   - each step's point-to-point operations all come before its data-parallel allreduces, on
+//     every rank (one global order of the two communicators: no NCCL deadlock);
+//   - the data-parallel operations are the same sequence (kind and size) on every replica of a
+//     stage;
+//   - between neighbours, sends match receives one for one, in order and size;
+//   - a batch holds at most one send and one receive, and a middle stage's steady-state batches
+//     pair a send with a receive (no send waits for the next receive behind it).
+TEST(PipelineEngine, PointToPointThenAllreduceInOneOrderOnEveryRank) {
+    if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+    const int m = 3;
+    for (int stages : {2, 4}) {
+        SCOPED_TRACE("stages " + std::to_string(stages));
+        const auto plan =
+            train::plan_pipeline(small_options(), kImage, stages, train::PipelineBalance::Params);
+        auto g =
+            train::make_pipeline_groups(MPI_COMM_WORLD, stages, "mpi", torch::Device(torch::kCPU));
+        trainscope::testing::OperationLog log;
+        trainscope::testing::RecordingCommunicator pipe(*g.pipe, "pipe", log);
+        trainscope::testing::RecordingCommunicator dp(*g.dp, "dp", log);
+        train::PipelineStage stage(full_model(), plan, g.stage);
+        train::PipelineEngine engine(stage, plan, pipe, m, kBatch);
+        dist::GradientSynchronizer sync(dp, stage->parameters(), /*bucket_cap_bytes=*/16 * 1024);
+        const Batch batch = make_batch(41 + static_cast<std::uint64_t>(g.replica));
+        for (int step = 0; step < 2; ++step) {
+            stage->zero_grad();
+            if (g.replicas > 1) { // the trainer's batch-norm buffer broadcast, before the step
+                torch::Tensor buffers = torch::zeros({5}, torch::kFloat64);
+                dp.broadcast(buffers, 0);
+            }
+            engine.step(batch.images, batch.labels);
+            sync.begin_iteration();
+            sync.finish();
+        }
+
+        // This rank: runs of operations per communicator, in issue order.
+        const std::vector<trainscope::testing::RecordedOp> mine = log.ops();
+        std::vector<std::string> runs;
+        for (const auto& op : mine)
+            if (runs.empty() || runs.back() != op.comm) runs.push_back(op.comm);
+        const std::vector<std::string> expected =
+            g.replicas > 1 ? std::vector<std::string>{"dp", "pipe", "dp", "dp", "pipe", "dp"}
+                           : std::vector<std::string>{"pipe"};
+        // Runs of the same communicator merge: [dp bcast][pipe step][dp allreduce][dp bcast]...
+        std::vector<std::string> merged;
+        for (const auto& r : expected)
+            if (merged.empty() || merged.back() != r) merged.push_back(r);
+        EXPECT_EQ(runs, merged);
+        // Batches: at most one send and one receive each.
+        std::map<int, std::pair<int, int>> per_batch; // batch -> (sends, recvs)
+        for (const auto& op : mine)
+            if (op.comm == "pipe") {
+                auto& [sends, recvs] = per_batch[op.batch];
+                (op.op == "send" ? sends : recvs) += 1;
+            }
+        int paired = 0;
+        for (const auto& [batch_id, count] : per_batch) {
+            EXPECT_LE(count.first, 1) << "batch " << batch_id;
+            EXPECT_LE(count.second, 1) << "batch " << batch_id;
+            paired += count.first == 1 && count.second == 1;
+        }
+        const bool middle = g.stage > 0 && g.stage < stages - 1;
+        // Per step: m - 1 forward and m - 1 backward batches pair a send with a receive.
+        if (middle) EXPECT_EQ(paired, 2 * 2 * (m - 1));
+
+        // Every rank's log, to compare with its peers'.
+        const std::vector<std::string> all = core::allgather_strings(MPI_COMM_WORLD, log.text());
+        auto log_of = [&](int replica, int st) {
+            return trainscope::testing::OperationLog::parse(
+                all[static_cast<std::size_t>(replica * stages + st)]);
+        };
+        auto dp_sequence = [](const std::vector<trainscope::testing::RecordedOp>& ops) {
+            std::vector<std::string> seq;
+            for (const auto& op : ops)
+                if (op.comm == "dp") seq.push_back(op.op + ":" + std::to_string(op.numel));
+            return seq;
+        };
+        const auto dp_mine = dp_sequence(mine);
+        if (g.replicas > 1) EXPECT_FALSE(dp_mine.empty());
+        for (int r = 0; r < g.replicas; ++r)
+            EXPECT_EQ(dp_sequence(log_of(r, g.stage)), dp_mine) << "replica " << r;
+        // Sends from stage a to stage b, and receives of b from a, in order (element counts).
+        auto p2p = [&](int replica, int from, int to, const char* kind) {
+            const auto ops = log_of(replica, std::string(kind) == "send" ? from : to);
+            const int peer = std::string(kind) == "send" ? to : from;
+            std::vector<std::int64_t> sizes;
+            for (const auto& op : ops)
+                if (op.comm == "pipe" && op.op == kind && op.peer == peer)
+                    sizes.push_back(op.numel);
+            return sizes;
+        };
+        for (int st = 0; st + 1 < stages; ++st) {
+            const auto forward = p2p(g.replica, st, st + 1, "send");
+            EXPECT_EQ(forward.size(), static_cast<std::size_t>(2 * m));
+            EXPECT_EQ(forward, p2p(g.replica, st, st + 1, "recv")) << "stage " << st << " -> +1";
+            const auto backward = p2p(g.replica, st + 1, st, "send");
+            EXPECT_EQ(backward.size(), static_cast<std::size_t>(2 * m));
+            EXPECT_EQ(backward, p2p(g.replica, st + 1, st, "recv"))
+                << "stage " << st + 1 << " -> -1";
+        }
     }
 }

@@ -65,10 +65,6 @@ const char* to_string(ReduceOp op) {
     return "?";
 }
 
-void Communicator::allreduce(const torch::Tensor& tensor, ReduceOp op) {
-    allreduce_async(tensor, op)->wait();
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -76,6 +72,41 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// The handle of a collective that completed on the caller's thread before it was returned: its
+// duration is known, and the caller waited for all of it.
+class CompletedWork final : public Work {
+  public:
+    explicit CompletedWork(double seconds) : seconds_(seconds) {}
+    void wait() override {}
+    bool completed() override { return true; }
+    double seconds() override { return seconds_; }
+    double exposed_seconds() override { return seconds_; }
+
+  private:
+    double seconds_;
+};
+
+} // namespace
+
+void Communicator::allreduce(const torch::Tensor& tensor, ReduceOp op) {
+    allreduce_async(tensor, op)->wait();
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter_timed(const torch::Tensor& in, torch::Tensor out,
+                                                         ReduceOp op) {
+    const auto t0 = Clock::now();
+    reduce_scatter(in, std::move(out), op);
+    return std::make_shared<CompletedWork>(seconds_since(t0));
+}
+
+double Communicator::time_batch(const std::function<void()>& ops) {
+    const auto t0 = Clock::now();
+    ops();
+    return seconds_since(t0);
+}
+
+namespace {
 
 // Element type of a reduction, or MPI_DATATYPE_NULL when MPI cannot reduce the dtype. Inline and
 // branch-only: it sits on the path of every small blocking allreduce.
@@ -222,6 +253,7 @@ class MpiWork final : public Work {
         cv_.notify_all();
     }
     void wait() override {
+        const auto t0 = Clock::now();
         std::unique_lock<std::mutex> lock(m_);
         wait_done(lock);
         if (error_) std::rethrow_exception(error_);
@@ -231,6 +263,11 @@ class MpiWork final : public Work {
             after_ = nullptr;
             lock.unlock();
             after();
+            lock.lock();
+        }
+        if (!waited_) { // the first wait is the exposed one (a later one returns at once)
+            waited_ = true;
+            exposed_s_ = seconds_since(t0);
         }
     }
     bool completed() override {
@@ -241,6 +278,10 @@ class MpiWork final : public Work {
         std::unique_lock<std::mutex> lock(m_);
         wait_done(lock);
         return seconds_;
+    }
+    double exposed_seconds() override {
+        std::lock_guard<std::mutex> lock(m_);
+        return exposed_s_; // wait() measured it on the host; 0 before wait()
     }
     void set_after(std::function<void()> fn) { after_ = std::move(fn); }
 
@@ -253,8 +294,10 @@ class MpiWork final : public Work {
     std::exception_ptr error_;
     std::function<void()> after_;
     double seconds_ = 0; // the collective's duration on the progress thread
-    const char* what_;   // names the operation in a timeout's message
-    double timeout_s_;   // 0: no limit
+    bool waited_ = false;
+    double exposed_s_ = 0; // host seconds inside the first wait()
+    const char* what_;     // names the operation in a timeout's message
+    double timeout_s_;     // 0: no limit
     std::shared_ptr<ProgressState> state_;
 };
 
@@ -797,6 +840,66 @@ class MpiCommunicator final : public Communicator {
         });
         if (!t.is_cpu()) copy_back(t, host);
         account(Kind::Recv, host.nbytes(), seconds_since(t0));
+    }
+
+    void exchange(const std::vector<P2POp>& ops) override {
+        // Host buffers: a send's tensor itself (or its host copy), a receive's buffer (copied back
+        // into a CUDA tensor afterwards).
+        struct Staged {
+            P2POp::Kind kind;
+            torch::Tensor host, target;
+            int peer;
+        };
+        std::vector<Staged> staged;
+        for (const P2POp& op : ops) {
+            const bool send = op.kind == P2POp::Kind::Send;
+            require_contiguous(op.tensor, send ? "exchange send" : "exchange recv");
+            check_peer(op.peer, send ? "exchange send" : "exchange recv");
+            if (op.tensor.numel() == 0) continue;
+            torch::Tensor host =
+                op.tensor.is_cpu() ? op.tensor
+                : send             ? op.tensor.to(torch::kCPU)
+                       : torch::empty(op.tensor.sizes(), op.tensor.options().device(torch::kCPU));
+            staged.push_back({op.kind, host, op.tensor, op.peer});
+        }
+        if (staged.empty()) return;
+        const double timeout_s = checked_timeout();
+        constexpr const char* kWhat = "an MPI send/receive batch (pipeline stages)";
+        const auto t0 = Clock::now();
+        try {
+            std::unique_lock<std::mutex> mpi = serialize(timeout_s, kWhat);
+            nvtx::ScopedRange range("MPI_Isend/MPI_Irecv batch");
+            // Every operation is posted before any is waited for: none waits for another to be
+            // matched. Pieces of at most 2^30 bytes, in order (as send_bytes/recv_bytes).
+            std::vector<MPI_Request> requests;
+            for (const Staged& s : staged) {
+                auto* p = static_cast<char*>(s.host.data_ptr());
+                const auto bytes = static_cast<std::int64_t>(s.host.nbytes());
+                for (std::int64_t off = 0; off < bytes; off += kMaxChunk) {
+                    const int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
+                    MPI_Request request = MPI_REQUEST_NULL;
+                    if (s.kind == P2POp::Kind::Send)
+                        MPI_CHECK(
+                            MPI_Isend(p + off, n, MPI_BYTE, s.peer, /*tag=*/0, comm_, &request));
+                    else
+                        MPI_CHECK(
+                            MPI_Irecv(p + off, n, MPI_BYTE, s.peer, /*tag=*/0, comm_, &request));
+                    requests.push_back(request);
+                }
+            }
+            for (MPI_Request& request : requests)
+                core::wait_for_peers(request, timeout_s, kWhat);
+        } catch (const core::PeerTimeoutError& e) {
+            state_->mark_broken(e.what());
+            for (const Staged& s : staged) // a late peer may still read or write them
+                (void)new torch::Tensor(s.host);
+            throw;
+        }
+        const double share = seconds_since(t0) / static_cast<double>(staged.size());
+        for (Staged& s : staged) {
+            if (s.kind == P2POp::Kind::Recv && !s.target.is_cpu()) copy_back(s.target, s.host);
+            account(s.kind == P2POp::Kind::Send ? Kind::Send : Kind::Recv, s.host.nbytes(), share);
+        }
     }
 
     std::map<std::string, CommStats> stats() const override { return state_->stats(); }

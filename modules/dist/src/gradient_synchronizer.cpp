@@ -371,27 +371,50 @@ double GradientSynchronizer::finish() {
     return waited;
 }
 
+double PendingIterationComm::bytes() const {
+    double total = 0;
+    for (double b : bucket_bytes)
+        total += b;
+    return total;
+}
+
+IterationComm PendingIterationComm::resolve() const {
+    IterationComm out;
+    out.exposed_s = exposed_s;
+    for (std::size_t i = 0; i < works.size(); ++i) {
+        const double seconds = works[i] ? works[i]->seconds() : 0.0;
+        out.bucket_bytes.push_back(bucket_bytes[i]);
+        out.bucket_s.push_back(seconds);
+        out.bytes += bucket_bytes[i];
+        out.collective_s += seconds;
+    }
+    return out;
+}
+
+namespace {
+// The last finished iteration's handles; the caller holds `last_mutex`.
+template <class Impl> PendingIterationComm pending_of(const Impl& s) {
+    PendingIterationComm p;
+    p.exposed_s = s.last_exposed;
+    p.works = s.last_works;
+    p.works.resize(s.buckets.size()); // before the first finish(): no work per bucket
+    for (std::size_t i = 0; i < s.buckets.size(); ++i)
+        p.bucket_bytes.push_back(p.works[i] ? static_cast<double>(s.buckets[i].bytes) : 0.0);
+    return p;
+}
+} // namespace
+
+PendingIterationComm GradientSynchronizer::last_iteration_pending() const {
+    std::lock_guard<std::mutex> lock(impl_->last_mutex);
+    return pending_of(*impl_);
+}
+
 IterationComm GradientSynchronizer::last_iteration() const {
     const Impl& s = *impl_;
     std::lock_guard<std::mutex> lock(s.last_mutex);
-    if (!s.last_resolved) {
-        IterationComm out;
-        out.exposed_s = s.last_exposed;
-        for (std::size_t i = 0; i < s.buckets.size(); ++i) {
-            const auto& work = s.last_works[i];
-            const double bytes = work ? static_cast<double>(s.buckets[i].bytes) : 0.0;
-            const double seconds = work ? work->seconds() : 0.0;
-            out.bucket_bytes.push_back(bytes);
-            out.bucket_s.push_back(seconds);
-            out.bytes += bytes;
-            out.collective_s += seconds;
-        }
-        s.last = std::move(out);
+    if (!s.last_resolved || s.last.bucket_bytes.empty()) {
+        s.last = pending_of(s).resolve();
         s.last_resolved = true;
-    }
-    if (s.last.bucket_bytes.empty()) { // before the first finish(): zeros, one per bucket
-        s.last.bucket_bytes.assign(s.buckets.size(), 0.0);
-        s.last.bucket_s.assign(s.buckets.size(), 0.0);
     }
     return s.last;
 }

@@ -1,16 +1,22 @@
 // The NCCL communicator (compiled only in builds with NCCL): GPU collectives on a dedicated CUDA
 // stream that first waits for the caller's compute stream; Work::wait() makes the compute stream
 // wait for the collective in turn, so nothing synchronises the host in the training loop.
+// Ordering and timing use CUDA events from two pools (timing / ordering only), so no event is
+// created per operation once the pools are warm; asynchronous collectives carry timing events
+// (Work::seconds: device time on our stream; Work::exposed_seconds: how long the waiting stream
+// stalled), blocking calls only an ordering event.
 //
 // dist.timeout: the communicator is created nonblocking (ncclConfig_t::blocking = 0), so neither
 // ncclCommInitRankConfig nor an enqueue can block the host forever in NCCL: both return
 // ncclInProgress and we poll ncclCommGetAsyncError until the communicator is ready, with the
-// deadline. Every host wait on the device (barrier, Work::seconds, synchronize) polls a CUDA event
-// and NCCL's asynchronous error with the deadline too, and the MPI traffic on the side (the
-// unique id's broadcast, allreduce_host) is nonblocking and bounded (core::wait_for_peers). On
-// expiry the communicator is aborted (ncclCommAbort ends kernels waiting for an absent peer) and
-// the wait throws core::PeerTimeoutError. Needs a GPU: compiled and linked everywhere, exercised
-// only on GPU machines (docs/faults.md says what holds where).
+// deadline. Every host wait on the device (barrier, Work::seconds, synchronize, time_batch) polls
+// a CUDA event and NCCL's asynchronous error with the deadline too, and the MPI traffic on the
+// side (the unique id's broadcast, allreduce_host) is nonblocking and bounded
+// (core::wait_for_peers). On expiry the communicator is aborted (ncclCommAbort ends kernels
+// waiting for an absent peer) and the wait throws core::PeerTimeoutError. After an abort (by any
+// thread, once) or the destruction nothing touches the handle or its events again: see
+// NcclHealth. Needs a GPU: compiled and linked everywhere, exercised only on GPU machines
+// (docs/faults.md and docs/gpu.md say what holds where).
 #include "nccl_communicator.hpp"
 
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -21,15 +27,19 @@
 #include <nccl.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "mpi_check.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/core/nvtx.hpp"
+#include "trainscope/dist/event_pool.hpp"
 
 namespace trainscope::dist::detail {
 namespace {
@@ -113,94 +123,282 @@ Clock::time_point deadline_after(double seconds) {
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-// The communicator's fate, shared with its Works: a wait that times out (on any thread) aborts it
-// once, and nothing may be finalized afterwards.
+using EventPoolPtr = std::shared_ptr<EventPool<cudaEvent_t>>;
+
+// Events on `device`: with timing (Work::seconds, exposed_seconds, time_batch) or without
+// (ordering only, cheaper to record and wait on).
+EventPoolPtr make_event_pool(c10::DeviceIndex device, bool timing) {
+    return std::make_shared<EventPool<cudaEvent_t>>(
+        [device, timing] {
+            c10::cuda::CUDAGuard guard(device);
+            cudaEvent_t e = nullptr;
+            CUDA_CHECK(
+                cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+            return e;
+        },
+        [device](cudaEvent_t e) {
+            c10::cuda::CUDAGuard guard(device);
+            cudaEventDestroy(e);
+        });
+}
+
+std::string async_error_message(ncclResult_t r) {
+    return std::string("NCCL communicator failed asynchronously: ") + ncclGetErrorString(r) +
+           " (a peer rank may have died; set NCCL_DEBUG=WARN)";
+}
+
+// The communicator's handle and fate, shared with its Works (issue 25, point 9).
+// Invariant: every NCCL call on `comm` (an enqueue, ncclCommGetAsyncError, ncclCommFinalize,
+// ncclCommDestroy, ncclCommAbort) and every CUDA event call of its collectives is made under `m`
+// while `state` is Live (call(), check(), poll(), wait_ready()), and abort() and
+// finalize_and_destroy() change the state under the same lock. Hence:
+//   - NCCL never sees two threads on the communicator at once (its thread-safety rule), although
+//     the watchdog's poll, autograd hooks' launches and the training thread's waits interleave;
+//   - the abort happens once, whichever threads race to it (a wait timing out on the training
+//     thread, the watchdog's poll, a destructor during unwinding): later callers find the state
+//     Aborted and throw or report instead of touching the freed handle;
+//   - after an abort no event of the communicator is queried, recorded, handed out or destroyed
+//     again (the pools are abandoned: their events may belong to kernels that never ran);
+//   - after the destruction nothing calls NCCL; Works that outlive the communicator throw.
+// Nothing done under the lock blocks: the communicator is nonblocking, so every wait polls with
+// the lock released between polls, and an abort from another thread gets its turn.
 struct NcclHealth {
+    enum class State { Live, Aborted, Destroyed };
     std::mutex m;
-    ncclComm_t comm = nullptr;
-    bool aborted = false;
-    double timeout_s = 600; // dist.timeout
-    void abort() {
+    ncclComm_t comm = nullptr; // set once ncclCommInitRankConfig returned it
+    State state = State::Live;
+    std::string why;                    // Aborted: what aborted it
+    std::atomic<double> timeout_s{600}; // dist.timeout
+    EventPoolPtr timing_events, plain_events;
+
+    // fn() under the lock while live; otherwise DistributedError naming what ended it.
+    template <class Fn> void call(const std::string& what, Fn&& fn) {
         std::lock_guard<std::mutex> lock(m);
-        if (aborted || !comm) return;
-        aborted = true;
-        ncclCommAbort(comm); // unblocks kernels waiting for a peer that will never come
+        if (state != State::Live) throw gone(what);
+        fn();
+    }
+    // Throws unless live and free of asynchronous errors (an error aborts it first).
+    void check(const std::string& what) {
+        std::lock_guard<std::mutex> lock(m);
+        if (state != State::Live) throw gone(what);
+        if (!comm) return;
+        const ncclResult_t r = async_state_locked();
+        if (r == ncclSuccess || r == ncclInProgress) return;
+        const std::string reason = async_error_message(r);
+        abort_locked(reason);
+        throw core::DistributedError(reason);
+    }
+    // The watchdog's poll: "" while healthy (or in progress, or destroyed after a normal end),
+    // else why the communicator cannot complete collectives, after aborting it.
+    std::string poll() {
+        std::lock_guard<std::mutex> lock(m);
+        if (state == State::Aborted) return "the NCCL communicator was aborted (" + why + ")";
+        if (state == State::Destroyed || !comm) return "";
+        const ncclResult_t r = async_state_locked();
+        if (r == ncclSuccess || r == ncclInProgress) return "";
+        const std::string reason = async_error_message(r);
+        abort_locked(reason);
+        return reason;
+    }
+    // Polls until the communicator's last call (initialisation, an enqueue, finalize) completed
+    // on the host; aborts it and throws PeerTimeoutError naming `what` after dist.timeout,
+    // DistributedError on an NCCL error or when it is no longer live.
+    void wait_ready(const std::string& what) {
+        const auto deadline = deadline_after(timeout_s.load());
+        for (;;) {
+            {
+                std::lock_guard<std::mutex> lock(m);
+                if (state != State::Live) throw gone(what);
+                const ncclResult_t r = async_state_locked();
+                if (r == ncclSuccess) return;
+                if (r != ncclInProgress) {
+                    abort_locked(what + " failed");
+                    throw core::DistributedError(what + " failed: " + ncclGetErrorString(r) +
+                                                 " (set NCCL_DEBUG=WARN for NCCL's reason)");
+                }
+            }
+            if (Clock::now() > deadline) throw timed_out(what);
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+    // Aborts once (ncclCommAbort ends kernels waiting for a peer that will never come); a no-op
+    // when no longer live.
+    void abort(const std::string& reason) {
+        std::lock_guard<std::mutex> lock(m);
+        abort_locked(reason);
     }
     // The error of a wait for `what` that exceeded the timeout, after aborting the communicator.
     core::PeerTimeoutError timed_out(const std::string& what) {
-        abort();
-        return core::PeerTimeoutError(core::peer_timeout_message(what, timeout_s) +
+        abort(what + " exceeded dist.timeout");
+        return core::PeerTimeoutError(core::peer_timeout_message(what, timeout_s.load()) +
                                       " (the NCCL communicator was aborted)");
     }
-};
-
-void check_async_error(ncclComm_t comm) {
-    ncclResult_t async = ncclSuccess;
-    NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
-    if (async != ncclSuccess && async != ncclInProgress)
-        throw core::DistributedError(std::string("NCCL communicator failed asynchronously: ") +
-                                     ncclGetErrorString(async) +
-                                     " (a peer rank may have died; set NCCL_DEBUG=WARN)");
-}
-
-class NcclWork final : public Work {
-  public:
-    // start/done: timing events around the collective on the communicator's stream (null for a
-    // no-op). timeout_s: how long host_wait() may block before it aborts the communicator.
-    NcclWork(cudaEvent_t start, cudaEvent_t done, c10::DeviceIndex device,
-             std::shared_ptr<NcclHealth> health, const char* what)
-        : start_(start), done_(done), device_(device), comm_(health->comm),
-          timeout_s_(health->timeout_s), health_(std::move(health)), what_(what) {}
-    ~NcclWork() override {
-        // Safe while pending: the driver releases an event once its work completed.
-        if (start_) cudaEventDestroy(start_);
-        if (done_) cudaEventDestroy(done_);
-    }
-    void wait() override {
-        if (!done_) return;
-        c10::cuda::CUDAGuard guard(device_);
-        CUDA_CHECK(
-            cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), done_, 0));
-        check_async_error(comm_);
-    }
-    bool completed() override {
-        if (!done_) return true;
-        c10::cuda::CUDAGuard guard(device_);
-        const cudaError_t q = cudaEventQuery(done_);
-        if (q == cudaSuccess) return true;
-        if (q != cudaErrorNotReady) CUDA_CHECK(q);
-        check_async_error(comm_);
-        return false;
-    }
-    // Host-side wait that keeps checking NCCL's asynchronous error state instead of blocking in
-    // the driver forever when a peer is gone (used by barrier()).
-    // A collective still pending after timeout_s (a peer stopped without an NCCL error, e.g. it
-    // is stuck or its network is down) aborts the communicator, so the wait ends with an error.
-    void host_wait() {
-        const auto deadline = deadline_after(timeout_s_);
-        while (!completed()) {
-            if (Clock::now() > deadline)
-                throw health_->timed_out(std::string("an NCCL ") + what_ + " (on the GPU)");
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
+    // A normal end: flushes the outstanding work (nonblocking finalize, polled with the
+    // deadline), then frees the handle. A failure aborts instead (logged, not thrown: this runs
+    // in a destructor).
+    void finalize_and_destroy() {
+        {
+            std::lock_guard<std::mutex> lock(m);
+            if (state != State::Live || !comm) return;
+            const ncclResult_t r = ncclCommFinalize(comm);
+            if (r != ncclSuccess && r != ncclInProgress) {
+                abort_locked("ncclCommFinalize failed");
+                core::log::warn() << "ncclCommFinalize failed: " << ncclGetErrorString(r)
+                                  << "; the NCCL communicator was aborted";
+                return;
+            }
         }
-    }
-    double seconds() override {
-        if (!done_ || !start_) return 0;
-        host_wait();
-        c10::cuda::CUDAGuard guard(device_);
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, start_, done_));
-        return 1e-3 * ms;
+        try {
+            wait_ready("NCCL communicator finalize");
+        } catch (const std::exception& e) {
+            core::log::warn() << e.what();
+            return; // aborted by wait_ready (or by another thread)
+        }
+        std::lock_guard<std::mutex> lock(m);
+        if (state != State::Live) return;
+        ncclCommDestroy(comm);
+        comm = nullptr;
+        state = State::Destroyed;
     }
 
   private:
-    cudaEvent_t start_ = nullptr;
-    cudaEvent_t done_ = nullptr;
+    ncclResult_t async_state_locked() {
+        ncclResult_t async = ncclSuccess;
+        const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
+        return q != ncclSuccess ? q : async;
+    }
+    void abort_locked(const std::string& reason) {
+        if (state != State::Live) return;
+        state = State::Aborted;
+        why = reason;
+        if (timing_events) timing_events->abandon();
+        if (plain_events) plain_events->abandon();
+        if (comm) ncclCommAbort(comm);
+    }
+    core::DistributedError gone(const std::string& what) const {
+        return core::DistributedError(
+            what + ": the NCCL communicator " +
+            (state == State::Aborted ? "was aborted (" + why + ")" : std::string("was destroyed")) +
+            " and cannot be used any more");
+    }
+};
+
+// Polls `event` (recorded on `device`) until it completed, checking NCCL's asynchronous errors
+// meanwhile; aborts the communicator and throws PeerTimeoutError naming `what` after dist.timeout
+// instead of blocking in the driver forever when a peer is gone.
+void host_wait(NcclHealth& health, c10::DeviceIndex device, cudaEvent_t event,
+               const std::string& what) {
+    const auto deadline = deadline_after(health.timeout_s.load());
+    for (;;) {
+        bool done = false;
+        health.call(what, [&] {
+            c10::cuda::CUDAGuard guard(device);
+            const cudaError_t q = cudaEventQuery(event);
+            if (q == cudaSuccess)
+                done = true;
+            else if (q != cudaErrorNotReady)
+                CUDA_CHECK(q);
+        });
+        if (done) return;
+        health.check(what);
+        if (Clock::now() > deadline) throw health.timed_out(what);
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+}
+
+// Seconds from `from` to `to` (both completed timing events); may be negative.
+double elapsed_seconds(NcclHealth& health, c10::DeviceIndex device, cudaEvent_t from,
+                       cudaEvent_t to, const std::string& what) {
+    float ms = 0;
+    health.call(what, [&] {
+        c10::cuda::CUDAGuard guard(device);
+        CUDA_CHECK(cudaEventElapsedTime(&ms, from, to));
+    });
+    return 1e-3 * static_cast<double>(ms);
+}
+
+class NcclCommunicator;
+
+class NcclWork final : public Work {
+  public:
+    // A no-op until launch() gives it events: `done`, the collective's end on the communicator's
+    // stream, and for a timed launch `start` (then `done` is a timing event too).
+    NcclWork(c10::DeviceIndex device, std::shared_ptr<NcclHealth> health, const char* what)
+        : device_(device), health_(std::move(health)), what_(what) {}
+    ~NcclWork() override {
+        // Back to their pools, which drop them untouched after an abort: no CUDA call here.
+        if (start_) health_->timing_events->release(start_);
+        if (reached_) health_->timing_events->release(reached_);
+        if (done_) (start_ ? health_->timing_events : health_->plain_events)->release(done_);
+    }
+    void wait() override {
+        if (!done_) return;
+        health_->call(std::string("waiting for an NCCL ") + what_, [&] {
+            c10::cuda::CUDAGuard guard(device_);
+            cudaStream_t s = c10::cuda::getCurrentCUDAStream(device_).stream();
+            if (start_ && !reached_) { // where the waiting stream reached its first wait
+                reached_ = health_->timing_events->acquire();
+                CUDA_CHECK(cudaEventRecord(reached_, s));
+            }
+            CUDA_CHECK(cudaStreamWaitEvent(s, done_, 0));
+        });
+        health_->check(std::string("an NCCL ") + what_);
+    }
+    bool completed() override {
+        if (!done_) return true;
+        bool done = false;
+        health_->call(std::string("querying an NCCL ") + what_, [&] {
+            c10::cuda::CUDAGuard guard(device_);
+            const cudaError_t q = cudaEventQuery(done_);
+            if (q == cudaSuccess)
+                done = true;
+            else if (q != cudaErrorNotReady)
+                CUDA_CHECK(q);
+        });
+        if (!done) health_->check(std::string("an NCCL ") + what_);
+        return done;
+    }
+    // Host-side wait (barrier()): bounded by dist.timeout, see the free host_wait().
+    void host_wait() {
+        if (done_) detail::host_wait(*health_, device_, done_, what_on_gpu());
+    }
+    double seconds() override {
+        if (!start_) return 0; // a no-op (an untimed launch's handle never leaves this file)
+        host_wait();
+        return elapsed_seconds(*health_, device_, start_, done_, what_on_gpu());
+    }
+    double exposed_seconds() override {
+        if (!reached_) return 0; // not waited for yet, a no-op or untimed
+        host_wait();
+        detail::host_wait(*health_, device_, reached_, what_on_gpu());
+        return exposed_wait_seconds(
+            elapsed_seconds(*health_, device_, reached_, done_, what_on_gpu()));
+    }
+
+  private:
+    friend class NcclCommunicator; // launch() sets the events
+    std::string what_on_gpu() const { return std::string("an NCCL ") + what_ + " (on the GPU)"; }
+
+    cudaEvent_t start_ = nullptr;   // timed launches: the collective's start (timing event)
+    cudaEvent_t done_ = nullptr;    // its end, on the communicator's stream
+    cudaEvent_t reached_ = nullptr; // the waiting stream at the first wait() (timed launches)
     c10::DeviceIndex device_;
-    ncclComm_t comm_;
-    double timeout_s_;
     std::shared_ptr<NcclHealth> health_;
-    const char* what_; // the collective's kind, for a timeout's message
+    const char* what_; // the collective's kind, for messages
+};
+
+// An event of a pool for the span of a scope (released on every path).
+class PooledEvent {
+  public:
+    explicit PooledEvent(EventPoolPtr pool) : pool_(std::move(pool)), event_(pool_->acquire()) {}
+    ~PooledEvent() { pool_->release(event_); }
+    PooledEvent(const PooledEvent&) = delete;
+    PooledEvent& operator=(const PooledEvent&) = delete;
+    cudaEvent_t get() const { return event_; }
+
+  private:
+    EventPoolPtr pool_;
+    cudaEvent_t event_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -210,6 +408,8 @@ class NcclCommunicator final : public Communicator {
           stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
           health_(std::make_shared<NcclHealth>()) {
         health_->timeout_s = timeout_s;
+        health_->timing_events = make_event_pool(device_.index(), /*timing=*/true);
+        health_->plain_events = make_event_pool(device_.index(), /*timing=*/false);
         MPI_CHECK(MPI_Comm_rank(comm, &rank_));
         MPI_CHECK(MPI_Comm_size(comm, &size_));
         c10::cuda::CUDAGuard guard(device_.index());
@@ -238,86 +438,80 @@ class NcclCommunicator final : public Communicator {
         // dist.timeout, not a hang.
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;
-        NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, boot.id, rank_, &config));
-        health_->comm = comm_;
-        wait_ready("NCCL communicator initialisation (ncclCommInitRankConfig)");
+        {
+            std::lock_guard<std::mutex> lock(health_->m);
+            NCCL_CHECK(ncclCommInitRankConfig(&health_->comm, size_, boot.id, rank_, &config));
+            comm_ = health_->comm;
+        }
+        health_->wait_ready("NCCL communicator initialisation (ncclCommInitRankConfig)");
         MPI_CHECK(MPI_Comm_dup(comm, &host_comm_)); // allreduce_host: control traffic
     }
 
     ~NcclCommunicator() override {
         if (host_comm_ != MPI_COMM_NULL && std::uncaught_exceptions() == 0 && !host_broken_)
             MPI_Comm_free(&host_comm_);
-        if (!comm_ || is_aborted()) return;
         if (std::uncaught_exceptions() > 0) {
-            health_->abort(); // a peer may be gone: do not wait for outstanding work
+            // A peer may be gone: do not wait for outstanding work.
+            health_->abort("the communicator was destroyed while an error unwound");
             return;
         }
-        // Nonblocking finalize: flushes outstanding work, polled with the deadline.
-        const ncclResult_t r = ncclCommFinalize(comm_);
-        try {
-            if (r == ncclSuccess || r == ncclInProgress) wait_ready("NCCL communicator finalize");
-        } catch (const std::exception& e) {
-            core::log::warn() << e.what();
-            return; // aborted by wait_ready
-        }
-        if (!is_aborted()) ncclCommDestroy(comm_);
+        health_->finalize_and_destroy();
     }
 
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string backend() const override { return "nccl"; }
     void set_timeout(double seconds) override { health_->timeout_s = seconds; }
-    std::string poll_async_error() override {
-        {
-            std::lock_guard<std::mutex> lock(health_->m);
-            if (!comm_) return "";
-            if (health_->aborted) return "the NCCL communicator was aborted";
-        }
-        ncclResult_t async = ncclSuccess;
-        const ncclResult_t q = ncclCommGetAsyncError(comm_, &async);
-        if (q == ncclSuccess && (async == ncclSuccess || async == ncclInProgress)) return "";
-        health_->abort();
-        return std::string("NCCL communicator failed asynchronously: ") +
-               ncclGetErrorString(q != ncclSuccess ? q : async) +
-               " (a peer rank may have died; set NCCL_DEBUG=WARN)";
-    }
+    std::string poll_async_error() override { return health_->poll(); }
 
     void synchronize(const char* what) override {
-        c10::cuda::CUDAGuard guard(device_.index());
-        cudaEvent_t reached = nullptr;
-        CUDA_CHECK(cudaEventCreateWithFlags(&reached, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventRecord(reached, c10::cuda::getCurrentCUDAStream(device_.index())));
-        const auto deadline = deadline_after(health_->timeout_s);
-        for (;;) {
-            const cudaError_t q = cudaEventQuery(reached);
-            if (q == cudaSuccess) break;
-            if (q != cudaErrorNotReady) {
-                cudaEventDestroy(reached);
-                CUDA_CHECK(q);
-            }
-            check_async_error(comm_);
-            if (Clock::now() > deadline) {
-                cudaEventDestroy(reached); // released by the driver once the work completes
-                throw health_->timed_out(std::string("the GPU work ") + what +
-                                         " waits for (NCCL collectives included)");
-            }
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
+        const std::string why =
+            std::string("the GPU work ") + what + " waits for (NCCL collectives included)";
+        PooledEvent reached(health_->plain_events);
+        health_->call(why, [&] {
+            c10::cuda::CUDAGuard guard(device_.index());
+            CUDA_CHECK(
+                cudaEventRecord(reached.get(), c10::cuda::getCurrentCUDAStream(device_.index())));
+        });
+        host_wait(*health_, device_.index(), reached.get(), why);
+    }
+
+    double time_batch(const std::function<void()>& ops) override {
+        PooledEvent begin(health_->timing_events), end(health_->timing_events);
+        const char* what = "a timed batch of NCCL operations";
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            health_->call(what, [&] {
+                c10::cuda::CUDAGuard guard(device_.index());
+                order_after_caller();
+                CUDA_CHECK(cudaEventRecord(begin.get(), stream_.stream()));
+            });
         }
-        CUDA_CHECK(cudaEventDestroy(reached));
+        ops();
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            health_->call(what, [&] {
+                c10::cuda::CUDAGuard guard(device_.index());
+                CUDA_CHECK(cudaEventRecord(end.get(), stream_.stream()));
+            });
+        }
+        host_wait(*health_, device_.index(), end.get(), what);
+        return elapsed_seconds(*health_, device_.index(), begin.get(), end.get(), what);
     }
     torch::Device device() const override { return device_; }
 
     std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
         check(tensor, "allreduce");
         const ncclRedOp_t red = nccl_op(op, tensor);
-        if (tensor.numel() == 0)
-            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), health_,
-                                              "allreduce");
-        return launch("allreduce", tensor.nbytes(), {tensor}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
-                                     static_cast<size_t>(tensor.numel()),
-                                     nccl_type(tensor.scalar_type()), red, comm_, s));
-        });
+        if (tensor.numel() == 0) return no_op("allreduce");
+        return launch(
+            "allreduce", tensor.nbytes(), {tensor},
+            [&](cudaStream_t s) {
+                NCCL_CHECK(ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(),
+                                         static_cast<size_t>(tensor.numel()),
+                                         nccl_type(tensor.scalar_type()), red, comm_, s));
+            },
+            /*timed=*/true);
     }
 
     void allreduce_host(std::vector<double>& values, ReduceOp op) override {
@@ -333,7 +527,7 @@ class NcclCommunicator final : public Communicator {
         MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buffer->data(), static_cast<int>(buffer->size()),
                                  MPI_DOUBLE, mop, host_comm_, &request));
         try {
-            core::wait_for_peers(request, buffer, health_->timeout_s,
+            core::wait_for_peers(request, buffer, health_->timeout_s.load(),
                                  "a host-side MPI allreduce (the ranks' per-iteration agreement, "
                                  "progress totals or evaluation sums)");
         } catch (const core::PeerTimeoutError&) {
@@ -360,66 +554,31 @@ class NcclCommunicator final : public Communicator {
     }
 
     void allgather(const torch::Tensor& in, torch::Tensor out) override {
-        check(out, "allgather output");
-        if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
-            throw core::InternalError("allgather: output must hold size() x input elements of the "
-                                      "same dtype");
-        if (in.numel() == 0) return;
-        torch::Tensor src = in.contiguous(); // on the compute stream, before the launch event
-        launch("allgather", src.nbytes(), {src, out}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclAllGather(src.data_ptr(), out.data_ptr(),
-                                     static_cast<size_t>(src.numel()), nccl_type(src.scalar_type()),
-                                     comm_, s));
-        })->wait();
+        if (auto work = allgather_work(in, out, "allgather", /*timed=*/false)) work->wait();
     }
 
     void reduce_scatter(const torch::Tensor& in, torch::Tensor out, ReduceOp op) override {
-        check(out, "reduce_scatter output");
-        const ncclRedOp_t red = nccl_op(op, out);
-        if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
-            throw core::InternalError("reduce_scatter: input must hold size() x output elements "
-                                      "of the same dtype; pad to an exact split");
-        if (out.numel() == 0) return;
-        torch::Tensor src = in.contiguous();
-        launch("reduce_scatter", out.nbytes(), {src, out}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclReduceScatter(src.data_ptr(), out.data_ptr(),
-                                         static_cast<size_t>(out.numel()),
-                                         nccl_type(out.scalar_type()), red, comm_, s));
-        })->wait();
+        if (auto work = reduce_scatter_work(in, out, op, "reduce_scatter", /*timed=*/false))
+            work->wait();
+    }
+
+    std::shared_ptr<Work> reduce_scatter_timed(const torch::Tensor& in, torch::Tensor out,
+                                               ReduceOp op) override {
+        auto work = reduce_scatter_work(in, out, op, "reduce_scatter", /*timed=*/true);
+        if (!work) return no_op("reduce_scatter");
+        work->wait(); // blocking for the caller's stream, as reduce_scatter
+        return work;
     }
 
     std::shared_ptr<Work> allgather_async(const torch::Tensor& in, torch::Tensor out) override {
-        check(out, "allgather output");
-        if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
-            throw core::InternalError("allgather_async: output must hold size() x input elements "
-                                      "of the same dtype");
-        if (in.numel() == 0)
-            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), health_,
-                                              "allgather");
-        torch::Tensor src = in.contiguous();
-        return launch("allgather", src.nbytes(), {src, out}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclAllGather(src.data_ptr(), out.data_ptr(),
-                                     static_cast<size_t>(src.numel()), nccl_type(src.scalar_type()),
-                                     comm_, s));
-        });
+        auto work = allgather_work(in, out, "allgather_async", /*timed=*/true);
+        return work ? work : no_op("allgather");
     }
 
     std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& in, torch::Tensor out,
                                                ReduceOp op) override {
-        check(out, "reduce_scatter output");
-        const ncclRedOp_t red = nccl_op(op, out);
-        if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
-            throw core::InternalError("reduce_scatter_async: input must hold size() x output "
-                                      "elements of the same dtype; pad to an exact split");
-        if (out.numel() == 0)
-            return std::make_shared<NcclWork>(nullptr, nullptr, device_.index(), health_,
-                                              "reduce_scatter");
-        torch::Tensor src = in.contiguous();
-        return launch("reduce_scatter", out.nbytes(), {src, out}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclReduceScatter(src.data_ptr(), out.data_ptr(),
-                                         static_cast<size_t>(out.numel()),
-                                         nccl_type(out.scalar_type()), red, comm_, s));
-        });
+        auto work = reduce_scatter_work(in, out, op, "reduce_scatter_async", /*timed=*/true);
+        return work ? work : no_op("reduce_scatter");
     }
 
     void barrier() override {
@@ -433,23 +592,53 @@ class NcclCommunicator final : public Communicator {
     }
 
     void send(const torch::Tensor& t, int peer) override {
-        check(t, "send");
-        check_peer(peer, "send");
-        if (t.numel() == 0) return;
-        launch("send", t.nbytes(), {t}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()),
-                                nccl_type(t.scalar_type()), peer, comm_, s));
-        })->wait();
+        exchange({P2POp{P2POp::Kind::Send, t, peer}});
     }
 
     void recv(torch::Tensor t, int peer) override {
-        check(t, "recv");
-        check_peer(peer, "recv");
-        if (t.numel() == 0) return;
-        launch("recv", t.nbytes(), {t}, [&](cudaStream_t s) {
-            NCCL_CHECK(ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()),
-                                nccl_type(t.scalar_type()), peer, comm_, s));
-        })->wait();
+        exchange({P2POp{P2POp::Kind::Recv, std::move(t), peer}});
+    }
+
+    void exchange(const std::vector<P2POp>& ops) override {
+        std::vector<const P2POp*> live;
+        for (const P2POp& op : ops) {
+            const bool send = op.kind == P2POp::Kind::Send;
+            check(op.tensor, send ? "send" : "recv");
+            check_peer(op.peer, send ? "send" : "recv");
+            if (op.tensor.numel() > 0) live.push_back(&op);
+        }
+        if (live.empty()) return;
+        std::vector<torch::Tensor> tensors;
+        for (const P2POp* op : live)
+            tensors.push_back(op->tensor);
+        // One group: NCCL progresses its sends and receives together (none waits for another to
+        // be matched first), as PyTorch's batch_isend_irecv.
+        auto work = launch_group(
+            live.size() == 1 ? (live[0]->kind == P2POp::Kind::Send ? "send" : "recv") : "send/recv",
+            tensors, [&](cudaStream_t s) {
+                NCCL_CHECK(ncclGroupStart());
+                for (const P2POp* op : live) {
+                    const torch::Tensor& t = op->tensor;
+                    const auto n = static_cast<size_t>(t.numel());
+                    if (op->kind == P2POp::Kind::Send)
+                        NCCL_CHECK(ncclSend(t.data_ptr(), n, nccl_type(t.scalar_type()), op->peer,
+                                            comm_, s));
+                    else
+                        NCCL_CHECK(ncclRecv(t.data_ptr(), n, nccl_type(t.scalar_type()), op->peer,
+                                            comm_, s));
+                }
+                NCCL_CHECK(ncclGroupEnd());
+            });
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            for (const P2POp* op : live) {
+                CommStats& st = stats_[op->kind == P2POp::Kind::Send ? "send" : "recv"];
+                st.calls += 1;
+                st.bytes += op->tensor.nbytes();
+                st.seconds += work.second / static_cast<double>(live.size());
+            }
+        }
+        work.first->wait();
     }
 
     std::map<std::string, CommStats> stats() const override {
@@ -476,79 +665,131 @@ class NcclCommunicator final : public Communicator {
                                       ") (this is rank " + std::to_string(rank_) + ")");
     }
 
-    // Orders the collective after the work already queued on the caller's current stream, runs
-    // it on our stream, and returns a handle whose wait() orders later compute work after it.
+    std::shared_ptr<NcclWork> no_op(const char* kind) {
+        return std::make_shared<NcclWork>(device_.index(), health_, kind);
+    }
+
+    // Null for an empty input (a no-op on every rank).
+    std::shared_ptr<NcclWork> allgather_work(const torch::Tensor& in, torch::Tensor out,
+                                             const char* what, bool timed) {
+        check(out, "allgather output");
+        if (out.numel() != in.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError(std::string(what) + ": output must hold size() x input "
+                                                          "elements of the same dtype");
+        if (in.numel() == 0) return nullptr;
+        torch::Tensor src = in.contiguous(); // on the compute stream, before the launch
+        return launch(
+            "allgather", src.nbytes(), {src, out},
+            [&](cudaStream_t s) {
+                NCCL_CHECK(ncclAllGather(src.data_ptr(), out.data_ptr(),
+                                         static_cast<size_t>(src.numel()),
+                                         nccl_type(src.scalar_type()), comm_, s));
+            },
+            timed);
+    }
+
+    std::shared_ptr<NcclWork> reduce_scatter_work(const torch::Tensor& in, torch::Tensor out,
+                                                  ReduceOp op, const char* what, bool timed) {
+        check(out, "reduce_scatter output");
+        const ncclRedOp_t red = nccl_op(op, out);
+        if (in.numel() != out.numel() * size_ || out.scalar_type() != in.scalar_type())
+            throw core::InternalError(std::string(what) +
+                                      ": input must hold size() x output elements of the same "
+                                      "dtype; pad to an exact split");
+        if (out.numel() == 0) return nullptr;
+        torch::Tensor src = in.contiguous();
+        return launch(
+            "reduce_scatter", out.nbytes(), {src, out},
+            [&](cudaStream_t s) {
+                NCCL_CHECK(ncclReduceScatter(src.data_ptr(), out.data_ptr(),
+                                             static_cast<size_t>(out.numel()),
+                                             nccl_type(out.scalar_type()), red, comm_, s));
+            },
+            timed);
+    }
+
+    // Under health_: makes our stream wait for the work queued so far on the caller's current
+    // stream (an ordering event from the pool, released at once: the wait captured its state).
+    void order_after_caller() {
+        cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+        cudaEvent_t ready = health_->plain_events->acquire();
+        const cudaError_t recorded = cudaEventRecord(ready, compute);
+        const cudaError_t waited =
+            recorded == cudaSuccess ? cudaStreamWaitEvent(stream_.stream(), ready, 0) : recorded;
+        health_->plain_events->release(ready);
+        CUDA_CHECK(waited);
+    }
+
+    // Orders the operation(s) `enqueue` issues after the work already queued on the caller's
+    // current stream, runs them on our stream, and returns a handle whose wait() orders later
+    // compute work after them, with the host seconds of the launch. timed: timing events around
+    // them (Work::seconds, exposed_seconds); else one ordering event after them (blocking calls,
+    // whose handle never leaves this file). Events come from the pools: none is created per
+    // operation once the pools are warm.
     template <class Fn>
-    std::shared_ptr<NcclWork> launch(const char* kind, std::uint64_t bytes,
-                                     std::initializer_list<torch::Tensor> tensors, Fn&& enqueue) {
+    std::pair<std::shared_ptr<NcclWork>, double>
+    launch_group(const char* kind, const std::vector<torch::Tensor>& tensors, Fn&& enqueue,
+                 bool timed = false) {
         // Hooks may call from autograd's device thread while the main thread is blocked in
         // backward; NCCL calls on one communicator must not run concurrently.
         std::lock_guard<std::mutex> lock(mutex_);
         nvtx::ScopedRange range(kind); // the enqueue on the host; the kernel shows on the GPU row
         const auto t0 = Clock::now();
-        c10::cuda::CUDAGuard guard(device_.index());
-        cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-        cudaEvent_t ready = nullptr, start = nullptr, done = nullptr;
-        CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-        CUDA_CHECK(cudaEventRecord(ready, compute));
-        CUDA_CHECK(cudaStreamWaitEvent(stream_.stream(), ready, 0));
-        CUDA_CHECK(cudaEventDestroy(ready));
-        // Timing events bracket only the collective: `start` completes once the stream has
-        // passed the wait for the compute stream, so Work::seconds() excludes that wait.
-        CUDA_CHECK(cudaEventCreateWithFlags(&start, cudaEventDefault));
-        CUDA_CHECK(cudaEventRecord(start, stream_.stream()));
-        // The caching allocator must not hand these blocks out again until our stream is done.
-        for (const torch::Tensor& t : tensors)
-            c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
-        enqueue(stream_.stream());
-        // Nonblocking communicator: the enqueue may still be in progress; the events recorded
-        // next must follow the collective's kernel on the stream.
-        wait_ready(kind);
-        CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDefault));
-        CUDA_CHECK(cudaEventRecord(done, stream_.stream()));
+        auto work = std::make_shared<NcclWork>(device_.index(), health_, kind);
+        const std::string what = std::string("launching an NCCL ") + kind;
+        health_->call(what, [&] {
+            c10::cuda::CUDAGuard guard(device_.index());
+            order_after_caller();
+            // Timing events bracket only the operation: `start` completes once the stream has
+            // passed the wait for the compute stream, so Work::seconds() excludes that wait.
+            if (timed) {
+                work->start_ = health_->timing_events->acquire();
+                CUDA_CHECK(cudaEventRecord(work->start_, stream_.stream()));
+            }
+            // The caching allocator must not hand these blocks out again until our stream is
+            // done.
+            for (const torch::Tensor& t : tensors)
+                c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+            enqueue(stream_.stream());
+        });
+        // Nonblocking communicator: the enqueue may still be in progress; the event recorded
+        // next must follow the operation's kernel on the stream.
+        health_->wait_ready(what);
+        health_->call(what, [&] {
+            c10::cuda::CUDAGuard guard(device_.index());
+            cudaEvent_t done = (timed ? health_->timing_events : health_->plain_events)->acquire();
+            work->done_ = done; // the Work releases it from now on
+            CUDA_CHECK(cudaEventRecord(done, stream_.stream()));
+        });
+        return {work, std::chrono::duration<double>(Clock::now() - t0).count()};
+    }
+
+    // launch_group for one collective of `kind` with `bytes` of payload counted in stats()
+    // (0: not counted).
+    template <class Fn>
+    std::shared_ptr<NcclWork> launch(const char* kind, std::uint64_t bytes,
+                                     std::initializer_list<torch::Tensor> tensors, Fn&& enqueue,
+                                     bool timed = false) {
+        auto [work, seconds] =
+            launch_group(kind, std::vector<torch::Tensor>(tensors), enqueue, timed);
         if (bytes > 0) {
+            std::lock_guard<std::mutex> lock(mutex_);
             CommStats& s = stats_[kind];
             s.calls += 1;
             s.bytes += bytes;
-            s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+            s.seconds += seconds;
         }
-        return std::make_shared<NcclWork>(start, done, device_.index(), health_, kind);
-    }
-
-    bool is_aborted() {
-        std::lock_guard<std::mutex> lock(health_->m);
-        return health_->aborted;
-    }
-
-    // Polls the nonblocking communicator until its last call (initialisation, an enqueue,
-    // finalize) has completed on the host; aborts it and throws PeerTimeoutError naming `what`
-    // after dist.timeout, DistributedError on an NCCL error.
-    void wait_ready(const char* what) {
-        const auto deadline = deadline_after(health_->timeout_s);
-        for (;;) {
-            ncclResult_t state = ncclSuccess;
-            NCCL_CHECK(ncclCommGetAsyncError(comm_, &state));
-            if (state == ncclSuccess) return;
-            if (state != ncclInProgress) {
-                health_->abort();
-                throw core::DistributedError(std::string(what) +
-                                             " failed: " + ncclGetErrorString(state) +
-                                             " (set NCCL_DEBUG=WARN for NCCL's reason)");
-            }
-            if (Clock::now() > deadline) throw health_->timed_out(what);
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
+        return work;
     }
 
     torch::Device device_;
     c10::cuda::CUDAStream stream_; // where our collectives run
     int rank_ = 0, size_ = 1;
-    ncclComm_t comm_ = nullptr;
-    // dist.timeout and whether the communicator was aborted (poll_async_error runs on the
-    // watchdog thread; a timed-out wait aborts it): nothing may be finalized afterwards.
+    ncclComm_t comm_ = nullptr; // == health_->comm; used only under health_->m, while live
+    // The handle's fate and the event pools, shared with the Works (see NcclHealth).
     std::shared_ptr<NcclHealth> health_;
     bool host_broken_ = false; // an allreduce_host timed out: its collective stays pending
-    mutable std::mutex mutex_;
+    mutable std::mutex mutex_; // launches one at a time; stats_
     std::map<std::string, CommStats> stats_;
 };
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <iomanip>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -87,6 +88,9 @@ struct ClassificationTrainer::State {
     std::optional<data::Batch> batch;
     prof::PhasePeak peak{-1, false};
     torch::Tensor loss; // this iteration's (undefined on pipeline stages without a loss)
+    // Per recorded iteration, the bucket allreduces whose durations account() left open:
+    // resolved and dropped by resolve_accounting.
+    std::map<std::int64_t, dist::PendingIterationComm> deferred_comm;
 
     // Replicated state (model, optimizer, scaler) lives in one rank's checkpoint file: rank 0, or
     // under the pipeline the rank of this stage in replica 0 (ranks are stage-major).
@@ -363,22 +367,23 @@ StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer&
     // counter's. Both counters are host-side, so reading them does not synchronise.
     torch::Tensor loss;
     if (s.engine) {
-        // GPipe: all micro-batch forwards, then all backwards; the synchronizer is armed before
-        // the last micro-batch's backward, so its buckets overlap that backward.
+        // GPipe: all micro-batch forwards, then all backwards. The data-parallel allreduce starts
+        // only once every point-to-point operation of the step was issued (one order of the two
+        // communicators on every rank, see pipeline.cpp): the synchronizer is armed after the
+        // step and finish() launches all buckets.
         s.sync_buffers();
         timer.start(prof::Phase::Forward);
         bool in_backward = false;
-        loss = s.engine->step(
-            x, y, [&] { s.sync->begin_iteration(); }, 0,
-            [&] {
-                timer.stop(prof::Phase::Forward);
-                timer.start(prof::Phase::Backward);
-                in_backward = true;
-            });
+        loss = s.engine->step(x, y, 0, [&] {
+            timer.stop(prof::Phase::Forward);
+            timer.start(prof::Phase::Backward);
+            in_backward = true;
+        });
         if (!in_backward)
             timer.stop(prof::Phase::Forward);
         else
             timer.stop(prof::Phase::Backward);
+        s.sync->begin_iteration();
     } else {
         {
             prof::PhaseScope p(timer, prof::Phase::Forward);
@@ -454,16 +459,29 @@ bool ClassificationTrainer::apply(bool skip, double& optimizer_peak) {
 
 void ClassificationTrainer::account(IterationValues& v) {
     State& s = *s_;
-    // Read late in the iteration: on NCCL it waits for the collectives' end events.
-    const dist::IterationComm c = s.sync->last_iteration();
-    v.comm_bytes = c.bytes;
-    v.comm_collective_s = c.collective_s;
-    v.bucket_s = c.bucket_s;
+    // Bytes now; the durations stay NaN until resolve_accounting (reading them here would wait
+    // for the collectives' end events on NCCL).
+    dist::PendingIterationComm pending = s.sync->last_iteration_pending();
+    v.comm_bytes = pending.bytes();
+    v.comm_collective_s = kNaN;
+    v.bucket_s.assign(pending.works.size(), kNaN);
+    s.deferred_comm[v.iteration] = std::move(pending);
     v.memory = prof::sample_memory(s.cuda_index());
     const StateBytes sb = state_bytes(s.params, *s.optimizer);
     v.parameter_bytes = sb.parameters;
     v.gradient_bytes = sb.gradients;
     v.optimizer_state_bytes = sb.optimizer;
+}
+
+void ClassificationTrainer::resolve_accounting(std::int64_t iteration, IterationValues& v) {
+    State& s = *s_;
+    const auto it = s.deferred_comm.find(iteration);
+    if (it == s.deferred_comm.end()) return;
+    const dist::IterationComm c = it->second.resolve();
+    v.comm_collective_s = c.collective_s;
+    v.bucket_s = c.bucket_s;
+    // Older entries belong to iterations the recorder no longer holds: their handles go too.
+    s.deferred_comm.erase(s.deferred_comm.begin(), std::next(it));
 }
 
 void ClassificationTrainer::resolve(std::vector<DeferredStep>& steps) {

@@ -2,7 +2,6 @@
 
 #include <c10/core/StorageImpl.h>
 
-#include <chrono>
 #include <cmath>
 #include <map>
 #include <set>
@@ -14,10 +13,6 @@ namespace trainscope::train {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 double nbytes(const torch::Tensor& t) {
     return static_cast<double>(t.nbytes());
 }
@@ -175,12 +170,10 @@ void FsdpModel::gather(Unit& u) {
 void FsdpModel::wait_gathered(Unit& u) {
     if (u.state == Unit::State::Sharded) gather(u);
     if (u.state == Unit::State::Gathered) return;
-    const auto t0 = Clock::now();
     for (auto& w : u.gathers) {
-        w->wait();
+        w->wait(); // its exposed part is measured by the Work (resolved in iteration_comm)
         gathers_done_.push_back(w);
     }
-    comm_now_.allgather_exposed_s += comm_.backend() == "mpi" ? since(t0) : 0.0;
     u.gathers.clear();
     u.state = Unit::State::Gathered;
 }
@@ -255,9 +248,7 @@ void FsdpModel::reduce_gradients(Unit& u) {
 
 void FsdpModel::retire_reduce() {
     PendingReduce& r = reduces_.front();
-    const auto t0 = Clock::now();
     r.work->wait();
-    comm_now_.reduce_scatter_exposed_s += comm_.backend() == "mpi" ? since(t0) : 0.0;
     {
         torch::NoGradGuard no_grad;
         r.group->grad_shard.add_(r.out);
@@ -316,17 +307,31 @@ void FsdpModel::step(double lr) {
                              o_.adamw);
 }
 
-FsdpIterationComm FsdpModel::iteration_comm() {
-    FsdpIterationComm c = comm_now_;
-    for (auto& w : gathers_done_)
+FsdpIterationComm FsdpPendingComm::resolve() const {
+    FsdpIterationComm c = known;
+    for (const auto& w : gathers) {
         c.allgather_s += w->seconds();
-    for (auto& w : reduces_done_)
+        c.allgather_exposed_s += w->exposed_seconds();
+    }
+    for (const auto& w : reduces) {
         c.reduce_scatter_s += w->seconds();
+        c.reduce_scatter_exposed_s += w->exposed_seconds();
+    }
+    return c;
+}
+
+FsdpPendingComm FsdpModel::take_iteration_comm() {
+    FsdpPendingComm p;
+    p.known = comm_now_;
+    p.gathers = std::move(gathers_done_);
+    p.reduces = std::move(reduces_done_);
     gathers_done_.clear();
     reduces_done_.clear();
-    comm_now_.allgather_s = c.allgather_s;
-    comm_now_.reduce_scatter_s = c.reduce_scatter_s;
-    return c;
+    return p;
+}
+
+FsdpIterationComm FsdpModel::iteration_comm() {
+    return take_iteration_comm().resolve();
 }
 
 void FsdpModel::with_trainable_gathered(const std::function<void()>& fn) {

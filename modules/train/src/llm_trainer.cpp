@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -180,6 +181,14 @@ struct LlmTrainer::State {
     prof::PhasePeak peak{-1, false};
     torch::Tensor loss_acc;            // this iteration's, on the device
     double comm_bytes = 0, comm_s = 0; // ZeRO's, of this iteration
+    // Per recorded iteration, the collectives whose durations account() left open (reading them
+    // there would wait for the device on NCCL): resolved and dropped by resolve_accounting.
+    struct DeferredComm {
+        std::shared_ptr<dist::Work> zero;               // ZeRO-1/2: the gradient reduce-scatter
+        std::optional<dist::PendingIterationComm> sync; // DDP: the bucket allreduces
+        std::optional<FsdpPendingComm> fsdp;            // dist.zero=3: all-gathers, reduce-scatters
+    };
+    std::map<std::int64_t, DeferredComm> deferred_comm;
     double lr = 0;
     int cuda_index() const { return o.device.is_cuda() ? o.device.index() : -1; }
 
@@ -607,26 +616,32 @@ bool LlmTrainer::apply(bool skip, double& optimizer_peak) {
 
 void LlmTrainer::account(IterationValues& v) {
     State& s = *s_;
+    // Bytes now; the collectives' durations (and FSDP's exposed waits) stay NaN until
+    // resolve_accounting, from the handles kept here.
+    State::DeferredComm d;
     v.comm_bytes = s.comm_bytes;
     v.comm_collective_s = s.comm_s;
+    if (s.zero && s.zero->reduce_work()) {
+        d.zero = s.zero->reduce_work();
+        v.comm_collective_s = kNaN;
+    }
     if (s.sync) {
-        const dist::IterationComm c = s.sync->last_iteration();
-        v.comm_bytes = c.bytes;
-        v.comm_collective_s = c.collective_s;
-        v.bucket_s = c.bucket_s;
+        d.sync = s.sync->last_iteration_pending();
+        v.comm_bytes = d.sync->bytes();
+        v.comm_collective_s = kNaN;
+        v.bucket_s.assign(d.sync->works.size(), kNaN);
     }
     v.memory = prof::sample_memory(s.cuda_index());
     double params = 0, grads = 0, state = 0;
     if (s.fsdp) {
-        const FsdpIterationComm c = s.fsdp->iteration_comm();
+        d.fsdp = s.fsdp->take_iteration_comm();
+        const FsdpIterationComm& c = d.fsdp->known;
         v.comm_bytes = c.allgather_bytes + c.reduce_scatter_bytes;
-        v.comm_collective_s = c.allgather_s + c.reduce_scatter_s;
+        v.comm_collective_s = kNaN;
         v.extra[kAllgatherBytes] = c.allgather_bytes;
-        v.extra[kAllgatherS] = c.allgather_s;
-        v.extra[kAllgatherExposedS] = c.allgather_exposed_s;
         v.extra[kReduceScatterBytes] = c.reduce_scatter_bytes;
-        v.extra[kReduceScatterS] = c.reduce_scatter_s;
-        v.extra[kReduceScatterExposedS] = c.reduce_scatter_exposed_s;
+        for (int k : {kAllgatherS, kAllgatherExposedS, kReduceScatterS, kReduceScatterExposedS})
+            v.extra[k] = kNaN;
         v.extra[kGatheredWeightBytes] = s.fsdp->gathered_bytes();
         params = s.fsdp->trainable_shard_bytes();
         grads = s.fsdp->gradient_bytes();
@@ -653,6 +668,30 @@ void LlmTrainer::account(IterationValues& v) {
     v.extra[kFrozenWeightBytes] = s.frozen_bytes;
     v.extra[kNf4WeightBytes] = s.nf4_bytes;
     v.extra[kTrainableWeightBytes] = params;
+    if (d.zero || d.sync || d.fsdp) s.deferred_comm[v.iteration] = std::move(d);
+}
+
+void LlmTrainer::resolve_accounting(std::int64_t iteration, IterationValues& v) {
+    State& s = *s_;
+    const auto it = s.deferred_comm.find(iteration);
+    if (it == s.deferred_comm.end()) return;
+    const State::DeferredComm& d = it->second;
+    if (d.zero) v.comm_collective_s = d.zero->seconds();
+    if (d.sync) {
+        const dist::IterationComm c = d.sync->resolve();
+        v.comm_collective_s = c.collective_s;
+        v.bucket_s = c.bucket_s;
+    }
+    if (d.fsdp) {
+        const FsdpIterationComm c = d.fsdp->resolve();
+        v.comm_collective_s = c.allgather_s + c.reduce_scatter_s;
+        v.extra[kAllgatherS] = c.allgather_s;
+        v.extra[kAllgatherExposedS] = c.allgather_exposed_s;
+        v.extra[kReduceScatterS] = c.reduce_scatter_s;
+        v.extra[kReduceScatterExposedS] = c.reduce_scatter_exposed_s;
+    }
+    // Older entries belong to iterations the recorder no longer holds: their handles go too.
+    s.deferred_comm.erase(s.deferred_comm.begin(), std::next(it));
 }
 
 void LlmTrainer::resolve(std::vector<DeferredStep>& steps) {

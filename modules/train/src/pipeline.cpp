@@ -1,6 +1,27 @@
 // Pipeline parallelism for MobileNetV2: the split into stages (per-unit parameters and MACs, an
 // exact min-max partition or explicit cuts), the rank layout (stage-major within a replica), the
-// stage module sharing a full model's units, and the GPipe schedule over blocking point-to-point.
+// stage module sharing a full model's units, and the GPipe schedule over batched point-to-point.
+//
+// Communication order (issue 25, point 10). A rank talks over two communicators: `pipe` (its
+// replica's stages, point-to-point) and `dp` (its stage across replicas, the gradient allreduce),
+// which on NCCL run on two streams of one GPU. NCCL requires communicators that share GPUs to be
+// driven in one consistent order on every rank, or a kernel of one may wait forever behind a
+// kernel of the other. So, on every rank and every step:
+//   1. PipelineEngine::step issues only `pipe` point-to-point operations, in a schedule every
+//      pair of neighbours agrees on: forward, the input of micro-batch 0 alone, then per
+//      micro-batch one batch {send output m to stage+1, receive input m+1 from stage-1};
+//      backward mirrored ({send input-gradient m to stage-1, receive output-gradient m-1 from
+//      stage+1}). A batch is posted as one group (Communicator::exchange: ncclGroupStart/End,
+//      as PyTorch's batch_isend_irecv; MPI: Isend/Irecv then wait), so a send is never coupled
+//      to the next receive behind it, and the chain of batches cannot deadlock (stage 0 only
+//      sends forward, the last stage only sends backward).
+//   2. Only after step() returned (every point-to-point operation of the step enqueued) does the
+//      caller start the `dp` gradient allreduces (GradientSynchronizer armed after the step,
+//      all buckets launched in bucket order by finish()), identically on every rank.
+// Every rank therefore enqueues: [the step's pipe operations] then [the step's dp allreduces]
+// (batch-norm buffer broadcasts over `dp` come before the step, also on every rank), a global
+// order all ranks share. The price: no overlap of the gradient allreduce with the last
+// micro-batch's backward. tests/mpi/test_pipeline.cpp checks the recorded order at 2 x 2 ranks.
 #include "trainscope/train/pipeline.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -411,17 +432,14 @@ std::int64_t PipelineEngine::resolve_batch(const torch::Tensor& images, const to
     return b;
 }
 
-torch::Tensor PipelineEngine::receive(const std::vector<std::int64_t>& per_sample, std::int64_t n,
-                                      int peer) {
+torch::Tensor PipelineEngine::buffer(const std::vector<std::int64_t>& per_sample,
+                                     std::int64_t n) const {
     std::vector<std::int64_t> shape{n};
     shape.insert(shape.end(), per_sample.begin(), per_sample.end());
-    torch::Tensor t = torch::empty(shape, stage_->parameters().front().options());
-    pipe_.recv(t, peer);
-    return t;
+    return torch::empty(shape, stage_->parameters().front().options());
 }
 
 torch::Tensor PipelineEngine::step(const torch::Tensor& images, const torch::Tensor& labels,
-                                   const std::function<void()>& before_last_backward,
                                    std::int64_t batch_size,
                                    const std::function<void()>& after_forward) {
     if (is_last() && !labels.defined())
@@ -433,21 +451,29 @@ torch::Tensor PipelineEngine::step(const torch::Tensor& images, const torch::Ten
     std::vector<torch::Tensor> image_parts, label_parts;
     if (is_first()) image_parts = images.split_with_sizes(sizes);
     if (is_last()) label_parts = labels.split_with_sizes(sizes);
+    using Op = dist::P2POp;
+    const int prev = stage_index_ - 1, next = stage_index_ + 1;
 
     // Per micro-batch: the received input (a leaf whose .grad goes back to stage-1) and what
     // backward starts from (the weighted loss on the last stage, the output elsewhere).
     std::vector<torch::Tensor> inputs(m_count), outputs(m_count);
     torch::Tensor loss_sum;
     const StagePlan& sp = stage_->plan();
+    torch::Tensor received; // the next micro-batch's input, received by the previous batch
+    if (!is_first()) {
+        received = buffer(sp.input, sizes[0]);
+        pipe_.exchange({Op{Op::Kind::Recv, received, prev}});
+    }
     for (int m = 0; m < m_count; ++m) {
         torch::Tensor x;
         if (is_first()) {
             x = image_parts[m];
         } else {
-            x = receive(sp.input, sizes[m], stage_index_ - 1).requires_grad_(true);
+            x = received.requires_grad_(true);
             inputs[m] = x;
         }
         torch::Tensor y = stage_->forward(x);
+        std::vector<Op> ops;
         if (is_last()) {
             // Mean over the micro-batch x its share of the batch: the sum is the batch mean.
             torch::Tensor loss = torch::nn::functional::cross_entropy(y, label_parts[m]) *
@@ -455,27 +481,36 @@ torch::Tensor PipelineEngine::step(const torch::Tensor& images, const torch::Ten
             loss_sum = loss_sum.defined() ? loss_sum + loss.detach() : loss.detach();
             outputs[m] = loss;
         } else {
-            pipe_.send(y.detach().to(dtype).contiguous(), stage_index_ + 1);
+            ops.push_back({Op::Kind::Send, y.detach().to(dtype).contiguous(), next});
             outputs[m] = y;
         }
+        if (!is_first() && m + 1 < m_count) {
+            received = buffer(sp.input, sizes[m + 1]);
+            ops.push_back({Op::Kind::Recv, received, prev});
+        }
+        if (!ops.empty()) pipe_.exchange(ops);
     }
     if (after_forward) after_forward();
-    // Once `before_last_backward` armed a GradientSynchronizer, its hooks start allreduces on the
-    // data-parallel communicator while backward goes on; the last input-gradient send then waits
-    // for them (MPI_THREAD_SERIALIZED: the MPI communicators share one serializer, see
-    // communicator.cpp), which cannot deadlock because the schedule's sends and receives are
-    // ordered the same way on every replica.
+    torch::Tensor grad_received; // d loss / d output of the next micro-batch backward runs
+    if (!is_last()) {
+        grad_received = buffer(sp.output, sizes[m_count - 1]);
+        pipe_.exchange({Op{Op::Kind::Recv, grad_received, next}});
+    }
     for (int m = m_count - 1; m >= 0; --m) {
-        torch::Tensor grad_out; // d loss / d output; undefined on the last stage (scalar loss)
-        if (!is_last())
-            grad_out = receive(sp.output, sizes[m], stage_index_ + 1).to(outputs[m].scalar_type());
-        if (m == 0 && before_last_backward) before_last_backward();
+        torch::Tensor grad_out; // undefined on the last stage (scalar loss)
+        if (!is_last()) grad_out = grad_received.to(outputs[m].scalar_type());
         outputs[m].backward(grad_out);
+        std::vector<Op> ops;
         if (!is_first()) {
             const torch::Tensor& g = inputs[m].grad();
-            pipe_.send(g.defined() ? g.contiguous() : torch::zeros_like(inputs[m]),
-                       stage_index_ - 1);
+            ops.push_back({Op::Kind::Send,
+                           g.defined() ? g.contiguous() : torch::zeros_like(inputs[m]), prev});
         }
+        if (!is_last() && m > 0) {
+            grad_received = buffer(sp.output, sizes[m - 1]);
+            ops.push_back({Op::Kind::Recv, grad_received, next});
+        }
+        if (!ops.empty()) pipe_.exchange(ops);
         inputs[m] = outputs[m] = torch::Tensor(); // free the micro-batch's graph and activations
     }
     return is_last() ? loss_sum : torch::Tensor();
@@ -488,14 +523,26 @@ torch::Tensor PipelineEngine::forward_only(const torch::Tensor& images, std::int
     const torch::Dtype dtype = stage_->parameters().front().scalar_type();
     std::vector<torch::Tensor> image_parts, logits;
     if (is_first()) image_parts = images.split_with_sizes(sizes);
+    using Op = dist::P2POp;
+    // The forward schedule of step(): {send output m, receive input m+1} per batch.
+    torch::Tensor received;
+    if (!is_first()) {
+        received = buffer(stage_->plan().input, sizes[0]);
+        pipe_.exchange({Op{Op::Kind::Recv, received, stage_index_ - 1}});
+    }
     for (std::size_t m = 0; m < sizes.size(); ++m) {
-        torch::Tensor x =
-            is_first() ? image_parts[m] : receive(stage_->plan().input, sizes[m], stage_index_ - 1);
+        torch::Tensor x = is_first() ? image_parts[m] : received;
         torch::Tensor y = stage_->forward(x);
+        std::vector<Op> ops;
         if (is_last())
             logits.push_back(y);
         else
-            pipe_.send(y.to(dtype).contiguous(), stage_index_ + 1);
+            ops.push_back({Op::Kind::Send, y.to(dtype).contiguous(), stage_index_ + 1});
+        if (!is_first() && m + 1 < sizes.size()) {
+            received = buffer(stage_->plan().input, sizes[m + 1]);
+            ops.push_back({Op::Kind::Recv, received, stage_index_ - 1});
+        }
+        if (!ops.empty()) pipe_.exchange(ops);
     }
     return is_last() ? torch::cat(logits) : torch::Tensor();
 }

@@ -130,6 +130,11 @@ void Recorder::set_extra(std::int64_t iteration, int column, double value) {
         it->second.extra[static_cast<std::size_t>(column)] = value;
 }
 
+IterationValues* Recorder::pending_values(std::int64_t iteration) {
+    auto it = pending_.find(iteration);
+    return it == pending_.end() ? nullptr : &it->second;
+}
+
 void Recorder::record_epoch(const EpochValues& v) {
     file_.append("epochs", {static_cast<double>(v.epoch), v.epoch_s, v.train_loss, v.val_loss,
                             v.val_accuracy, v.samples, v.val_perplexity, v.eval_s});

@@ -48,6 +48,10 @@ TrainingLoop::TrainingLoop(const LoopOptions& options, TrainStep& step, dist::Co
 void TrainingLoop::resolve_pending() {
     if (pending_.empty()) return;
     comm_.synchronize("the loss resolution"); // NCCL: the host read below, bounded
+    if (recorder_) // collective durations: their events completed before the synchronize above
+        for (const DeferredStep& d : pending_)
+            if (IterationValues* v = recorder_->pending_values(d.iteration))
+                step_.resolve_accounting(d.iteration, *v);
     step_.resolve(pending_);
     const std::vector<int> columns = step_.metric_columns();
     // run.nonfinite=abort: the flags of every rank in one allreduce (Max) and one read. Every

@@ -78,7 +78,7 @@ double ZeroOptimizer::reduce_gradients(double grad_scale) {
         throw core::InternalError("ZeroOptimizer::reduce_gradients without zero_grad()");
     torch::NoGradGuard no_grad;
     const auto t0 = std::chrono::steady_clock::now();
-    comm_.reduce_scatter(flat_grad_, shard_grad_, dist::ReduceOp::Sum);
+    reduce_work_ = comm_.reduce_scatter_timed(flat_grad_, shard_grad_, dist::ReduceOp::Sum);
     const double seconds = since(t0);
     shard_grad_.mul_(grad_scale / world_);
     if (stage_ == 2) { // only the shard survives the iteration

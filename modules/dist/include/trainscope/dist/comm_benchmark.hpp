@@ -65,10 +65,12 @@ class CommBenchmark {
     // Collective over comm. For each operation a warm-up at the largest size (`warmup` times) and
     // at the smallest (max(warmup, 100) times), as nccl-tests do; then for each size: `warmup`
     // untimed operations, a
-    // barrier, then `iters` operations issued back to back (allreduce asynchronously, like
-    // nccl-tests' launch loop) and waited for, the device synchronised for CUDA; a rank's time is
-    // elapsed / iters. Times are combined over ranks with two allreduces at the end, so no rank
-    // waits on a reduction while others are still timing. Buffers are zeros on comm.device(),
+    // barrier, then `iters` operations issued back to back and waited for (NCCL's blocking calls
+    // only order the streams, so its loop stays asynchronous for the host, like nccl-tests'
+    // launch loop); a rank's time is the batch's time / iters, the batch timed by
+    // Communicator::time_batch (MPI: host clock; NCCL: CUDA events around the whole batch on the
+    // communicator's stream). Times are combined over ranks with two allreduces at the end, so no
+    // rank waits on a reduction while others are still timing. Buffers are zeros on comm.device(),
     // reductions Sum. Throws ConfigError for a dtype the backend cannot reduce.
     std::vector<CommResult> run(Communicator& comm) const;
 

@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,15 +25,39 @@ class Work {
     // MPI: blocks until the collective finished and its result is in the tensor; rethrows its
     // error; with a timeout (Communicator::set_timeout) gives up after it with
     // core::PeerTimeoutError. NCCL: makes the caller's current CUDA stream wait for it (no host
-    // synchronisation), so work queued afterwards on that stream sees the result.
+    // synchronisation), so work queued afterwards on that stream sees the result; the first
+    // wait() also records where that stream reached the wait (for exposed_seconds).
     virtual void wait() = 0;
     virtual bool completed() = 0; // non-blocking query
     // Seconds the collective itself took where it ran, for communication accounting. MPI: from
     // its start to its end on the progress thread (time queued behind other collectives
     // excluded); blocks like wait() until then. NCCL: elapsed time between CUDA events recorded
-    // around it on the communicator's stream; blocks the host until the collective finished on
-    // the device, so resolve it late (e.g. after the next iteration's forward). 0 for a no-op.
+    // around it on the communicator's stream; blocks the host (bounded by dist.timeout) until
+    // the collective finished on the device, so resolve it late: the training loop does so at
+    // its resolution point, after Communicator::synchronize, where it costs nothing. 0 for a
+    // no-op.
     virtual double seconds() = 0;
+    // The exposed wait: how long the waiter was held up by this collective at its first wait().
+    // MPI: host seconds spent inside that wait() (the calling thread blocks). NCCL: the host
+    // does not wait, the caller's stream does: exposed_wait_seconds(end - reached), with
+    // `reached` an event recorded on the caller's stream at wait() and `end` the collective's
+    // end event on the communicator's stream, i.e. how long that stream stalled. 0 before
+    // wait() and for a no-op. Needs the collective finished, like seconds(): resolve it late.
+    virtual double exposed_seconds() = 0;
+};
+
+// The exposed part of a wait, from the collective's end minus the moment the waiter reached the
+// wait (seconds; negative when it had finished before): max(0, end_minus_reached_s).
+inline double exposed_wait_seconds(double end_minus_reached_s) {
+    return end_minus_reached_s > 0 ? end_minus_reached_s : 0.0;
+}
+
+// One operation of a point-to-point batch (Communicator::exchange; PyTorch's P2POp).
+struct P2POp {
+    enum class Kind { Send, Recv };
+    Kind kind = Kind::Send;
+    torch::Tensor tensor; // contiguous; Recv fills it in place
+    int peer = 0;
 };
 
 // Cumulative accounting per collective kind. bytes = payload of the tensor given (for allgather the
@@ -76,6 +101,13 @@ class Communicator {
     virtual std::shared_ptr<Work> allgather_async(const torch::Tensor& in, torch::Tensor out) = 0;
     virtual std::shared_ptr<Work> reduce_scatter_async(const torch::Tensor& in, torch::Tensor out,
                                                        ReduceOp op) = 0;
+    // The blocking reduce_scatter above, whose handle tells its duration (Work::seconds) for
+    // accounting, to be resolved later (ZeRO's gradient reduce-scatter). Default (MPI): the host
+    // time of the blocking call, known at once (the caller's thread runs it; exposed_seconds is
+    // the same). NCCL: CUDA events around the collective on the communicator's stream (the host
+    // does not wait; resolve it late, see Work::seconds).
+    virtual std::shared_ptr<Work> reduce_scatter_timed(const torch::Tensor& in, torch::Tensor out,
+                                                       ReduceOp op);
     virtual void barrier() = 0;
     // Host-side control traffic: a few numbers (flags, counts) that must neither wait for nor
     // synchronise with the device, e.g. the ranks' per-iteration stop/checkpoint agreement. In
@@ -94,6 +126,17 @@ class Communicator {
     // communicator's stream, ordered with the caller's stream like broadcast (no host wait).
     virtual void send(const torch::Tensor& t, int peer) = 0;
     virtual void recv(torch::Tensor t, int peer) = 0;
+    // A batch of sends and receives posted together (PyTorch's batch_isend_irecv), blocking like
+    // send/recv until all of them completed. No operation of the batch waits for another to be
+    // matched first, so a stage may send its output to the next stage and receive its next input
+    // from the previous one in one batch without coupling the two. Between two ranks, messages
+    // still match in the order they are issued (batches included). Empty tensors are skipped.
+    // MPI: MPI_Isend/MPI_Irecv of every operation on the caller's thread, then all completed
+    // (bounded by dist.timeout); CUDA tensors staged through host memory. NCCL: ncclSend/ncclRecv
+    // between ncclGroupStart/ncclGroupEnd on the communicator's stream, ordered with the caller's
+    // stream like send/recv. Stats count each operation under "send"/"recv" (the batch's
+    // seconds shared equally among its operations).
+    virtual void exchange(const std::vector<P2POp>& ops) = 0;
 
     // Keys: "allreduce", "broadcast", "allgather", "reduce_scatter", "send", "recv" (only kinds
     // that were called).
@@ -122,6 +165,13 @@ class Communicator {
     // the CUDA driver forever when a peer stalls. MPI: returns at once (its collectives complete
     // on the host, with the timeout of set_timeout).
     virtual void synchronize(const char* /*what*/) {}
+
+    // Seconds that `ops`, a batch of this communicator's operations issued back to back, took
+    // where they ran (the comm benchmark's timed loop). Default (MPI, whose collectives complete
+    // on the host): a steady clock around ops(). NCCL: one pair of CUDA events around the whole
+    // batch on the communicator's stream, then a host wait for the end event (bounded by
+    // dist.timeout, polling NCCL's errors); no event per operation is created for it.
+    virtual double time_batch(const std::function<void()>& ops);
 };
 
 // backend "mpi" or "nccl". Collective over `comm` (duplicates it, so user traffic on `comm` never

@@ -51,6 +51,18 @@ struct IterationComm {
     std::vector<double> bucket_s;     // per bucket: the allreduce's own duration (Work::seconds)
 };
 
+// The bucket allreduces of one finished iteration, not yet resolved: what is known at once (bytes,
+// the host wait) and the handles whose durations resolve() reads. Holding it keeps the handles
+// (on NCCL their CUDA events) alive; resolve() blocks until the collectives finished where they
+// ran, so call it late: the training loop does at its resolution point, where that costs nothing.
+struct PendingIterationComm {
+    std::vector<std::shared_ptr<Work>> works; // per bucket, launch order; null: nothing ran
+    std::vector<double> bucket_bytes;         // per bucket: payload, 0 where nothing ran
+    double exposed_s = 0;
+    double bytes() const; // sum of bucket_bytes: known without waiting
+    IterationComm resolve() const;
+};
+
 class GradientSynchronizer {
   public:
     // PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
@@ -99,9 +111,12 @@ class GradientSynchronizer {
     // where the collective ran: on the MPI backend's progress thread from start to end (so it
     // excludes time queued behind earlier buckets); on NCCL between CUDA events on the
     // communicator's stream, resolved here, which blocks until the GPU finished the last bucket:
-    // read it late (after optimizer.step(), or at the start of the next iteration). Results are
-    // cached; a later finish() replaces them.
+    // read it late, or take last_iteration_pending() and resolve it later. Results are cached; a
+    // later finish() replaces them.
     IterationComm last_iteration() const;
+    // The last finished iteration's handles, without waiting for anything (one entry per bucket,
+    // no work before the first finish()).
+    PendingIterationComm last_iteration_pending() const;
 
   private:
     struct Impl;

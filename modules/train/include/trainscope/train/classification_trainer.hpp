@@ -85,6 +85,7 @@ class ClassificationTrainer final : public TrainStep {
     void prepare_apply(StepResult& r) override;
     bool apply(bool skip, double& optimizer_peak) override;
     void account(IterationValues& v) override;
+    void resolve_accounting(std::int64_t iteration, IterationValues& v) override;
     void resolve(std::vector<DeferredStep>& steps) override;
     // Loss and accuracy on the test split, sharded across ranks and reduced.
     std::pair<double, double> evaluate() override;

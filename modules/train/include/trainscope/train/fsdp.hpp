@@ -44,13 +44,25 @@ struct FsdpOptions {
     ZeroAdamW adamw;
 };
 
-// Communication of one iteration. *_s: the collectives' own durations (MPI: on the progress
-// thread; NCCL: GPU time between events); *_exposed_s: time the training thread waited for them
-// (MPI; on NCCL the host does not wait, the stream does: 0). overlapped = seconds - exposed.
+// Communication of one iteration. *_s: the collectives' own durations (Work::seconds; MPI: on the
+// progress thread; NCCL: GPU time between events on the communicator's stream); *_exposed_s:
+// how long the computation waited for them (Work::exposed_seconds; MPI: the training thread's
+// host wait; NCCL: how long the compute stream stalled at the wait, from CUDA events).
+// overlapped = seconds - exposed.
 struct FsdpIterationComm {
     double allgather_bytes = 0, allgather_s = 0, allgather_exposed_s = 0;
     double reduce_scatter_bytes = 0, reduce_scatter_s = 0, reduce_scatter_exposed_s = 0;
     std::int64_t allgathers = 0, reduce_scatters = 0;
+};
+
+// One iteration's collectives before their durations are known: bytes and counts in `known`
+// (seconds 0), and the handles, waited for in the iteration. resolve() reads the handles' seconds
+// and exposed seconds, which blocks until they finished on the device (NCCL): call it late, at
+// the training loop's resolution point.
+struct FsdpPendingComm {
+    FsdpIterationComm known;
+    std::vector<std::shared_ptr<dist::Work>> gathers, reduces;
+    FsdpIterationComm resolve() const;
 };
 
 class FsdpModel final : public models::UnitHooks {
@@ -79,7 +91,10 @@ class FsdpModel final : public models::UnitHooks {
     // element is; undefined when there are none), for nonfinite_flag. No host read.
     torch::Tensor shard_gradient_sum() const;
     void step(double lr);
-    FsdpIterationComm iteration_comm(); // resolves the collectives' durations
+    // The iteration's collectives, without waiting (call after finish_gradients); the next
+    // begin_iteration() starts counting anew.
+    FsdpPendingComm take_iteration_comm();
+    FsdpIterationComm iteration_comm(); // take_iteration_comm().resolve()
 
     // Collective: the full values of the trainable tensors, in `names` order (CPU clones).
     std::vector<torch::Tensor> gather_trainable(const std::vector<std::string>& names);

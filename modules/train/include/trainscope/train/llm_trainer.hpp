@@ -114,6 +114,7 @@ class LlmTrainer final : public TrainStep {
     void prepare_apply(StepResult& r) override;
     bool apply(bool skip, double& optimizer_peak) override;
     void account(IterationValues& v) override;
+    void resolve_accounting(std::int64_t iteration, IterationValues& v) override;
     void resolve(std::vector<DeferredStep>& steps) override;
     std::vector<int> metric_columns() const override;
     std::pair<double, double> evaluate() override;

@@ -1,6 +1,7 @@
 // run.strategy=pipeline: MobileNetV2 split into contiguous stages over ranks (model parallelism),
 // micro-batches streamed GPipe-style (all forwards, then all backwards), activations sent forward
-// and gradients backward between neighbouring stages, data-parallel replicas of the whole pipeline.
+// and gradients backward between neighbouring stages, data-parallel replicas of the whole pipeline
+// (the order of the two communicators' operations: pipeline.cpp).
 #pragma once
 
 #include <mpi.h>
@@ -116,8 +117,10 @@ TORCH_MODULE(PipelineStage);
 // stage). A batch of B samples is split as torch::chunk(B, M) does (chunks of ceil(B/M), the last
 // smaller, possibly fewer than M); receivers size their buffers from the plan's per-sample shapes,
 // so stages exchange nothing but activations and gradients. Activations and gradients keep the
-// stage's parameter dtype and device. Send/recv order (forward: recv from stage-1, send to
-// stage+1; backward reversed) forms a chain, so blocking point-to-point cannot deadlock.
+// stage's parameter dtype and device. Point-to-point goes in batches (Communicator::exchange):
+// forward, per micro-batch {send output m to stage+1, receive input m+1 from stage-1}; backward
+// mirrored. The engine communicates over `pipe` only; see pipeline.cpp for the order every rank
+// keeps with the data-parallel communicator.
 class PipelineEngine {
   public:
     // `batch_size`: samples per step on this replica, used by stages that are given neither images
@@ -129,17 +132,15 @@ class PipelineEngine {
     // (elsewhere only its size(0) is read; may be undefined); labels: int64 [B], used on the last
     // stage (may be undefined elsewhere). Micro-batch losses are cross-entropy means weighted by
     // their share of the batch, so the gradients are those of the batch-mean loss. Backward runs
-    // in reverse micro-batch order; `before_last_backward` (may be empty) runs on every stage
-    // right before the last backward (micro-batch 0), e.g. to arm a GradientSynchronizer.
-    // On the MPI backend the last input-gradient send waits for the allreduces that
-    // `before_last_backward` armed (the MPI communicators share one serializer); call the
-    // synchronizer's finish() before the next step or forward_only.
+    // in reverse micro-batch order. Data parallelism: start the gradient allreduce only after
+    // step() returned, on every rank (arm the GradientSynchronizer then and call its finish():
+    // it launches every bucket in order), never from inside the step: on NCCL the two
+    // communicators must be driven in one order on every rank (pipeline.cpp).
     // Returns the batch-mean loss (detached scalar) on the last stage, undefined elsewhere.
     // `batch_size` > 0 overrides the batch size where neither images nor labels are given.
     // `after_forward` (may be empty) runs between the forward and the backward passes (the
     // trainer's phase boundary).
     torch::Tensor step(const torch::Tensor& images, const torch::Tensor& labels,
-                       const std::function<void()>& before_last_backward = {},
                        std::int64_t batch_size = 0,
                        const std::function<void()>& after_forward = {});
 
@@ -157,7 +158,8 @@ class PipelineEngine {
   private:
     std::int64_t resolve_batch(const torch::Tensor& images, const torch::Tensor& labels,
                                std::int64_t batch_size) const;
-    torch::Tensor receive(const std::vector<std::int64_t>& per_sample, std::int64_t n, int peer);
+    // An uninitialised receive buffer for n samples of `per_sample` shape.
+    torch::Tensor buffer(const std::vector<std::int64_t>& per_sample, std::int64_t n) const;
 
     PipelineStage stage_;
     dist::Communicator& pipe_;

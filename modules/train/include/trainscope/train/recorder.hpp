@@ -83,6 +83,9 @@ class Recorder {
     // Values resolved after the fact (losses stay on the device until a flush).
     void set_loss(std::int64_t iteration, double loss);
     void set_extra(std::int64_t iteration, int column, double value);
+    // The values of a recorded iteration not yet flushed (nullptr once flushed or never recorded),
+    // for values resolved after the fact (TrainStep::resolve_accounting).
+    IterationValues* pending_values(std::int64_t iteration);
     void record_epoch(const EpochValues& v);
     // True when the caller must resolve deferred values and call flush() now.
     bool flush_due() const;

@@ -95,8 +95,16 @@ class TrainStep {
     // Optimizer phase. skip: no rank steps (run.nonfinite=skip). Returns whether the optimizer
     // stepped (the loss scaler may skip); writes the phase's allocator peak.
     virtual bool apply(bool skip, double& optimizer_peak) = 0;
-    // After the iteration: communication and memory accounting into `v`.
+    // After the iteration: communication and memory accounting into `v`, only what is known
+    // without waiting for the device (durations the device still has to finish stay NaN).
     virtual void account(IterationValues& v) = 0;
+    // At the loop's resolution point, after Communicator::synchronize, for every iteration still
+    // pending in the Recorder: fills what account() left open (collective durations and exposed
+    // waits), from handles kept since. Default: nothing deferred.
+    virtual void resolve_accounting(std::int64_t iteration, IterationValues& v) {
+        (void)iteration;
+        (void)v;
+    }
     // Collective: turns the deferred losses (and metrics) into values, all at once.
     virtual void resolve(std::vector<DeferredStep>& steps) = 0;
     // Indices into StepResult::extra (the Recorder's extra columns) where resolved metric values

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "trainscope/dist/communicator.hpp"
@@ -39,8 +40,13 @@ class ZeroOptimizer {
     void zero_grad();
     // After the last backward: gradients are summed across ranks, divided by the world size and
     // multiplied by grad_scale (torchtune's token normalisation), then the shard steps. Returns
-    // the seconds spent in the reduce-scatter (exposed communication: nothing overlaps it).
+    // the host seconds of the reduce-scatter call (MPI: the collective, nothing overlaps it;
+    // NCCL: only its launch, the host does not wait): account with reduce_work() instead.
     double reduce_gradients(double grad_scale = 1.0);
+    // The last reduce-scatter's handle, for accounting: Work::seconds() is the collective's own
+    // duration (MPI: the blocking call's host time; NCCL: CUDA events on its stream), resolved
+    // late (it blocks until the collective finished on the device). Null before the first.
+    std::shared_ptr<dist::Work> reduce_work() const { return reduce_work_; }
     void step(double lr);
     double allgather_seconds() const { return allgather_s_; }
     // After reduce_gradients: the float64 sum of this rank's gradient shard on the device (NaN/Inf
@@ -69,6 +75,7 @@ class ZeroOptimizer {
     torch::Tensor flat_param_, flat_grad_, shard_grad_, exp_avg_, exp_avg_sq_;
     std::int64_t step_count_ = 0;
     double allgather_s_ = 0;
+    std::shared_ptr<dist::Work> reduce_work_;
 };
 
 } // namespace trainscope::train
