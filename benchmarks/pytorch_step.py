@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Median MobileNetV2 training step, trainscope vs PyTorch (DDP over gloo), on 1 and 2 ranks.
+"""Median MobileNetV2 training step, trainscope vs PyTorch (DDP), on 1 and 2 ranks, CPU or GPU.
 
 Runs trainscope and a PyTorch reference alternately (never concurrently) on 1 and 2 MPI ranks and
 prints, per rank count, both median step times and the ratio trainscope / PyTorch (target <= 1.0).
@@ -33,6 +33,12 @@ Fairness rules (both sides get the same work; the output repeats them):
   timing    per iteration wall time (time.perf_counter around the whole step; trainscope's steady
             clock around data..optimizer), mean over ranks per iteration, median over the measured
             iterations after the same warm-up: trainscope's /summary median_step_s
+  device    --device cuda (scripts/gpu-check): one GPU per rank (local rank modulo the visible
+            GPUs); PyTorch builds each batch on the host as above, copies it to the GPU and runs
+            DDP over NCCL, synchronising the device before every clock read (so its phases and
+            steps are device-complete); trainscope runs run.device=cuda, dist.backend=nccl (its
+            phases timed by CUDA events). Threads and malloc as on CPU. img/s = ranks x batch /
+            median step
 """
 from __future__ import annotations
 
@@ -80,16 +86,28 @@ def pytorch_worker(a: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cuda = a.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            print("scripts/bench pytorch_step: --device cuda but PyTorch sees no GPU "
+                  "(torch.cuda.is_available() is False)", file=sys.stderr, flush=True)
+            os._exit(2)
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
 
     B, S, W, M = a.batch, a.image_size, a.warmup, a.iters
     torch.manual_seed(42)
     model = torchvision.models.mobilenet_v2(num_classes=NUM_CLASSES)  # width 1.0, dropout 0.2
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    model.train()
+    model.to(device).train()
     use_ddp = world > 1 or a.pytorch_1rank == "ddp"
-    if use_ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model)  # bucket_cap_mb=25 default
+    if use_ddp:  # bucket_cap_mb=25 default
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
 
     # This rank's shard of the synthetic set: one batch per iteration, shuffled like a sampler.
@@ -111,21 +129,26 @@ def pytorch_worker(a: argparse.Namespace) -> int:
                               antialias=False)                                # [B, 1, S, S]
         out = torch.empty((B, 3, S, S), dtype=torch.float32)                  # [B, 3, S, S]
         out.copy_(x.expand(B, 3, S, S))
-        return out, y
+        return out.to(device), y.to(device)
 
     zero_to_none = a.pytorch_zero_grad == "none"
     clock = time.perf_counter
     times = torch.zeros((W + M, 1 + len(PHASES)), dtype=torch.float64)  # step, then phases
     for k in range(W + M):
+        sync()
         t0 = clock()
         x, y = build_batch(k)
+        sync()
         t1 = clock()
         loss = F.cross_entropy(model(x), y)
+        sync()
         t2 = clock()
         loss.backward()  # DDP: bucketed allreduces overlap and are waited for in here
+        sync()
         t3 = clock()
         opt.step()
         opt.zero_grad(set_to_none=zero_to_none)
+        sync()
         t4 = clock()
         times[k] = torch.tensor([t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3], dtype=torch.float64)
 
@@ -133,10 +156,10 @@ def pytorch_worker(a: argparse.Namespace) -> int:
     step = times[:, 0].clone()
     phases = times[:, 1:].clone()
     if world > 1:
+        step, phases = step.to(device), phases.to(device)
         dist.all_reduce(step, op=dist.ReduceOp.SUM)
         dist.all_reduce(phases, op=dist.ReduceOp.SUM)
-        step /= world
-        phases /= world
+        step, phases = step.cpu() / world, phases.cpu() / world
     if rank == 0:
         result = {
             "ranks": world,
@@ -149,6 +172,7 @@ def pytorch_worker(a: argparse.Namespace) -> int:
             "threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(),
             "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(device) if cuda else "cpu",
             "last_loss": float(loss.detach()),
         }
         print(RESULT_TAG + json.dumps(result), flush=True)
@@ -196,7 +220,8 @@ def run_pytorch(a: argparse.Namespace, ranks: int, tmp: Path, tag: str) -> dict:
     cmd = mpirun_command(ranks, sys.executable, Path(__file__).resolve(), "--pytorch-worker",
                          "--port", free_port(), "--batch", a.batch, "--image-size", a.image_size,
                          "--iters", a.iters, "--warmup", a.warmup, "--pytorch-1rank",
-                         a.pytorch_1rank, "--pytorch-zero-grad", a.pytorch_zero_grad)
+                         a.pytorch_1rank, "--pytorch-zero-grad", a.pytorch_zero_grad,
+                         "--device", a.device)
     out = run_logged(cmd, tmp / f"pytorch_np{ranks}_{tag}.log", a.timeout, a.pytorch_malloc)
     for line in out.splitlines():
         if line.startswith(RESULT_TAG):
@@ -212,7 +237,8 @@ def trainscope_command(a: argparse.Namespace, ranks: int, out: Path) -> list[str
     total = a.warmup + a.iters
     # Every option that decides the work is spelled out, so a changed default cannot skew this.
     opts = {
-        "run.workload": "cv", "run.strategy": "ddp-ds", "run.device": "cpu",
+        "run.workload": "cv", "run.strategy": "ddp-ds", "run.device": a.device,
+        "dist.backend": "nccl" if a.device == "cuda" else "mpi",
         "run.precision": "fp32", "run.threads": 1, "dist.bucket_mb": 25,
         "run.host_memory": a.trainscope_malloc,
         "data.dataset": "synthetic", "data.workers": 0, "data.drop_last": "true",
@@ -269,14 +295,17 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def settings_line(a: argparse.Namespace) -> str:
-    return (f"settings: MobileNetV2 (10 classes, width 1.0, dropout 0.2, 2,236,682 parameters), "
+    pt_backend = "nccl" if a.device == "cuda" else "gloo"
+    ts_backend = "NCCL" if a.device == "cuda" else "MPI"
+    return (f"settings: {a.device}, MobileNetV2 (10 classes, width 1.0, dropout 0.2, "
+            f"2,236,682 parameters), "
             f"fp32, batch {a.batch}/rank, 3x{a.image_size}x{a.image_size} from uint8 1x28x28 "
             f"(bilinear, built each iteration in the training thread), SGD lr {LR} momentum "
             f"{MOMENTUM} wd {WEIGHT_DECAY}, 1 intra-op + 1 inter-op thread/rank, OMP_NUM_THREADS=1, "
             f"{a.warmup} warm-up + {a.iters} measured iterations, {a.repeats} repeat(s); "
             f"PyTorch {'DDP' if a.pytorch_1rank == 'ddp' else 'plain model'} on 1 rank, DDP "
-            f"(gloo, bucket 25 MiB) on more; zero_grad(set_to_none="
-            f"{a.pytorch_zero_grad == 'none'}); trainscope: MPI backend, bucket 25 MiB, "
+            f"({pt_backend}, bucket 25 MiB) on more; zero_grad(set_to_none="
+            f"{a.pytorch_zero_grad == 'none'}); trainscope: {ts_backend} backend, bucket 25 MiB, "
             f"zero_grad(set_to_none=False); host malloc: trainscope run.host_memory="
             f"{a.trainscope_malloc}, PyTorch "
             f"{'the same (GLIBC_TUNABLES)' if a.pytorch_malloc == 'retain' else 'glibc defaults'}"
@@ -336,7 +365,8 @@ def driver(a: argparse.Namespace) -> int:
         ratios = [t["median_step_s"] / p["median_step_s"] for t, p in zip(ts, pt)]
         ratio = statistics.median(ratios) if ratios else float("nan")
         num = lambda x, digits: "-" if x != x else f"{x:.{digits}f}"  # NaN: side not run
-        rows.append([str(n), num(med(ts), 4), num(med(pt), 4), num(ratio, 3),
+        rows.append([str(n), num(med(ts), 4), num(med(pt), 4), num(n * a.batch / med(ts), 1),
+                     num(n * a.batch / med(pt), 1), num(ratio, 3),
                      " ".join(f"{r:.3f}" for r in ratios) or "-"])
         for who, rs in (("trainscope", ts), ("PyTorch", pt)):
             if rs:
@@ -344,7 +374,8 @@ def driver(a: argparse.Namespace) -> int:
                                              for ph in PHASES])
     print()
     print(table(rows, ["ranks", "trainscope median step [s]", "PyTorch median step [s]",
-                       "ratio ts/pt", "ratio per repeat"]))
+                       "trainscope [img/s]", "PyTorch [img/s]", "ratio ts/pt",
+                       "ratio per repeat"]))
     print()
     print("phase medians [s] (per iteration mean over ranks; trainscope backward includes "
           "comm_wait, data includes h2d):")
@@ -388,6 +419,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="PyTorch's host malloc: glibc defaults (default, as PyTorch runs out of "
                         "the box) or trainscope's retain policy through GLIBC_TUNABLES, to "
                         "separate the allocator's share of the ratio from the loop's")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default) or cuda: one GPU per rank, NCCL on both sides")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     p.add_argument("--keep-tmp", action="store_true", help="keep logs and run files")
     p.add_argument("--pytorch-worker", action="store_true", help=argparse.SUPPRESS)

@@ -45,15 +45,25 @@ def row(path: str) -> tuple[list[str], list[str]]:
         rate = (f"{float(tps):.0f} tok/s" if np.isfinite(tps)
                 else f"{float(s.get('throughput_samples_per_s', np.nan)):.0f} img/s")
         mfu = float(s.get("mfu", np.nan))
+        # The profiler's count of host-blocking CUDA runtime calls per iteration (rank 0's window),
+        # beside the harness's own reads (host_syncs): reported, not checked, since the allocator
+        # and libraries may synchronise outside the harness's control.
+        prof_syncs = "-"
+        if "profile/host_sync_calls" in f and "profile/iterations" in f:
+            calls = float(f["profile/host_sync_calls"][0])
+            iters = float(f["profile/iterations"][0])
+            if iters > 0:
+                prof_syncs = f"{calls / iters:.2f}"
         cells = [path.rsplit("/", 1)[-1], ",".join(devices), ",".join(sorted(set(buses))),
                  f"{float(np.nanmax(energy[:, -1] - energy[:, 0])) if energy.size else float('nan'):.1f}",
-                 f"{peak / 2**20:.0f}", f"{float(np.mean(syncs)):.2f}", rate,
+                 f"{peak / 2**20:.0f}", f"{float(np.mean(syncs)):.2f}", prof_syncs, rate,
                  f"{100 * mfu:.1f}%" if np.isfinite(mfu) else "n/a"]
     return cells, failed
 
 
 def main(paths: list[str]) -> int:
-    head = ["run", "device", "pci_bus_id", "energy J", "peak MiB", "syncs/it", "throughput", "MFU"]
+    head = ["run", "device", "pci_bus_id", "energy J", "peak MiB", "syncs/it", "profiler syncs/it",
+            "throughput", "MFU"]
     rows, failures = [], []
     for p in paths:
         cells, failed = row(p)

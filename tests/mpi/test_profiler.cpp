@@ -144,6 +144,34 @@ TEST(ProfileSummary, NestingGivesSelfTimeAndTopLevelOperators) {
     EXPECT_TRUE(std::isnan(s.top_kernels[0].self_s));
 }
 
+// Issue 25, point 5: the profiler counts the CUDA runtime calls that blocked the host (what a
+// `.item()` costs), not the asynchronous ones around them.
+TEST(ProfileSummary, CountsTheRuntimeCallsThatBlockTheHost) {
+    using K = prof::EventKind;
+    for (const char* name :
+         {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+          "cudaMemset", "cudaMemcpy_ptds", "cudaStreamSynchronize_ptsz"})
+        EXPECT_TRUE(prof::is_host_synchronising_call(name)) << name;
+    for (const char* name : {"cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaEventQuery",
+                             "cudaLaunchKernel", "cudaEventRecord", "cudaMemsetAsync", "_ptsz", ""})
+        EXPECT_FALSE(prof::is_host_synchronising_call(name)) << name;
+
+    // Two iterations: one `.item()` (copy + stream sync) each, plus a synchronous cudaMemcpy in
+    // the second; asynchronous calls and a CUDA sync activity record are not host calls.
+    const std::vector<prof::ProfileEvent> events = {
+        ev(K::CudaRuntime, "cudaLaunchKernel", 0, 2),
+        ev(K::CudaRuntime, "cudaMemcpyAsync", 3, 4),
+        ev(K::CudaRuntime, "cudaStreamSynchronize", 4, 9),
+        ev(K::CudaSync, "Stream Sync", 4, 9),
+        ev(K::CudaRuntime, "cudaStreamWaitEvent", 10, 11),
+        ev(K::CudaRuntime, "cudaMemcpyAsync", 20, 21),
+        ev(K::CudaRuntime, "cudaStreamSynchronize", 21, 25),
+        ev(K::CudaRuntime, "cudaMemcpy", 30, 40),
+        ev(K::CudaDriver, "cuStreamSynchronize", 41, 42)};
+    EXPECT_EQ(prof::summarise_events(events, 3).host_sync_calls, 3);
+    EXPECT_EQ(prof::summarise_events({}, 3).host_sync_calls, 0);
+}
+
 TEST(ProfileSummary, TemporalBreakdownFollowsHta) {
     using K = prof::EventKind;
     // compute [0,10) and [12,14); NCCL [5,20); memcpy [25,30) and [8,9) (under compute); idle
@@ -412,6 +440,8 @@ TEST_F(ProfilerWindowTest, CpuWindowHoldsConvolutionsForwardAndBackwardAndReadsB
     const auto window_s = f.doubles("/profile/window_s");
     const auto iterations = f.doubles("/profile/iterations");
     ASSERT_EQ(window_s.size(), static_cast<std::size_t>(n));
+    EXPECT_EQ(f.str_attr("/profile/host_sync_calls", "units"), "calls");
+    EXPECT_EQ(f.doubles("/profile/host_sync_calls"), std::vector<double>(n, 0.0)); // CPU: none
     EXPECT_DOUBLE_EQ(window_s[0], s.window_s);
     const auto names = f.strings("/profile/top_ops/name");
     const auto counts = f.doubles("/profile/top_ops/count");

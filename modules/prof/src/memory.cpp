@@ -132,16 +132,79 @@ void reset_host_tensor_peak() {
     g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
+namespace {
+
+// The peaks of the current iteration window folded in at phase resets (begin_iteration_peaks,
+// PhasePeak::begin); sample_memory reports the larger of these and the live counters.
+struct FoldedPeaks {
+    double device_allocated = MemorySample::kNaN;
+    double device_reserved = MemorySample::kNaN;
+    double device_active = MemorySample::kNaN;
+    double host_tensor = MemorySample::kNaN;
+};
+std::mutex g_folded_mutex;
+FoldedPeaks g_folded;
+
+void raise(double& into, double value) {
+    if (!std::isnan(value) && (std::isnan(into) || value > into)) into = value;
+}
+
+struct PeakCounters {
+    double device_allocated = MemorySample::kNaN;
+    double device_reserved = MemorySample::kNaN;
+    double device_active = MemorySample::kNaN;
+};
+
+PeakCounters device_peaks(int cuda_device) {
+    PeakCounters p;
+#if TRAINSCOPE_HAVE_CUDA
+    if (cuda_device >= 0) {
+        using c10::CachingAllocator::StatType;
+        auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(cuda_device);
+        const auto agg = static_cast<std::size_t>(StatType::AGGREGATE);
+        p.device_allocated = static_cast<double>(stats.allocated_bytes[agg].peak);
+        p.device_reserved = static_cast<double>(stats.reserved_bytes[agg].peak);
+        p.device_active = static_cast<double>(stats.active_bytes[agg].peak);
+    }
+#else
+    (void)cuda_device;
+#endif
+    return p;
+}
+
+void reset_counters(int cuda_device) {
+    reset_device_peaks(cuda_device);
+    if (host_tensor_counter_installed()) reset_host_tensor_peak();
+}
+
+} // namespace
+
+void begin_iteration_peaks(int cuda_device) {
+    {
+        std::lock_guard<std::mutex> lock(g_folded_mutex);
+        g_folded = FoldedPeaks{};
+    }
+    reset_counters(cuda_device);
+}
+
 PhasePeak::PhasePeak(int cuda_device, bool enabled)
     : cuda_device_(cuda_device),
       enabled_(enabled && (cuda_device >= 0 || host_tensor_counter_installed())) {}
 
 void PhasePeak::begin() const {
     if (!enabled_) return;
-    if (cuda_device_ >= 0)
-        reset_device_peaks(cuda_device_);
-    else
-        reset_host_tensor_peak();
+    // What ran since the last reset (the previous phase, or work between phases) stays in the
+    // iteration's peaks.
+    const PeakCounters d = device_peaks(cuda_device_);
+    const double host = host_tensor_bytes().peak;
+    {
+        std::lock_guard<std::mutex> lock(g_folded_mutex);
+        raise(g_folded.device_allocated, d.device_allocated);
+        raise(g_folded.device_reserved, d.device_reserved);
+        raise(g_folded.device_active, d.device_active);
+        raise(g_folded.host_tensor, host);
+    }
+    reset_counters(cuda_device_);
 }
 
 void PhasePeak::end(double& slot) const {
@@ -149,12 +212,6 @@ void PhasePeak::end(double& slot) const {
     const double peak =
         cuda_device_ >= 0 ? device_allocated_peak_bytes(cuda_device_) : host_tensor_bytes().peak;
     if (std::isnan(slot) || peak > slot) slot = peak;
-}
-
-void fold_phase_peaks(MemorySample& m, int cuda_device, std::initializer_list<double> phase_peaks) {
-    double& peak = cuda_device >= 0 ? m.device_allocated_peak_bytes : m.host_tensor_peak_bytes;
-    for (double p : phase_peaks)
-        if (!std::isnan(p) && (std::isnan(peak) || p > peak)) peak = p;
 }
 
 MemorySample sample_memory(int cuda_device) {
@@ -198,6 +255,16 @@ MemorySample sample_memory(int cuda_device) {
 #else
     (void)cuda_device;
 #endif
+    {
+        std::lock_guard<std::mutex> lock(g_folded_mutex);
+        if (!std::isnan(s.host_tensor_peak_bytes))
+            raise(s.host_tensor_peak_bytes, g_folded.host_tensor);
+        if (!std::isnan(s.device_allocated_peak_bytes)) {
+            raise(s.device_allocated_peak_bytes, g_folded.device_allocated);
+            raise(s.device_reserved_peak_bytes, g_folded.device_reserved);
+            raise(s.device_active_peak_bytes, g_folded.device_active);
+        }
+    }
     return s;
 }
 

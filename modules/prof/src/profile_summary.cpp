@@ -4,8 +4,10 @@
 #include "trainscope/prof/profile_summary.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -124,6 +126,28 @@ TemporalBreakdown temporal_breakdown(const std::vector<ProfileEvent>& events) {
     return b;
 }
 
+bool is_host_synchronising_call(const std::string& name) {
+    static const std::set<std::string> kBlocking = {"cudaDeviceSynchronize",
+                                                    "cudaStreamSynchronize",
+                                                    "cudaEventSynchronize",
+                                                    "cudaMemcpy",
+                                                    "cudaMemcpy2D",
+                                                    "cudaMemcpy3D",
+                                                    "cudaMemcpyToSymbol",
+                                                    "cudaMemcpyFromSymbol",
+                                                    "cudaMemset",
+                                                    "cudaMemset2D",
+                                                    "cudaMemset3D"};
+    // Kineto may append the API version ("cudaStreamSynchronize_v2..." is not used today, but
+    // "_ptsz"/"_ptds" per-thread default-stream variants are).
+    std::string base = name;
+    for (const char* suffix : {"_ptsz", "_ptds"})
+        if (base.size() > std::strlen(suffix) &&
+            base.compare(base.size() - std::strlen(suffix), std::string::npos, suffix) == 0)
+            base.erase(base.size() - std::strlen(suffix));
+    return kBlocking.count(base) > 0;
+}
+
 ProfileSummary summarise_events(const std::vector<ProfileEvent>& events, std::size_t top_n) {
     ProfileSummary s;
     std::map<std::string, CategoryStats> categories;
@@ -160,6 +184,7 @@ ProfileSummary summarise_events(const std::vector<ProfileEvent>& events, std::si
             break;
         case EventKind::CudaRuntime:
             add(categories, "cuda_runtime:" + e.name, d);
+            if (is_host_synchronising_call(e.name)) ++s.host_sync_calls;
             break;
         case EventKind::CudaDriver:
             add(categories, "cuda_driver:" + e.name, d);

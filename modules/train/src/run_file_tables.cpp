@@ -53,6 +53,8 @@ void write_profile_tables(io::RunFile& file, const prof::ProfileOptions& options
                                  "profiled")}});
     file.write_per_rank("/profile/window_s", mine.window_s, "s");
     file.write_per_rank("/profile/iterations", static_cast<double>(mine.iterations), "iterations");
+    file.write_per_rank("/profile/host_sync_calls", static_cast<double>(mine.host_sync_calls),
+                        "calls");
 
     auto write_table = [&](const std::string& group, const auto& rows, bool with_self,
                            bool with_min_max) {

@@ -164,6 +164,7 @@ void TrainingLoop::run() {
 
         while (iteration < total) {
             timer_.begin_iteration(iteration);
+            if (o_.accounting) prof::begin_iteration_peaks(o_.cuda_index);
             const std::int64_t syncs_before = host_syncs();
             if (window_) window_->begin_iteration(iteration);
             if (control_) control_->begin_iteration(iteration);
@@ -228,9 +229,7 @@ void TrainingLoop::run() {
                 v.backward_peak_bytes = r.backward_peak;
                 v.optimizer_peak_bytes = optimizer_peak;
                 if (o_.accounting) {
-                    step_.account(v);
-                    prof::fold_phase_peaks(v.memory, o_.cuda_index,
-                                           {r.forward_peak, r.backward_peak, optimizer_peak});
+                    step_.account(v); // its memory sample's *_peak_bytes: the iteration's peaks
                 } else {
                     v.comm_bytes = v.comm_collective_s = kNaN;
                     v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
 
 namespace trainscope::prof {
@@ -16,12 +15,14 @@ struct MemorySample {
     double host_peak_rss_bytes = 0;
     // Bytes of live LibTorch CPU tensor storage: what the tensors hold, not what the C heap keeps
     // (RSS also counts freed memory glibc has not returned to the kernel). NaN until
-    // install_host_tensor_counter() ran. The peak follows the same reset rule as the device peaks.
+    // install_host_tensor_counter() ran. Its peak follows the same rule as the device peaks.
     double host_tensor_bytes = kNaN;
     double host_tensor_peak_bytes = kNaN;
     // Device counters are NaN on CPU runs: they do not exist there (not zero, which would read as
-    // "measured"). Peaks are since the process start or the last reset_device_peaks(); the
-    // trainer resets them at every phase, so in /iterations they are peaks within the iteration.
+    // "measured"). Every *_peak_bytes is the peak since the last begin_iteration_peaks() (the
+    // training loop calls it at every iteration's start, so in /iterations they are iteration
+    // peaks on both devices), or since the process start when it was never called. Phase resets
+    // (PhasePeak) do not shorten them: what each phase saw is folded in before its reset.
     double device_allocated_bytes = kNaN;
     double device_allocated_peak_bytes = kNaN;
     double device_reserved_bytes = kNaN;
@@ -42,9 +43,16 @@ MemorySample sample_memory(int cuda_device);
 // boundary. NaN for cuda_device < 0 or a build without CUDA.
 double device_allocated_peak_bytes(int cuda_device);
 
-// Resets the caching allocator's peak counters of `cuda_device`, so the next sample's peaks cover
-// only what ran in between (e.g. one phase). No-op for cuda_device < 0 or a build without CUDA.
+// Resets the caching allocator's peak counters of `cuda_device` (allocated, reserved, active), so
+// its next reading covers only what ran in between. No-op for cuda_device < 0 or a build without
+// CUDA. Use begin_iteration_peaks / PhasePeak rather than this: a bare reset shortens the
+// iteration peaks sample_memory reports.
 void reset_device_peaks(int cuda_device);
+
+// Starts a new peak window for sample_memory's *_peak_bytes: forgets the peaks folded so far and
+// resets the counters (the device allocator's of `cuda_device`, when >= 0, and the host tensor
+// counter's, when installed). Host-side only: no device synchronisation.
+void begin_iteration_peaks(int cuda_device);
 
 // Replaces LibTorch's default CPU allocator by one that allocates the same way (c10::alloc_cpu,
 // 64-byte aligned) and counts the live bytes and their peak, like the CUDA caching allocator's
@@ -74,9 +82,11 @@ HostTensorBytes host_tensor_bytes();
 void reset_host_tensor_peak();
 
 // Peak memory of one phase: the device allocator's peak on CUDA, the host tensor counter's on CPU.
-// begin() resets the peak; end() folds the peak since begin() into a slot (max, so a phase that
-// repeats within an iteration, e.g. per micro-batch, keeps its largest peak). Disabled (slots stay
-// NaN) when accounting is off or, on CPU, when the counter is not installed.
+// begin() folds every peak counter reached so far into the iteration's peaks (sample_memory) and
+// then resets the counters, on both devices; end() folds the phase's peak since begin() into a
+// slot (max, so a phase that repeats within an iteration, e.g. per micro-batch, keeps its largest
+// peak). Disabled (slots stay NaN) when accounting is off or, on CPU, when the counter is not
+// installed.
 class PhasePeak {
   public:
     PhasePeak(int cuda_device, bool enabled);
@@ -88,9 +98,5 @@ class PhasePeak {
     int cuda_device_;
     bool enabled_;
 };
-
-// The iteration's peak is the largest of its phase peaks (the counter was reset at every phase):
-// folds them into `m`'s device allocated peak (cuda_device >= 0) or host tensor peak (CPU).
-void fold_phase_peaks(MemorySample& m, int cuda_device, std::initializer_list<double> phase_peaks);
 
 } // namespace trainscope::prof

@@ -76,6 +76,14 @@ KernelClass classify_kernel(const std::string& name);
 
 TemporalBreakdown temporal_breakdown(const std::vector<ProfileEvent>& events);
 
+// Whether a CUDA runtime call (by name) blocks the host until the device caught up: the explicit
+// synchronisations (cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize) and the
+// synchronous copies and sets (cudaMemcpy, cudaMemcpy2D/3D, cudaMemcpyToSymbol/FromSymbol,
+// cudaMemset, cudaMemset2D/3D). `.item()` and `.cpu()` show as cudaMemcpyAsync followed by
+// cudaStreamSynchronize, so each counts once. Asynchronous calls (cudaMemcpyAsync,
+// cudaStreamWaitEvent, cudaEventQuery) do not count.
+bool is_host_synchronising_call(const std::string& name);
+
 struct ProfileSummary {
     // disabled | not_reached (the run ended before start_iter) | incomplete (ended inside the
     // window) | complete
@@ -87,6 +95,9 @@ struct ProfileSummary {
     std::vector<TopEntry> top_ops;         // by total_s, descending, at most top_n
     std::vector<TopEntry> top_kernels;     // by total_s, descending, at most top_n
     TemporalBreakdown breakdown;
+    // CUDA runtime calls in the window that blocked the host (is_host_synchronising_call); 0 on
+    // CPU runs, which have no runtime events.
+    std::int64_t host_sync_calls = 0;
     std::string trace_path; // this rank's Chrome trace, "" when not saved
 };
 
