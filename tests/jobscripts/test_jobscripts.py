@@ -372,7 +372,8 @@ def test_gpu_check_runs_up_to_the_gpu_and_says_what_it_skipped(tmp_path):
     assert proc.returncode == 0, out
     assert "tests passed" in out  # the gpu label ran
     for step in ("CV MobileNetV2 fp16-mixed", "LLM qlora bf16-mixed, dist.zero=0 and dist.zero=3",
-                 "2 ranks sharing one GPU over dist.backend=mpi", "compute-sanitizer memcheck"):
+                 "2 ranks sharing one GPU over dist.backend=mpi", "compute-sanitizer memcheck",
+                 "the PyTorch peer"):
         assert f"SKIPPED (no GPU): {step}" in out, out
     proc = subprocess.run([ROOT / "scripts/gpu-check", "--bogus"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown argument '--bogus'" in proc.stderr
