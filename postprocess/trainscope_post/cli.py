@@ -1,7 +1,11 @@
 """trainscope-post: tables, plots and an HTML report from trainscope run files.
 
 Every subcommand takes run files or directories (searched recursively for *.h5). Runs whose status
-is not "completed" are listed but left out of aggregates unless --include-incomplete."""
+is not "completed" are listed but left out of aggregates unless --include-incomplete.
+
+Exit codes: 0 done; 1 done, but some files were skipped (named on stderr); 2 the input or an
+option cannot be used (one line on stderr naming the file, key or option); 3 advise found no
+candidate."""
 
 from __future__ import annotations
 
@@ -15,6 +19,68 @@ from .report import text_table, write_report
 from .study import (Study, StudyError, comm_table, compare_table, imbalance_table, load,
                     long_table, memory_table, phase_table, profile_table, scaling_table,
                     summary_table)
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _is_hdf5(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8) == HDF5_SIGNATURE
+    except OSError:
+        return False
+
+
+def check_output_file(path, option: str, inputs=()) -> Path:
+    """An output file must be a regular file we may replace: never a directory, FIFO or device,
+    never an HDF5 file (a run file would be lost), never one of the inputs, in an existing
+    directory."""
+    p = Path(path)
+    if any(ord(c) < 32 for c in str(p)):
+        raise StudyError(f"{option} {str(p)!r} contains a control character; give a plain file "
+                         "name")
+    if p.is_dir():
+        raise StudyError(f"{option} {p}: is a directory; give a file name")
+    if p.exists() and not p.is_file():
+        raise StudyError(f"{option} {p}: not a regular file (a FIFO or device); give a file name")
+    if p.is_file() and _is_hdf5(p):
+        raise StudyError(f"{option} {p}: is an HDF5 file (a run file?); it would be "
+                         "overwritten: give another file name")
+    resolved = p.resolve()
+    for i in inputs:
+        q = Path(i).resolve()
+        if resolved == q or (q.is_dir() and resolved.suffix == ".h5" and
+                             resolved.is_relative_to(q)):
+            raise StudyError(f"{option} {p}: is one of the inputs; give another file name")
+    if not p.parent.exists() and str(p.parent) != "":
+        raise StudyError(f"{option} {p}: directory {p.parent} does not exist")
+    if p.parent.exists() and not p.parent.is_dir():
+        raise StudyError(f"{option} {p}: {p.parent} is not a directory")
+    return p
+
+
+def check_output_dir(path, option: str) -> Path:
+    p = Path(path)
+    if any(ord(c) < 32 for c in str(p)):
+        raise StudyError(f"{option} {str(p)!r} contains a control character; give a plain "
+                         "directory name")
+    if p.exists() and not p.is_dir():
+        raise StudyError(f"{option} {p}: exists and is not a directory; give a directory for "
+                         "the figures")
+    return p
+
+
+def resolve_mode(args, study: Study) -> str:
+    """--mode, or the scaling mode the runs were made with (run.scaling, which jobscripts/study
+    and sweep set): a shipped weak-scaling study needs no flag. Runs of both modes need one."""
+    if getattr(args, "mode", None):
+        return args.mode
+    modes = {str(r.config.get("run.scaling", "none")) for r in study.usable(True)} - {"none"}
+    if len(modes) > 1:
+        raise StudyError(f"runs of {' and '.join(sorted(modes))} scaling together; give --mode "
+                         "strong or --mode weak to choose")
+    args.mode = modes.pop() if modes else "strong"
+    return args.mode
 
 
 def _emit(df, args, title=None):
@@ -38,13 +104,13 @@ def _warn_study(study: Study, include_incomplete: bool) -> int:
 
 
 def _outdir(args) -> Path:
-    return Path(args.out or ".")
+    return check_output_dir(args.out or ".", "--out")
 
 
 def cmd_summary(args) -> int:
     study = load(args.files)
     for e in study.errors:
-        print(f"trainscope-post: {e}", file=sys.stderr)
+        print(f"trainscope-post: skipped: {e}", file=sys.stderr)
     _emit(summary_table(study), args)
     return 1 if study.errors else 0
 
@@ -52,6 +118,7 @@ def cmd_summary(args) -> int:
 def cmd_scaling(args) -> int:
     study = load(args.files)
     rc = _warn_study(study, args.include_incomplete)
+    resolve_mode(args, study)
     df = scaling_table(study, args.mode, args.include_incomplete)
     _emit(df, args, f"{args.mode} scaling (speedup and efficiency against the smallest rank count "
                     "of each configuration; min/max over repeats)")
@@ -90,6 +157,11 @@ def cmd_compare(args) -> int:
     study = load(args.files)
     rc = _warn_study(study, args.include_incomplete)
     by = [k for k in args.by.split(",") if k]
+    workloads = {r.workload for r in study.usable(args.include_incomplete)}
+    if len(workloads) > 1 and "workload" not in by:
+        raise StudyError("runs of different workloads (" + ", ".join(sorted(workloads)) +
+                         ") would be averaged together; compare one workload's runs at a time, "
+                         "or add workload to --by")
     df = compare_table(study, by, args.metric, args.baseline, args.include_incomplete)
     units = "s" if args.metric.endswith("_s") else ("B" if args.metric.endswith("bytes") else "")
     _emit(df, args)
@@ -128,8 +200,8 @@ def cmd_comm(args) -> int:
 def cmd_export(args) -> int:
     study = load(args.files)
     rc = _warn_study(study, include_incomplete=True)
+    out = check_output_file(args.output, "-o/--output", args.files)
     df = long_table(study, include_incomplete=True)
-    out = Path(args.output)
     if args.format == "csv":
         df.to_csv(out, index=False)
     else:
@@ -148,6 +220,9 @@ def cmd_report(args) -> int:
     rc = _warn_study(study, args.include_incomplete)
     out = Path(args.output) if args.output else (root if root.is_dir() else root.parent) / \
         "report.html"
+    check_output_file(out, "-o/--output", [root])
+    check_output_file(out.with_suffix(".md"), "-o/--output (its Markdown twin)", [root])
+    resolve_mode(args, study)
     h, m = write_report(study, root, out, args.mode, args.include_incomplete,
                         {"cores_per_node": args.cores_per_node,
                          "shared_host_cores": args.shared_host_cores})
@@ -155,10 +230,13 @@ def cmd_report(args) -> int:
     return rc
 
 
-def _load_models(args):
+def _load_models(args, check=None):
     from .model import build_models
     study = load(list(args.files) + list(args.comm or []))
     rc = _warn_study(study, args.include_incomplete)
+    if check is not None:
+        check(study, args.include_incomplete)
+    resolve_mode(args, study)
     models, comm = build_models(study, args.mode, args.cores_per_node, args.shared_host_cores,
                                    args.include_incomplete)
     return study, models, comm, rc
@@ -169,6 +247,8 @@ def cmd_model(args) -> int:
     from .model import (comm_model_table, comm_summary, fit_table, leave_one_out,
                         parse_counts, phase_model_table, save)
     predict = parse_counts(args.predict) if args.predict else None
+    if args.out:
+        check_output_file(args.out, "--out", args.files)
     _, models, comm, rc = _load_models(args)
     if comm:
         _emit(comm_model_table(comm), args, "alpha-beta models of the collectives (ring: "
@@ -241,6 +321,14 @@ def cmd_advise(args) -> int:
             raise StudyError("--jobs needs --gpus G (the GPUs to split between the jobs)")
         gpn = args.gpus_per_node or args.gpus
         step = gpn if args.whole_nodes else 1
+        if args.gpus // step > MAX_SPLIT_UNITS:
+            # The split search is quadratic in the allocation units: coarsen it to whole nodes
+            # (or groups of nodes) so that it answers in seconds at any --gpus.
+            coarse = gpn * max(1, -(-args.gpus // (gpn * MAX_SPLIT_UNITS)))
+            print(f"note: {args.gpus} GPUs are split in steps of {coarse} GPUs "
+                  f"({coarse // gpn} node(s) of {gpn}) to keep the search bounded "
+                  f"({MAX_SPLIT_UNITS} steps at most)")
+            step = coarse
         works = []
         for w in (args.work.split(",") if args.work else []):
             try:
@@ -257,7 +345,9 @@ def cmd_advise(args) -> int:
         for i, path in enumerate(args.files):
             study = load([path] + list(args.comm or []))
             rc = max(rc, _warn_study(study, args.include_incomplete))
-            models, _ = build_models(study, args.mode, args.cores_per_node,
+            check_step_times(study, args.include_incomplete)
+            mode = resolve_mode(argparse.Namespace(mode=args.mode), study)
+            models, _ = build_models(study, mode, args.cores_per_node,
                                         args.shared_host_cores, args.include_incomplete)
             ref = models[0]
             work = works[i] if works else ref.work_per_step(ref.rank_counts[0]) * float(
@@ -279,7 +369,7 @@ def cmd_advise(args) -> int:
     if not args.gpus_per_node or not args.max_nodes:
         raise StudyError("advise needs --gpus-per-node G and --max-nodes N (or --jobs ... "
                          "--gpus G for a co-allocation)")
-    study, models, _, rc = _load_models(args)
+    study, models, _, rc = _load_models(args, check_step_times)
     # Throughputs in samples/s and tokens/s do not compare: one recommendation per workload.
     by_workload: dict[str, list] = {}
     for cm in models:
@@ -300,6 +390,23 @@ def cmd_advise(args) -> int:
         pd.concat(tables).to_csv(args.csv, index=False)
         print(f"table written to {args.csv}")
     return rc if found else 3
+
+
+MAX_SPLIT_UNITS = 256  # allocation steps of advise --jobs (its search is quadratic in them)
+
+
+def check_step_times(study: Study, include_incomplete: bool) -> None:
+    """advise recommends from measured step times: a zero, negative or NaN one is a broken or
+    hand-edited file, refused by name rather than ranked."""
+    for r in study.usable(include_incomplete):
+        if r.workload not in ("cv", "llm") or not r.summary:
+            continue
+        v = r.summary.get("median_step_s", math.nan)
+        if not (isinstance(v, (int, float)) or hasattr(v, "dtype")) or not float(v) > 0 or \
+                not math.isfinite(float(v)):
+            raise StudyError(f"{r.path}: /summary median_step_s = {v!r}: not a positive step "
+                             "time; advise cannot recommend from it (re-run that point or leave "
+                             "the file out)")
 
 
 def _count(text: str) -> int:
@@ -346,7 +453,8 @@ def main(argv=None) -> int:
 
     add("summary", cmd_summary, "one row per run", figures=False)
     p = add("scaling", cmd_scaling, "speedup and efficiency against the smallest rank count")
-    p.add_argument("--mode", choices=["strong", "weak"], required=True)
+    p.add_argument("--mode", choices=["strong", "weak"],
+                   help="default: the runs' run.scaling (jobscripts/study and sweep set it)")
     add("breakdown", cmd_breakdown, "per-rank phase times, profile shares, stragglers")
     p = add("compare", cmd_compare, "a metric grouped by config keys, relative to a baseline")
     p.add_argument("--by", required=True, help="comma-separated keys, e.g. run.precision,ranks")
@@ -370,13 +478,15 @@ def main(argv=None) -> int:
             files=False, figures=False)
     p.add_argument("dir", help="study directory (or one run file)")
     p.add_argument("-o", "--output", help="HTML file (default: <dir>/report.html)")
-    p.add_argument("--mode", choices=["strong", "weak"], default="strong",
-                   help="scaling mode for the report's scaling and model sections")
+    p.add_argument("--mode", choices=["strong", "weak"],
+                   help="scaling mode for the report's scaling and model sections (default: "
+                        "the runs' run.scaling, else strong)")
     contention_options(p)
 
     def model_options(p):
-        p.add_argument("--mode", choices=["strong", "weak"], default="strong",
-                       help="how the runs scale: strong = fixed global batch (default)")
+        p.add_argument("--mode", choices=["strong", "weak"],
+                       help="how the runs scale: strong = fixed global batch, weak = fixed "
+                            "batch per rank (default: the runs' run.scaling, else strong)")
         contention_options(p)
         p.add_argument("--comm", nargs="+", metavar="PATH",
                        help="run.workload=comm files or directories for the alpha-beta models "
@@ -413,9 +523,23 @@ def main(argv=None) -> int:
                    help="--jobs: allocate whole nodes (--gpus-per-node each)")
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "csv", None):
+            check_output_file(args.csv, "--csv", getattr(args, "files", None) or
+                              [getattr(args, "dir", ".")])
         return args.func(args)
     except StudyError as e:
         print(f"trainscope-post {args.command}: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a file it could not read or write
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"trainscope-post {args.command}: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError) as e:
+        # A run file whose content passed the structural checks but not a table's: name it.
+        from .runfile import last_opened
+        where = f" (the last run file read: {last_opened()})" if last_opened() else ""
+        print(f"trainscope-post {args.command}: the run files cannot be processed "
+              f"({type(e).__name__}: {e}){where}; see docs/run_file_schema.md", file=sys.stderr)
         return 2
 
 

@@ -43,9 +43,18 @@ class Series:
     units: str
 
 
+_LAST_OPENED: list[Path] = []
+
+
+def last_opened() -> Path | None:
+    """The run file opened last (named in the CLI's message when a table fails on it)."""
+    return _LAST_OPENED[-1] if _LAST_OPENED else None
+
+
 class RunFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        _LAST_OPENED[:] = [self.path]
         try:
             self._h5 = h5py.File(self.path, "r")
         except OSError as e:
@@ -54,6 +63,63 @@ class RunFile:
         if schema != SCHEMA:
             self._h5.close()
             raise SchemaError(f"{self.path}: schema {schema!r}, expected {SCHEMA!r}")
+        try:
+            self._validate()
+        except SchemaError:
+            self._h5.close()
+            raise
+        except Exception as e:  # h5py's own errors on a damaged file
+            self._h5.close()
+            raise SchemaError(f"{self.path}: unreadable ({type(e).__name__}: {e})") from e
+
+    # The /summary attributes that are text; every other one is a number.
+    TEXT_SUMMARY = frozenset({"straggler_ranks"})
+
+    def _validate(self) -> None:
+        """The structure every reader relies on (docs/run_file_schema.md), so that a hand-made or
+        damaged file is refused here, named, instead of failing deep inside a table."""
+        def bad(what):
+            return SchemaError(f"{self.path}: {what} (docs/run_file_schema.md)")
+        root = self._h5.attrs
+        ws = root.get("world_size", 1)
+        if isinstance(ws, (str, bytes)) or np.ndim(ws) != 0 or not float(ws) >= 1 or \
+                float(ws) != int(ws):
+            raise bad(f"attribute world_size = {ws!r}, expected a positive integer")
+        world = int(ws)
+        for key in ("status", "workload"):
+            if key in root and not isinstance(root[key], (str, bytes)):
+                raise bad(f"attribute {key} = {root[key]!r}, expected text")
+        if "summary" in self._h5:
+            if not isinstance(self._h5["summary"], h5py.Group):
+                raise bad("/summary is not a group")
+            for k, v in self._h5["summary"].attrs.items():
+                if k in self.TEXT_SUMMARY:
+                    continue
+                if isinstance(v, (str, bytes, bool, np.bool_)) or np.ndim(v) != 0 or \
+                        not np.issubdtype(np.asarray(v).dtype, np.number):
+                    raise bad(f"/summary@{k} = {v!r}, expected a number")
+        for group in ("iterations", "epochs"):
+            if group not in self._h5:
+                continue
+            g = self._h5[group]
+            if not isinstance(g, h5py.Group):
+                raise bad(f"/{group} is a dataset, expected a group of [ranks, rows] series")
+            width = None
+            for name, ds in g.items():
+                if not isinstance(ds, h5py.Dataset):
+                    continue
+                if ds.ndim != 2 or ds.shape[0] != world or \
+                        not np.issubdtype(ds.dtype, np.number):
+                    raise bad(f"/{group}/{name} has shape {ds.shape} and dtype {ds.dtype}, "
+                              f"expected numbers of shape [world_size={world}, rows]")
+                width = ds.shape[1] if width is None else min(width, ds.shape[1])
+            if "rank_rows" in g.attrs:
+                rr = np.asarray(g.attrs["rank_rows"])
+                if rr.ndim != 1 or rr.shape[0] != world or \
+                        not np.issubdtype(rr.dtype, np.integer) or (rr < 0).any() or \
+                        (width is not None and (rr > width).any()):
+                    raise bad(f"/{group}@rank_rows = {rr.tolist()!r}, expected {world} "
+                              f"integers in [0, {width if width is not None else 'rows'}]")
 
     def close(self):
         self._h5.close()

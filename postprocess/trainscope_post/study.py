@@ -81,18 +81,25 @@ def expand(paths) -> list[Path]:
 
 def load(paths) -> Study:
     """Reads the attributes of every run file under `paths` (files or directories, recursively).
-    Files that are not trainscope run files are reported in Study.errors, not raised."""
+    Files that are not trainscope run files (not regular files, not HDF5, another schema, a
+    structure that does not follow docs/run_file_schema.md) are reported in Study.errors, not
+    raised; a FIFO or device is never opened (h5py would block on it)."""
     files = expand(paths)
     if not files:
         raise StudyError("no run files (*.h5) found in: " + " ".join(map(str, paths)))
     study = Study()
     for f in files:
+        if not f.is_file():
+            study.errors.append(f"{f}: not a regular file (a FIFO, device or directory), "
+                                "not read")
+            continue
         try:
             with RunFile(f) as rf:
                 study.runs.append(Run(f, rf.summary_row(), rf.config, rf.summary, rf.attrs("/"),
                                       rf.status))
-        except (SchemaError, OSError, KeyError) as e:
-            study.errors.append(str(e))
+        except (SchemaError, OSError, KeyError, ValueError, TypeError, IndexError) as e:
+            msg = str(e)
+            study.errors.append(msg if str(f) in msg else f"{f}: {type(e).__name__}: {msg}")
     return study
 
 
@@ -195,7 +202,9 @@ def scaling_table(study: Study, mode: str, include_incomplete: bool = False) -> 
         raise StudyError(f"--mode {mode!r}: use strong or weak")
     runs = [r for r in study.usable(include_incomplete) if r.summary]
     if not runs:
-        raise StudyError("no completed runs to scale (incomplete runs are excluded unless "
+        raise StudyError("no runs with a /summary to scale (incomplete runs write none)"
+                         if include_incomplete else
+                         "no completed runs to scale (incomplete runs are excluded unless "
                          "--include-incomplete)")
     workloads = {r.workload for r in runs}
     groups = group_by_config(runs, mode=mode)
