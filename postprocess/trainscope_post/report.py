@@ -16,7 +16,8 @@ import pandas as pd
 
 from . import advise, model, plots
 from .study import (NOT_COVERED, NOT_REPRODUCED, REPRODUCED, Study, StudyError, comm_table,
-                    curves_tables, execution_table, findings_table, group_by_config,
+                    curves_tables, describe_group, execution_table, findings_table,
+                    group_by_config,
                     imbalance_table, label, memory_table, phase_table, profile_table,
                     scaling_table, step_matrix, summary_table, telemetry_table, top_ops_table)
 
@@ -82,6 +83,12 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     out.append(s)
 
     s = _Section("Runs")
+    configs = configuration_table(study, mode)
+    if len(configs) > 1:
+        s.parts += [("p", f"{len(configs)} configurations (the options in which runs differ; "
+                          "iteration counts, warm-up, output and options that do not apply "
+                          "to a run's method do not count); per run below."),
+                    ("table", configs)]
     s.parts.append(("table", summary_table(study)))
     excluded = study.excluded(include_incomplete)
     if excluded:
@@ -164,6 +171,30 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     return out
 
 
+def configuration_table(study: Study, mode: str) -> pd.DataFrame:
+    """One row per configuration of the study (runs grouped as the scaling tables group them):
+    its name, rank counts, runs by status and the mean of the completed runs' median step."""
+    groups = group_by_config(study.runs, mode=mode)
+    rows = []
+    for g in groups:
+        done = [r for r in g if r.completed and r.summary]
+        steps = [float(r.summary.get("median_step_s", math.nan)) for r in done]
+        statuses = {}
+        for r in g:
+            statuses[r.status] = statuses.get(r.status, 0) + 1
+        rows.append({"configuration": describe_group(g, groups, mode),
+                     "workload": g[0].workload,
+                     "ranks": ",".join(map(str, sorted({r.ranks for r in g}))),
+                     "runs": len(g),
+                     "status": ", ".join(f"{n} {k}" for k, n in sorted(statuses.items())),
+                     "mean median step [s]": float(np.nanmean(steps)) if steps and
+                     not all(math.isnan(x) for x in steps) else math.nan})
+    return pd.DataFrame(rows)
+
+
+# Tables longer than this are folded (<details>) in the HTML page: a 200-run study's per-run rows
+# are there on demand, not a scroll of 200 rows before the figures.
+FOLD_ROWS = 25
 MAX_MODEL_CONFIGS = 8  # configurations with a figure in the report; `trainscope-post model` has all
 # The model curve runs to this multiple of the largest measured rank count, and the advice
 # considers up to this multiple of the largest measured node count.
@@ -387,8 +418,12 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
                 md += _findings_md(part[1])
             elif part[0] == "table":
                 t = fmt_table(part[1])
-                h.append("<div class='t'>" + t.to_html(index=False, escape=True, border=0) +
-                         "</div>")
+                table = "<div class='t'>" + t.to_html(index=False, escape=True, border=0) + \
+                    "</div>"
+                if len(t) > FOLD_ROWS:
+                    table = (f"<details><summary>{len(t)} rows (select to show)</summary>"
+                             f"{table}</details>")
+                h.append(table)
                 md += [t.to_markdown(index=False) if _has_tabulate() else "```\n" +
                        text_table(part[1]) + "\n```", ""]
             else:

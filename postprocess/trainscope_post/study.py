@@ -16,8 +16,51 @@ from .runfile import RunFile, SchemaError
 
 PHASES = ["data", "h2d", "forward", "backward", "comm_wait", "optimizer", "control"]
 
-# Config keys that never change what is measured: where the output goes, logging.
-IGNORED_PREFIXES = ("output.", "log.")
+# Config keys that never change what a point measures, so they neither split configurations nor
+# name them: where the output goes, logging, checkpoints, how long the run is and which of its
+# iterations are measured, timeouts, and where adapters are saved.
+IGNORED_PREFIXES = ("output.", "log.", "checkpoint.")
+INCIDENTAL_KEYS = frozenset({
+    "train.max_iters", "train.epochs", "profile.warmup_iters", "profile.top_n", "profile.trace",
+    "run.iteration_timeout", "dist.timeout", "llm.save_adapters",
+})
+
+
+def _truthy(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def applies(key: str, cfg: dict) -> bool:
+    """Whether option `key` has any effect in the configuration `cfg` (the run's /config): an
+    option of another workload, method, strategy or ZeRO stage does not (llm.qat.group_size under
+    LoRA, pipeline.stages under DDP), so it must not make two otherwise equal runs differ."""
+    if key in INCIDENTAL_KEYS or key.startswith(IGNORED_PREFIXES):
+        return False
+    workload = str(cfg.get("run.workload", "cv"))
+    section = key.split(".", 1)[0]
+    if section in ("cv", "llm", "comm") and section != workload:
+        return False
+    if workload == "comm" and section in ("train", "data", "cv", "llm", "pipeline", "dp"):
+        return False
+    strategy = str(cfg.get("run.strategy", ""))
+    if section == "pipeline" and strategy and strategy != "pipeline":
+        return False
+    if section == "dp" and strategy and strategy != "dp":
+        return False
+    if key in ("dist.reshard_after_forward", "dist.prefetch") and \
+            str(cfg.get("dist.zero", "0")) != "3":
+        return False
+    if workload == "llm":
+        method = str(cfg.get("llm.method", "lora"))
+        if key.startswith("llm.lora.") and not (
+                method in ("lora", "qlora", "dpo") or
+                (method == "qat" and _truthy(cfg.get("llm.qat.lora", False)))):
+            return False
+        if key.startswith("llm.dpo.") and method != "dpo":
+            return False
+        if key.startswith("llm.qat.") and method != "qat":
+            return False
+    return True
 
 
 class StudyError(ValueError):
@@ -141,7 +184,7 @@ def point_config(run: Run, ignore=(), mode: str | None = None) -> dict:
     the way that mode keeps it fixed: strong = the global batch (per-rank batch = global / N),
     weak = the per-rank batch."""
     cfg = {k: str(v) for k, v in run.config.items()
-           if not k.startswith(IGNORED_PREFIXES) and k not in ignore}
+           if k not in ignore and applies(k, run.config)}
     if mode in ("strong", "weak"):
         for k in BATCH_KEYS:
             cfg.pop(k, None)
@@ -178,9 +221,11 @@ def describe_group(runs: list[Run], all_groups: list[list[Run]], mode: str | Non
     configs = [point_config(g[0], mode=mode) for g in all_groups]
     keys = differing_keys(configs)
     mine = point_config(runs[0], mode=mode)
-    if not keys:
+    # Keys that do not apply to this configuration (another method's options) do not name it.
+    mine_keys = [k for k in keys if k in mine]
+    if not mine_keys:
         return runs[0].workload or "runs"
-    return ", ".join(f"{k}={mine.get(k, '<unset>')}" for k in keys[:4])
+    return ", ".join(f"{k}={mine[k]}" for k in mine_keys[:4])
 
 
 # --- scaling ------------------------------------------------------------------------------------

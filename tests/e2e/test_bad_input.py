@@ -522,6 +522,41 @@ CASES = [
     Case("tokenizer-json-corrupt", I, ("tokenizer file '{tmp}/tokenizer.json' is not valid JSON",),
          setup=lambda tmp, m: ["--llm.tokenizer=" + str(write(tmp, "tokenizer.json", '{"model": {"vocab": '))],
          base=tuple(LLM)),
+    # Non-regular files (issue 26): a FIFO blocks the reader, /dev/zero never ends; both are named
+    # for what they are, not reported missing, and never opened.
+    Case("tokenizer-fifo", I, ("llm.tokenizer = '{tmp}/tok.model' is a FIFO (named pipe), not a "
+                               "file",), base=tuple(LLM),
+         setup=lambda tmp, m: [f"--llm.tokenizer={fifo(tmp, 'tok.model')}"]),
+    Case("tokenizer-dev-zero", I, ("llm.tokenizer = '/dev/zero' is a character device",),
+         ("--llm.tokenizer=/dev/zero",), base=tuple(LLM)),
+    Case("tokenizer-fifo-in-model-dir", I, ("tokenizer file '{tmp}/m/tokenizer.json' is a FIFO "
+                                            "(named pipe), not a regular file",), base=tuple(LLM),
+         setup=lambda tmp, m: [(tmp / "m").mkdir() or fifo(tmp / "m", "tokenizer.json")
+                               and f"--llm.tokenizer={tmp}/m"]),
+    Case("dataset-fifo", I, ("llm.dataset.path = '{tmp}/d.jsonl': is a FIFO (named pipe)",),
+         setup=lambda tmp, m: [f"--llm.dataset.path={fifo(tmp, 'd.jsonl')}"], base=tuple(LLM)),
+    Case("val-dataset-dev-zero", I, ("llm.val_dataset.path = '/dev/zero': is a character "
+                                     "device",), ("--llm.val_dataset.path=/dev/zero",),
+         base=tuple(LLM)),
+    Case("imagefolder-split-fifo", I, ("'{tmp}/images/val' is a FIFO (named pipe), "
+                                       "not a directory",),
+         setup=lambda tmp, m: imagefolder_args(image_folder(tmp, no_val=True))
+         + [fifo(tmp / "images", "val") and "--log.every=0"]),
+    # llm.max_seq_len shorter than every prompt: 0/0 = NaN loss; refused at start (issue 26).
+    Case("max-seq-len-masks-every-label", C, ("llm.max_seq_len = 12 leaves no trained token in "
+                                              "any of the 64 training samples",
+                                              "the shortest prompt", "raise llm.max_seq_len above",
+                                              "llm.train_on_input=true"),
+         ("--llm.max_seq_len=12",), base=tuple(LLM)),
+    Case("validation-all-masked", C, ("leaves no trained token in any of the 3 validation samples "
+                                      "of {tmp}/data.jsonl", "raise llm.max_seq_len above"),
+         setup=lambda tmp, m: ["--llm.val_dataset.path=" + str(jsonl_of(tmp, [
+             {"instruction": "describe " * 400, "input": "", "output": "ok"}] * 3)),
+             "--llm.max_seq_len=128"], base=tuple(LLM)),
+    Case("val-fraction-leaves-fewer-than-ranks", C, ("llm.val_fraction = 0.99 holds out 63 of 64",
+                                                     "leaving 1 to train on, fewer than the 2 "
+                                                     "ranks", "lower llm.val_fraction"),
+         ("--llm.val_fraction=0.99",), base=tuple(LLM)),
     Case("dataset-missing", I, ("llm.dataset.path = '{tmp}/none.jsonl'", "no such file"),
          ("--llm.dataset.path={tmp}/none.jsonl",), base=tuple(LLM)),
     Case("dataset-is-a-directory", I, ("llm.dataset.path = '{tmp}/d.jsonl'", "is a directory"),
@@ -587,6 +622,16 @@ CASES = [
                                and "--log.every=0"],
          check=lambda tmp: (tmp / "out.h5.adapter").read_bytes() == b"older adapters"
          or pytest.fail("the existing adapters file was changed")),
+    # llm.save_adapters is written after training: a place it cannot go is refused at start.
+    Case("adapters-at-the-run-file", O, ("llm.save_adapters={tmp}/out.h5 is the run file itself",
+                                         "choose another path"), base=tuple(LLM),
+         args=("--llm.save_adapters={tmp}/out.h5",)),
+    Case("adapters-parent-is-a-file", O, ("'{tmp}/f.txt' is not a directory "
+                                          "(llm.save_adapters={tmp}/f.txt/a)",), base=tuple(LLM),
+         setup=lambda tmp, m: [write(tmp, "f.txt", "x") and f"--llm.save_adapters={tmp}/f.txt/a"]),
+    Case("adapters-read-only", O, ("directory '{tmp}/ro' is not writable "
+                                   "(llm.save_adapters={tmp}/ro/a)",), base=tuple(LLM),
+         setup=lambda tmp, m: [f"--llm.save_adapters={read_only_dir(tmp, m)}/a"]),
     Case("output-directory-missing", O, ("directory '{tmp}/missing/dir' does not exist",
                                          "mkdir -p {tmp}/missing/dir"),
          ("--output.file={tmp}/missing/dir/x.h5",), output=False),

@@ -640,3 +640,10 @@ def test_resume_with_another_world_size_or_model_is_refused(tmp_path, run_ts, ch
                     "cv.image_size: checkpoint '32', now '48'",
                     "cv.width_mult: checkpoint '0.5', now '0.75'",
                     "Resume with the original configuration")
+    # Memory policies do not change what is trained: a run resumed after running out of memory
+    # may change them (issue 26).
+    proc = run_ts(2, *SHORT, "--train.max_iters=6", "--run.host_memory=release",
+                  "--data.pin_memory=true", "--resume", f"--checkpoint.dir={ckpt}",
+                  f"--output.file={tmp_path}/policy.h5", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert status_of(tmp_path / "policy.resume1.h5") == "completed"

@@ -278,3 +278,41 @@ def test_setup_installs_the_commands_once_and_bin_wrappers_work(tmp_path):
     nope = subprocess.run([str(ROOT / "bin/trainscope-post"), "--help"], capture_output=True,
                           text=True, env=dict(env, TRAINSCOPE_VENV=str(tmp_path / "none")))
     assert nope.returncode == 2 and "run " in nope.stderr and "scripts/setup" in nope.stderr
+
+
+def post(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "trainscope_post", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT / "postprocess")))
+
+
+def test_shipped_weak_llm_study_runs_end_to_end_without_a_mode_flag(tmp_path):
+    """Issue 26: the shipped weak-scaling study (5 LLM methods at 1 and 2 ranks) runs here, and
+    report, model and advise take its scaling mode from the runs (run.scaling=weak): no --mode,
+    a weak-scaling table per method and a recommendation. The runner prints no MPI binding
+    report (each point's launcher output is in its job.log)."""
+    f = with_binary(STUDIES / "llm-methods-cpu.toml", tmp_path / "llm.toml")
+    out = tmp_path / "study"
+    t0 = time.monotonic()
+    p = study("run", f, "--scheduler", "local", "--out", out)
+    print(f"llm-methods-cpu locally: {time.monotonic() - t0:.1f} s")
+    assert len(ran_points(p.stdout)) == 10, p.stdout
+    assert "MCW rank" not in p.stdout + p.stderr and "bound to" not in p.stdout + p.stderr
+    assert "MCW rank" in (out / "lora/weak/n02/rep0/job.log").read_text()
+    assert set(states(out, tmp_path).values()) == {"completed"}
+
+    html = tmp_path / "report.html"
+    rep = post("report", out, "-o", html)
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    text = html.read_text()
+    scaling = text[text.index("<section id='scaling'>"):text.index("<section id='model")]
+    assert "llm: weak scaling" in scaling and "no configuration qualifies" not in scaling
+    for method in ("full", "lora", "qlora", "dpo", "qat"):
+        assert f"llm.method={method}" in scaling, method
+    mod = post("model", out)
+    assert mod.returncode == 0, mod.stdout + mod.stderr
+    assert "no configuration qualifies" not in mod.stdout + mod.stderr
+    assert mod.stdout.count("llm.method=") >= 5, mod.stdout
+    adv = post("advise", out)
+    assert adv.returncode == 0, adv.stdout + adv.stderr
+    assert "recommended:" in adv.stdout, adv.stdout

@@ -301,3 +301,38 @@ def test_bad_inputs(study, tmp_path):
 def test_main_returns_codes_without_exiting(study, capsys):
     assert cli.main(["summary", str(study / "cv")]) == 0
     assert "rep1.h5" in capsys.readouterr().out
+
+
+def test_incidental_options_neither_split_configurations_nor_name_them(tmp_path):
+    """Run length, warm-up, checkpoints and options that do not apply to a run's method or
+    strategy (llm.qat.group_size under LoRA, pipeline.stages under DDP) leave two runs one
+    configuration; an option that applies (llm.lora.rank under LoRA, llm.qat.group_size under
+    QAT) splits them and names the configuration (issue 26)."""
+    from synthetic_runs import Law, write_run
+    from trainscope_post.study import describe_group, group_by_config, load
+    law = Law(tokens_per_sample=128.0)
+    lora = {"llm.method": "lora", "llm.lora.rank": "8"}
+    write_run(tmp_path / "lora/n1.h5", law, 1, 1, {**lora, "llm.qat.group_size": "32"},
+              iterations=6)
+    write_run(tmp_path / "lora/n2.h5", law, 2, 1,
+              {**lora, "train.max_iters": "20", "profile.warmup_iters": "4",
+               "llm.qat.group_size": "256", "llm.dpo.beta": "0.5", "pipeline.stages": "4",
+               "checkpoint.dir": "/elsewhere", "dist.timeout": "60"}, iterations=20, warmup=4)
+    write_run(tmp_path / "rank16/n1.h5", law, 1, 1, {**lora, "llm.lora.rank": "16"})
+    for g in ("32", "256"):
+        write_run(tmp_path / f"qat{g}/n1.h5", law, 1, 1,
+                  {"llm.method": "qat", "llm.qat.group_size": g, "llm.lora.rank": "4"})
+    study = load([tmp_path])
+    groups = group_by_config(study.runs, mode="strong")
+    by_dir = {frozenset(r.path.parent.name for r in g): g for g in groups}
+    assert set(by_dir) == {frozenset({"lora"}), frozenset({"rank16"}), frozenset({"qat32"}),
+                           frozenset({"qat256"})}, [[str(r.path) for r in g] for g in groups]
+    names = {d: describe_group(g, groups, "strong") for d, g in by_dir.items()}
+    for name in names.values():
+        for incidental in ("train.max_iters", "profile.warmup_iters", "checkpoint.", "dpo",
+                           "pipeline", "dist.timeout", "output.file"):
+            assert incidental not in name, name
+    assert "llm.lora.rank=16" in names[frozenset({"rank16"})]
+    assert "llm.qat.group_size=32" in names[frozenset({"qat32"})]
+    # QAT without llm.qat.lora trains all weights: its llm.lora.rank does not apply
+    assert "llm.lora.rank" not in names[frozenset({"qat256"})]

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 
 namespace trainscope::core {
 namespace {
@@ -66,6 +67,30 @@ std::string printable(std::string_view text, std::size_t max_bytes) {
     }
     if (i < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
     return out;
+}
+
+std::string file_kind(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    switch (st.type()) {
+    case fs::file_type::regular:
+        return "a regular file";
+    case fs::file_type::directory:
+        return "a directory";
+    case fs::file_type::fifo:
+        return "a FIFO (named pipe)";
+    case fs::file_type::character:
+        return "a character device";
+    case fs::file_type::block:
+        return "a block device";
+    case fs::file_type::socket:
+        return "a socket";
+    case fs::file_type::not_found:
+        return fs::is_symlink(fs::symlink_status(path, ec)) ? "a dangling link" : "no such file";
+    default:
+        return "not a regular file";
+    }
 }
 
 } // namespace trainscope::core

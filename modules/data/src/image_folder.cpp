@@ -10,6 +10,7 @@
 
 #include "random_internal.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 #include "trainscope/data/image_decoder.hpp"
 
 namespace trainscope::data {
@@ -58,8 +59,11 @@ ImageFolder scan_image_folder(const std::string& split_dir) {
     folder.root = split_dir;
     try {
         if (!fs::is_directory(split_dir))
-            throw InputError("image folder '" + split_dir + "' does not exist or is not a " +
-                             "directory: " + kLayout);
+            throw InputError("image folder '" + split_dir + "' " +
+                             (fs::exists(split_dir) ? "is " + core::file_kind(split_dir) +
+                                                          ", not a directory"
+                                                    : std::string("does not exist")) +
+                             ": " + kLayout);
         for (const auto& entry : fs::directory_iterator(split_dir))
             if (entry.is_directory()) folder.classes.push_back(entry.path().filename().string());
         if (folder.classes.empty())
@@ -99,8 +103,11 @@ std::pair<ImageFolder, ImageFolder> open_image_folders(const std::string& root) 
     const std::string val_dir = (fs::path(root) / "val").string();
     for (const std::string& dir : {train_dir, val_dir})
         if (std::error_code ec; !fs::is_directory(dir, ec))
-            throw InputError("data.dataset=imagefolder: '" + dir +
-                             "' not found (data.path=" + root + "): " + kLayout);
+            throw InputError("data.dataset=imagefolder: '" + dir + "' " +
+                             (fs::exists(dir, ec) ? "is " + core::file_kind(dir) +
+                                                        ", not a directory"
+                                                  : std::string("not found")) +
+                             " (data.path=" + root + "): " + kLayout);
     std::pair<ImageFolder, ImageFolder> folders{scan_image_folder(train_dir),
                                                 scan_image_folder(val_dir)};
     if (folders.first.classes != folders.second.classes)

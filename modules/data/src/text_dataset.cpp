@@ -234,8 +234,15 @@ TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok
     const Reader rd(options.path, options.format);
     const SpecialTokens& sp = tok.specials();
     const bool train_input = options.train_on_input;
+    std::int64_t prompt = -1; // the record's masked prefix (its first side for preferences)
     auto finish = [&](std::vector<Message> msgs) {
         TokenizedText t = tokenize_messages(tok, msgs, true, true);
+        if (prompt < 0) {
+            prompt = 0;
+            while (prompt < static_cast<std::int64_t>(t.mask.size()) &&
+                   t.mask[static_cast<std::size_t>(prompt)])
+                ++prompt;
+        }
         if (truncate(t, options.max_seq_len, sp.eos)) ++truncated_;
         return to_sample(t);
     };
@@ -245,6 +252,7 @@ TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok
     for (std::size_t k = 0; k < values.size(); ++k) {
         const Record r{&values[k], where[k]};
         if (!values[k].is_object()) rd.fail(r, "the record is not a JSON object");
+        prompt = options.format == TextFormat::Text ? 1 : -1; // text: only BOS is not trained
         switch (options.format) {
         case TextFormat::Instruct: {
             const std::string input = rd.str(r, "input", true);
@@ -315,7 +323,30 @@ TextDataset::TextDataset(const TextDatasetOptions& options, const Tokenizer& tok
             break;
         }
         }
+        prompt_tokens_.push_back(std::max<std::int64_t>(prompt, 0));
     }
+}
+
+namespace {
+std::int64_t scored_labels(const TokenizedSample& s) {
+    // Position 0's label is never scored (label t is predicted from position t - 1).
+    std::int64_t n = 0;
+    for (std::size_t i = 1; i < s.labels.size(); ++i)
+        n += s.labels[i] != kIgnoreLabel;
+    return n;
+}
+} // namespace
+
+std::int64_t TextDataset::trained_tokens(std::int64_t i) const {
+    if (is_preference()) {
+        const PreferenceSample& p = preference(i);
+        return scored_labels(p.chosen) + scored_labels(p.rejected);
+    }
+    return scored_labels(sample(i));
+}
+
+std::int64_t TextDataset::prompt_tokens(std::int64_t i) const {
+    return prompt_tokens_.at(static_cast<std::size_t>(i));
 }
 
 std::int64_t TextDataset::size() const {

@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 
 namespace trainscope::data {
 
@@ -663,6 +664,17 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
                                "tokenizer.model: set llm.tokenizer to the tokenizer file");
     }
     if (!fs::exists(p)) throw core::InputError("tokenizer file '" + path + "' does not exist");
+    // A FIFO or device (/dev/zero) would block or be read without end: only regular files, of a
+    // size a tokenizer can have (Llama 3's tokenizer.json is 9 MB).
+    if (!fs::is_regular_file(p))
+        throw core::InputError("tokenizer file '" + path + "' is " + core::file_kind(path) +
+                               ", not a regular file: set llm.tokenizer to a tokenizer.model or "
+                               "tokenizer.json");
+    constexpr std::uintmax_t kMaxTokenizerBytes = std::uintmax_t{1} << 30;
+    if (std::error_code ec; fs::file_size(p, ec) > kMaxTokenizerBytes && !ec)
+        throw core::InputError("tokenizer file '" + path + "' is larger than 1 GiB: not a "
+                               "tokenizer; set llm.tokenizer to a tokenizer.model or "
+                               "tokenizer.json");
     if (p.extension() == ".json") return load_hf_tokenizer(path);
     return load_tiktoken(path);
 }

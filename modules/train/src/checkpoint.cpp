@@ -194,8 +194,12 @@ CheckpointManifest parse_manifest(const std::string& dir, const std::string& tex
 bool may_differ_on_resume(const std::string& key) {
     for (const char* prefix : {"output.", "log.", "checkpoint.", "profile.", "telemetry."})
         if (key.rfind(prefix, 0) == 0) return true;
+    // Memory and scheduling policies change where tensors live and when they move, not the
+    // arithmetic: a run resumed after an out-of-memory failure may change them.
     return key == "run.iteration_timeout" || key == "run.nonfinite" || key == "dist.timeout" ||
-           key == "data.workers" || key == "data.prefetch";
+           key == "data.workers" || key == "data.prefetch" || key == "data.pin_memory" ||
+           key == "run.host_memory" || key == "dist.reshard_after_forward" ||
+           key == "dist.prefetch" || key == "llm.save_adapters";
 }
 
 Checkpointer::Checkpointer(std::string dir, int keep, MPI_Comm world, const core::Config& config,

@@ -1,11 +1,13 @@
 // llm.* options: declaration, resolution and cross-checks.
 #include "trainscope/train/llm_options.hpp"
 
+#include <unistd.h>
 #include <filesystem>
 #include <sstream>
 
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 
 namespace trainscope::train {
 namespace {
@@ -188,6 +190,11 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         throw core::InputError("llm.tokenizer = '" + o.tokenizer +
                                "': no such file or directory; set llm.tokenizer to a Llama-3 "
                                "tokenizer.model or tokenizer.json");
+    if (!fs::is_directory(o.tokenizer) && !fs::is_regular_file(o.tokenizer))
+        throw core::InputError("llm.tokenizer = '" + o.tokenizer + "' is " +
+                               core::file_kind(o.tokenizer) +
+                               ", not a file: set llm.tokenizer to a Llama-3 tokenizer.model or "
+                               "tokenizer.json (or the model directory holding one)");
 
     o.method = parse_llm_method(c.get_string("llm.method"));
     o.dataset.path = c.get_string("llm.dataset.path");
@@ -196,8 +203,8 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
                                 "inputs/llm/data/instruct.jsonl)");
     if (!fs::is_regular_file(o.dataset.path))
         throw core::InputError(
-            "llm.dataset.path = '" + o.dataset.path +
-            "': " + (fs::is_directory(o.dataset.path) ? "is a directory" : "no such file") +
+            "llm.dataset.path = '" + o.dataset.path + "': " +
+            (fs::exists(o.dataset.path) ? "is " : "") + core::file_kind(o.dataset.path) +
             "; set it to a .json or .jsonl dataset file");
     o.dataset.format = data::parse_text_format(c.get_string("llm.dataset.format"));
     o.dataset.max_seq_len = c.get_int("llm.max_seq_len");
@@ -216,8 +223,8 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
                                 "' both name a validation set: set one of them");
     if (!o.val_path.empty() && !fs::is_regular_file(o.val_path))
         throw core::InputError(
-            "llm.val_dataset.path = '" + o.val_path +
-            "': " + (fs::is_directory(o.val_path) ? "is a directory" : "no such file") +
+            "llm.val_dataset.path = '" + o.val_path + "': " +
+            (fs::exists(o.val_path) ? "is " : "") + core::file_kind(o.val_path) +
             "; set it to a .json or .jsonl file in llm.dataset.format, or leave it empty");
     const bool preference = o.dataset.format == data::TextFormat::Preference;
     if (o.method == LlmMethod::Dpo && !preference)
@@ -266,7 +273,8 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
     // The auto path is checked by the workload once the run file's path is final (--resume writes
     // <stem>.resume<k>.h5).
     if (save != "auto" && uses_lora(o) && !o.save_adapters.empty())
-        check_adapter_dir(o.save_adapters, save, c.get_bool("output.overwrite"));
+        check_adapter_dir(o.save_adapters, save, c.get_bool("output.overwrite"),
+                          c.get_string("output.file"));
 
     // torchtune's defaults where the image-classification defaults were left in place.
     auto take = [&](const char* key, auto& field, auto value, const std::string& shown) {
@@ -300,11 +308,20 @@ std::string adapter_dir_beside(const std::string& run_file) {
     return run_file + ".adapter";
 }
 
-void check_adapter_dir(const std::string& dir, const std::string& setting, bool overwrite) {
+void check_adapter_dir(const std::string& dir, const std::string& setting, bool overwrite,
+                       const std::string& run_file) {
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::path p(dir);
     if (!p.has_filename()) p = p.parent_path(); // "a/b/" names the directory b
+    std::error_code ea, eb;
+    const fs::path mine = fs::weakly_canonical(fs::absolute(p, ea), ea);
+    const fs::path run = fs::weakly_canonical(fs::absolute(run_file, eb), eb);
+    if (!ea && !eb && mine == run)
+        throw core::OutputError("llm.save_adapters=" + setting + " is the run file itself (" +
+                                "output.file=" + run_file +
+                                "): the LoRA adapters are a PEFT directory written beside the run "
+                                "file; choose another path, llm.save_adapters=auto or none");
     if (fs::exists(p, ec) && !overwrite)
         throw core::OutputError("LoRA adapter directory '" + dir +
                                 "' exists (llm.save_adapters=" + setting +
@@ -316,10 +333,19 @@ void check_adapter_dir(const std::string& dir, const std::string& setting, bool 
                                 "as a PEFT adapter directory; remove it, choose another "
                                 "output.file or llm.save_adapters=PATH, or llm.save_adapters=none");
     const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+    if (fs::exists(parent, ec) && !fs::is_directory(parent, ec))
+        throw core::OutputError("'" + parent.string() + "' is not a directory (llm.save_adapters=" +
+                                setting + "): the adapter directory cannot be created inside it; "
+                                "choose another path or llm.save_adapters=none");
     if (!fs::is_directory(parent, ec))
         throw core::OutputError(
             "directory '" + parent.string() + "' does not exist (llm.save_adapters=" + setting +
             "): create it first (mkdir -p " + parent.string() + ") or choose another path");
+    if (::access(parent.c_str(), W_OK | X_OK) != 0)
+        throw core::OutputError("directory '" + parent.string() +
+                                "' is not writable (llm.save_adapters=" + setting +
+                                "): the adapters would be lost at the end of the run; choose a "
+                                "writable path or llm.save_adapters=none");
 }
 
 models::LlamaConfig resolve_llama_config(const LlmOptions& o, std::int64_t tokenizer_vocab) {

@@ -48,7 +48,8 @@ class LlmWorkload final : public Workload {
         l_.save_adapters = adapter_dir_beside(run_file);
         dist::agree_on_errors(env_.world, [&] {
             if (env_.topo.rank == 0)
-                check_adapter_dir(l_.save_adapters, "auto", env_.cfg.get_bool("output.overwrite"));
+                check_adapter_dir(l_.save_adapters, "auto", env_.cfg.get_bool("output.overwrite"),
+                                  run_file);
         });
     }
 
@@ -92,6 +93,7 @@ class LlmWorkload final : public Workload {
 
   private:
     void split_validation_set(std::int64_t seed);
+    void check_trained_tokens() const;
     std::int64_t train_samples() const {
         return split_.train.empty() ? text_->size()
                                     : static_cast<std::int64_t>(split_.train.size());
@@ -128,6 +130,18 @@ void LlmWorkload::split_validation_set(std::int64_t seed) {
             throw core::ConfigError("llm.val_fraction = " + f.str() + " holds out all " +
                                     std::to_string(n) + " samples of " + l_.dataset.path +
                                     ": nothing is left to train on; lower it");
+        // Fewer training samples than ranks is the split's doing, not the dataset's: name the
+        // option (the sampler would report "the dataset has 1 sample").
+        if (n - n_val < env_.layout.world_size)
+            throw core::ConfigError(
+                "llm.val_fraction = " + f.str() + " holds out " + std::to_string(n_val) + " of " +
+                std::to_string(n) + " samples of " + l_.dataset.path + ", leaving " +
+                std::to_string(n - n_val) + " to train on, fewer than the " +
+                std::to_string(env_.layout.world_size) +
+                " ranks: lower llm.val_fraction (at most " +
+                std::to_string(static_cast<double>(n - env_.layout.world_size) /
+                               static_cast<double>(n)) +
+                "), use more data, or set llm.val_dataset.path instead");
         split_ = split_validation(n, n_val, static_cast<std::uint64_t>(seed));
         split_.val_data = text_.get();
         val_description_ = std::to_string(n_val) + " of " + std::to_string(n) +
@@ -148,6 +162,48 @@ void LlmWorkload::split_validation_set(std::int64_t seed) {
     }
 }
 
+// A set in which llm.max_seq_len cut every sample inside its masked prompt has no token to train
+// or score on: training would divide 0 by 0 (NaN loss, yet "completed") and validation would
+// report a NaN val_loss. Refused at the start, naming the shortest prompt and the option; a set
+// where only some samples are cut trains (as torchtune does) with a warning.
+void LlmWorkload::check_trained_tokens() const {
+    auto check = [&](const data::TextDataset& d, const std::vector<std::int64_t>& items,
+                     const std::string& what, const std::string& path) {
+        std::int64_t empty = 0, shortest = -1, at = -1;
+        const auto n = static_cast<std::int64_t>(items.empty() ? d.size() : items.size());
+        for (std::int64_t k = 0; k < n; ++k) {
+            const std::int64_t i = items.empty() ? k : items[static_cast<std::size_t>(k)];
+            if (d.trained_tokens(i) > 0) continue;
+            ++empty;
+            if (shortest < 0 || d.prompt_tokens(i) < shortest) {
+                shortest = d.prompt_tokens(i);
+                at = i;
+            }
+        }
+        if (empty == 0) return;
+        const std::string len = std::to_string(l_.dataset.max_seq_len);
+        const std::string fix =
+            "raise llm.max_seq_len above " + std::to_string(shortest) +
+            (l_.dataset.train_on_input || d.is_preference()
+                 ? std::string()
+                 : ", or set llm.train_on_input=true to train on the prompts");
+        if (empty == n)
+            throw core::ConfigError(
+                "llm.max_seq_len = " + len + " leaves no trained token in any of the " +
+                std::to_string(n) + " " + what + " samples of " + path +
+                ": every sample is cut inside its masked prompt (the shortest prompt, sample " +
+                std::to_string(at) + ", is " + std::to_string(shortest) + " tokens); " + fix);
+        core::log::warn() << what << " set: " << empty << " of " << n << " samples of " << path
+                          << " have no trained token at llm.max_seq_len = " << len
+                          << " (cut inside the prompt; the shortest such prompt, sample " << at
+                          << ", is " << shortest << " tokens): they add no loss";
+    };
+    check(*text_, split_.train, "training", l_.dataset.path);
+    if (split_.val_data != nullptr)
+        check(*split_.val_data, split_.val, "validation",
+              val_text_ ? l_.val_path : l_.dataset.path);
+}
+
 void LlmWorkload::build() {
     const core::Config& c = env_.cfg;
     const BatchLayout& layout = env_.layout;
@@ -164,6 +220,7 @@ void LlmWorkload::build() {
         llama_ = resolve_llama_config(l_, tokenizer_->vocab_size());
         text_ = std::make_unique<data::TextDataset>(l_.dataset, *tokenizer_);
         split_validation_set(c.get_int("run.seed"));
+        check_trained_tokens();
         comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
                                         env_.dist.timeout_s);
     });

@@ -21,4 +21,10 @@ std::optional<std::size_t> first_invalid_utf8(std::string_view text);
 // "... (N bytes)". max_bytes = 0: no limit.
 std::string printable(std::string_view text, std::size_t max_bytes = 0);
 
+// What is at `path`, for messages about an input that must be a regular file: "a regular file",
+// "a directory", "a FIFO (named pipe)", "a character device", "a block device", "a socket",
+// "a dangling link" or "no such file". Reading a FIFO or /dev/zero as a file hangs or never ends,
+// so inputs are checked with this before they are opened.
+std::string file_kind(const std::string& path);
+
 } // namespace trainscope::core

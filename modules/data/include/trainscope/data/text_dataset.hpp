@@ -61,11 +61,19 @@ class TextDataset {
     const TokenizedSample& sample(std::int64_t i) const;      // SFT formats
     const PreferenceSample& preference(std::int64_t i) const; // preference format
     std::int64_t truncated() const { return truncated_; }     // samples cut at max_seq_len
+    // Tokens of sample i that carry a loss (labels after the first position that are not -100;
+    // for a preference pair, chosen and rejected together). 0 when llm.max_seq_len cut the
+    // sample inside its masked prompt.
+    std::int64_t trained_tokens(std::int64_t i) const;
+    // Length of sample i's masked prefix (BOS, template and prompt) before truncation: the
+    // llm.max_seq_len it needs to train on at least one token is this plus one.
+    std::int64_t prompt_tokens(std::int64_t i) const;
 
   private:
     TextDatasetOptions options_;
     std::vector<TokenizedSample> samples_;
     std::vector<PreferenceSample> preferences_;
+    std::vector<std::int64_t> prompt_tokens_; // per sample, before truncation
     std::int64_t truncated_ = 0;
 };
 

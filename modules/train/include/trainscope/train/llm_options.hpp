@@ -65,10 +65,11 @@ bool uses_lora(const LlmOptions& o);
 // llm.save_adapters=auto's PEFT adapter directory: "<run file>.adapter".
 std::string adapter_dir_beside(const std::string& run_file);
 // Refuses (core::OutputError naming the path, `setting` and the fix) an adapter directory that
-// would be overwritten without output.overwrite, a path that exists but is no directory, and a
-// missing parent directory: the adapters are written at the end of the run, so this is checked
-// at its start.
-void check_adapter_dir(const std::string& dir, const std::string& setting, bool overwrite);
+// would be overwritten without output.overwrite, a path that exists but is no directory, the run
+// file's own path, and a parent that is missing, not a directory or not writable: the adapters
+// are written at the end of the run, so this is checked at its start.
+void check_adapter_dir(const std::string& dir, const std::string& setting, bool overwrite,
+                       const std::string& run_file);
 
 // The model's configuration: preset or config.json; for the tiny preset the vocabulary is sized to
 // the tokenizer (vocab 0 means "take it from the tokenizer").
