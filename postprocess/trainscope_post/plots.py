@@ -5,6 +5,8 @@ differ by marker, line style and hatch, so the figures read in greyscale too."""
 
 from __future__ import annotations
 
+import math
+
 import textwrap
 from pathlib import Path
 
@@ -35,6 +37,29 @@ def _style(i):
     return dict(marker=MARKERS[i % len(MARKERS)], linestyle=LINES[i % len(LINES)])
 
 
+# Up to this many configurations a legend sits inside each panel; more (a 200-run study) get one
+# shared legend below the panels, in two columns, so that no line is hidden behind it.
+MAX_INNER_LEGEND = 6
+
+
+def _legends(fig, axes, n_series: int, height: float) -> None:
+    if n_series <= MAX_INNER_LEGEND:
+        for ax in axes:
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        return
+    rows = math.ceil((n_series + 1) / 2)
+    extra = 0.19 * rows
+    fig.set_size_inches(fig.get_size_inches()[0], height + extra)
+    handles, labels = {}, {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), fontsize=7, ncol=2, loc="lower center",
+               frameon=False)
+    fig.tight_layout(rect=(0, extra / (height + extra), 1, 1))
+
+
 def scaling_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
     """Left: speedup vs ranks with the ideal line and min/max error bars; right: median step time
     vs ranks per configuration."""
@@ -59,8 +84,7 @@ def scaling_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
     for ax in (ax1, ax2):
         ax.set_xticks(n)
         ax.grid(True, color="0.85")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    _legends(fig, (ax1, ax2), df["configuration"].nunique(), 4.2)
     return fig
 
 
@@ -174,8 +198,7 @@ def scaling_time_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
         ax.set_xlabel("GPUs (ranks; CPU processes on CPU runs)")
         ax.set_xticks(n)
         ax.grid(True, color="0.85")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+    _legends(fig, (ax1, ax2), df["configuration"].nunique(), 4.2)
     return fig
 
 

@@ -158,7 +158,16 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     if mem.empty:
         s.parts.append(("p", "No runs."))
     else:
-        s.parts += [("table", mem), ("fig", "memory", _png(plots.memory_figure(mem)))]
+        s.parts.append(("table", mem))
+        counted = mem[[c for c in mem.columns if c.endswith("[MiB]")]].fillna(0).to_numpy()
+        if not counted.size or not (counted > 0).any():
+            s.parts.append(("p", "No memory counters in these runs: no figure."))
+        else:
+            shown = mem.head(MAX_MEMORY_BARS)
+            if len(mem) > len(shown):
+                s.parts.append(("p", f"The figure shows the first {len(shown)} of {len(mem)} "
+                                     "runs (the table above has all)."))
+            s.parts.append(("fig", "memory", _png(plots.memory_figure(shown))))
     out.append(s)
 
     s = _Section("Communication")
@@ -192,6 +201,9 @@ def configuration_table(study: Study, mode: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+MAX_MEMORY_BARS = 24  # runs in the memory figure (the table has every run)
+# Findings evidence longer than this is shown up to its first comparisons, the rest folded.
+FOLD_EVIDENCE_CHARS = 600
 # Tables longer than this are folded (<details>) in the HTML page: a 200-run study's per-run rows
 # are there on demand, not a scroll of 200 rows before the figures.
 FOLD_ROWS = 25
@@ -360,9 +372,20 @@ def _findings_html(df: pd.DataFrame) -> str:
     rows = ["<table class='findings'><thead><tr><th>finding</th><th>verdict</th>"
             "<th>measured</th></tr></thead><tbody>"]
     for _, r in df.iterrows():
+        evidence = html.escape(r["evidence"])
+        if len(r["evidence"]) > FOLD_EVIDENCE_CHARS:
+            items = r["evidence"].split("; ")
+            head, n = "", 0
+            while n < len(items) and len(head) + len(items[n]) < FOLD_EVIDENCE_CHARS:
+                head += ("; " if n else "") + items[n]
+                n += 1
+            n = max(n, 1)
+            head = "; ".join(items[:n])
+            evidence = (f"{html.escape(head)}; <details><summary>{len(items) - n} more "
+                        f"comparisons</summary>{html.escape('; '.join(items[n:]))}</details>")
         rows.append(f"<tr id='finding-{html.escape(r['id'])}'><td>{html.escape(r['finding'])}</td>"
                     f"<td class='verdict {VERDICT_STYLE[r['verdict']]}'>"
-                    f"{html.escape(r['verdict'])}</td><td>{html.escape(r['evidence'])}</td></tr>")
+                    f"{html.escape(r['verdict'])}</td><td>{evidence}</td></tr>")
     return "".join(rows) + "</tbody></table>"
 
 
