@@ -646,4 +646,4 @@ def test_resume_with_another_world_size_or_model_is_refused(tmp_path, run_ts, ch
                   "--data.pin_memory=true", "--resume", f"--checkpoint.dir={ckpt}",
                   f"--output.file={tmp_path}/policy.h5", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert status_of(tmp_path / "policy.resume1.h5") == "completed"
+    assert status_of(tmp_path / "policy.h5") == "completed"
