@@ -216,16 +216,43 @@ def group_by_config(runs: list[Run], ignore=(), mode: str | None = None) -> list
     return list(groups.values())
 
 
+# Keys that name a configuration first, when they differ: what a study compares.
+NAMING_ORDER = ("run.workload", "llm.method", "run.strategy", "dist.zero", "run.precision",
+                "cv.model", "llm.model", "data.dataset", "llm.dataset.format", "cv.image_size",
+                "data.pin_memory", "cv.channels_last", "data.preprocess", "pipeline.stages",
+                "dp.devices")
+MAX_NAME_KEYS = 4
+
+
+def naming_keys(configs: list[dict]) -> list[str]:
+    """The keys that name configurations: of the keys in which they differ, in NAMING_ORDER then
+    alphabetical, each taken only if it tells more configurations apart, until every name is
+    distinct (or MAX_NAME_KEYS are taken). A key a configuration lacks (another method's option)
+    does not name it."""
+    differ = differing_keys(configs)
+    order = [k for k in NAMING_ORDER if k in differ] + \
+        [k for k in differ if k not in NAMING_ORDER]
+    chosen: list[str] = []
+    distinct = 1
+    for k in order:
+        names = {tuple(c.get(x, "") for x in chosen + [k]) for c in configs}
+        if len(names) > distinct:
+            chosen.append(k)
+            distinct = len(names)
+        if distinct == len(configs) or len(chosen) == MAX_NAME_KEYS:
+            break
+    return chosen
+
+
 def describe_group(runs: list[Run], all_groups: list[list[Run]], mode: str | None = None) -> str:
-    """A short name for a configuration: the keys in which it differs from the other groups."""
+    """A short name for a configuration: the values of the keys that tell it from the other
+    groups (naming_keys)."""
     configs = [point_config(g[0], mode=mode) for g in all_groups]
-    keys = differing_keys(configs)
     mine = point_config(runs[0], mode=mode)
-    # Keys that do not apply to this configuration (another method's options) do not name it.
-    mine_keys = [k for k in keys if k in mine]
-    if not mine_keys:
+    keys = [k for k in naming_keys(configs) if k in mine]
+    if not keys:
         return runs[0].workload or "runs"
-    return ", ".join(f"{k}={mine[k]}" for k in mine_keys[:4])
+    return ", ".join(f"{k}={mine[k]}" for k in keys)
 
 
 # --- scaling ------------------------------------------------------------------------------------

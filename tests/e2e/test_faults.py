@@ -642,8 +642,12 @@ def test_resume_with_another_world_size_or_model_is_refused(tmp_path, run_ts, ch
                     "Resume with the original configuration")
     # Memory policies do not change what is trained: a run resumed after running out of memory
     # may change them (issue 26).
-    proc = run_ts(2, *SHORT, "--train.max_iters=6", "--run.host_memory=release",
+    # (from the checkpoint at iteration 2: the newest, at 4, is the end of the run)
+    shutil.rmtree(ckpt / "ckpt-000000004")
+    proc = run_ts(2, *SHORT, "--train.max_iters=4", "--run.host_memory=release",
                   "--data.pin_memory=true", "--resume", f"--checkpoint.dir={ckpt}",
                   f"--output.file={tmp_path}/policy.h5", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert status_of(tmp_path / "policy.h5") == "completed"
+    with h5py.File(tmp_path / "policy.h5", "r") as f:
+        assert list(f["iterations/iteration"][0]) == [2, 3]

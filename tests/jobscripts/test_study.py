@@ -128,7 +128,7 @@ SCALE = '[scale]\nranks = [1, 2]\nmode = "strong"\nglobal_batch = 32\n'
 @pytest.mark.parametrize("body,message", [
     ("name = ", "not valid TOML"),
     (HEAD + 'colour = "blue"\n' + SCALE, "unknown key(s) ['colour'] in the top level"),
-    (HEAD + SCALE.replace("[1, 2]", "[1, 3]"), "--global-batch 32 does not divide over 3 ranks"),
+    (HEAD + SCALE.replace("[1, 2]", "[1, 3]"), "global_batch 32 does not divide over 3 ranks"),
     (HEAD + SCALE.replace('"strong"', '"sideways"'), "mode = 'sideways'"),
     (HEAD + SCALE + '[[axes]]\nname = "x"\nvalues = [{ label = "a", configs = ["nope.ini"] }]\n',
      "config 'nope.ini' not found"),
@@ -313,6 +313,6 @@ def test_shipped_weak_llm_study_runs_end_to_end_without_a_mode_flag(tmp_path):
     assert mod.returncode == 0, mod.stdout + mod.stderr
     assert "no configuration qualifies" not in mod.stdout + mod.stderr
     assert mod.stdout.count("llm.method=") >= 5, mod.stdout
-    adv = post("advise", out)
+    adv = post("advise", out, "--gpus-per-node", 2, "--max-nodes", 2)
     assert adv.returncode == 0, adv.stdout + adv.stderr
     assert "recommended:" in adv.stdout, adv.stdout

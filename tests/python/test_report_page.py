@@ -218,15 +218,16 @@ def test_report_of_a_200_run_study_is_folded_bounded_and_draws_within_60_s(tmp_p
     import time
 
     from synthetic_runs import Law, write_study
-    # 20 configurations (strategy x precision x pin memory, 5 laws) x 5 rank counts x 2 repeats.
+    # 10 configurations (strategy x precision x pin memory x image size) x 5 rank counts x 4
+    # repeats.
     configs = {}
-    for k in range(20):
+    for k in range(10):
         law = Law(phases={**Law().phases, "forward": (5e-3, 0.1 + 0.02 * k)})
         configs[f"c{k:02d}"] = (law, {"run.strategy": ("ddp-ds", "ddp")[k % 2],
                                       "run.precision": ("fp32", "bf16-mixed")[k // 2 % 2],
                                       "data.pin_memory": ("true", "false")[k // 4 % 2],
                                       "cv.image_size": str(32 + 16 * (k // 8))})
-    root = write_study(tmp_path / "study", configs, noise=0.01, comm_ranks=())
+    root = write_study(tmp_path / "study", configs, repeats=4, noise=0.01, comm_ranks=())
     files = sorted(root.rglob("*.h5"))
     assert len(files) == 200
     out = tmp_path / "report.html"
@@ -237,17 +238,17 @@ def test_report_of_a_200_run_study_is_folded_bounded_and_draws_within_60_s(tmp_p
     size = out.stat().st_size
     # Per-configuration aggregates come first; the 200 per-run rows are folded, on demand.
     runs = text[text.index("<section id='runs'>"):text.index("<section id='scaling'>")]
-    assert "20 configurations" in runs
+    assert "10 configurations" in runs
     assert re.search(r"<details><summary>200 rows \(select to show\)</summary>", runs)
     overview = runs[:runs.index("<details>")]
-    assert overview.count("<tr>") == 20  # one row per configuration (the header has a style)
+    assert overview.count("<tr>") == 10  # one row per configuration (the header has a style)
     # The configuration names are the options that differ, never the output file or run length.
     assert "run.strategy=" in overview and "output.file" not in overview
     assert "train.max_iters" not in overview
     assert "The first 12 of 200 runs." in text
     # Findings over 100 pairs give their first comparisons; the rest are folded too.
     assert re.search(r"<details><summary>\d+ more comparisons</summary>", text)
-    # 20 configurations: one legend below the panels rather than over the lines (no
+    # 10 configurations: one legend below the panels rather than over the lines (no
     # assertion on pixels here; the first test looks at a page).
     memory = text[text.index("<section id='memory'>"):text.index("<section id='communication'>")]
     assert "<details><summary>200 rows" in memory
