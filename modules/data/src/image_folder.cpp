@@ -60,9 +60,9 @@ ImageFolder scan_image_folder(const std::string& split_dir) {
     try {
         if (!fs::is_directory(split_dir))
             throw InputError("image folder '" + split_dir + "' " +
-                             (fs::exists(split_dir) ? "is " + core::file_kind(split_dir) +
-                                                          ", not a directory"
-                                                    : std::string("does not exist")) +
+                             (fs::exists(split_dir)
+                                  ? "is " + core::file_kind(split_dir) + ", not a directory"
+                                  : std::string("does not exist")) +
                              ": " + kLayout);
         for (const auto& entry : fs::directory_iterator(split_dir))
             if (entry.is_directory()) folder.classes.push_back(entry.path().filename().string());
@@ -104,9 +104,9 @@ std::pair<ImageFolder, ImageFolder> open_image_folders(const std::string& root) 
     for (const std::string& dir : {train_dir, val_dir})
         if (std::error_code ec; !fs::is_directory(dir, ec))
             throw InputError("data.dataset=imagefolder: '" + dir + "' " +
-                             (fs::exists(dir, ec) ? "is " + core::file_kind(dir) +
-                                                        ", not a directory"
-                                                  : std::string("not found")) +
+                             (fs::exists(dir, ec)
+                                  ? "is " + core::file_kind(dir) + ", not a directory"
+                                  : std::string("not found")) +
                              " (data.path=" + root + "): " + kLayout);
     std::pair<ImageFolder, ImageFolder> folders{scan_image_folder(train_dir),
                                                 scan_image_folder(val_dir)};

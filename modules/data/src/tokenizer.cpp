@@ -672,7 +672,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
                                "tokenizer.json");
     constexpr std::uintmax_t kMaxTokenizerBytes = std::uintmax_t{1} << 30;
     if (std::error_code ec; fs::file_size(p, ec) > kMaxTokenizerBytes && !ec)
-        throw core::InputError("tokenizer file '" + path + "' is larger than 1 GiB: not a "
+        throw core::InputError("tokenizer file '" + path +
+                               "' is larger than 1 GiB: not a "
                                "tokenizer; set llm.tokenizer to a tokenizer.model or "
                                "tokenizer.json");
     if (p.extension() == ".json") return load_hf_tokenizer(path);

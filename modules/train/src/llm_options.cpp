@@ -1,9 +1,9 @@
 // llm.* options: declaration, resolution and cross-checks.
 #include "trainscope/train/llm_options.hpp"
 
-#include <unistd.h>
 #include <filesystem>
 #include <sstream>
+#include <unistd.h>
 
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
@@ -202,10 +202,10 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         throw core::ConfigError("llm.dataset.path is empty: name a .json or .jsonl dataset (e.g. "
                                 "inputs/llm/data/instruct.jsonl)");
     if (!fs::is_regular_file(o.dataset.path))
-        throw core::InputError(
-            "llm.dataset.path = '" + o.dataset.path + "': " +
-            (fs::exists(o.dataset.path) ? "is " : "") + core::file_kind(o.dataset.path) +
-            "; set it to a .json or .jsonl dataset file");
+        throw core::InputError("llm.dataset.path = '" + o.dataset.path +
+                               "': " + (fs::exists(o.dataset.path) ? "is " : "") +
+                               core::file_kind(o.dataset.path) +
+                               "; set it to a .json or .jsonl dataset file");
     o.dataset.format = data::parse_text_format(c.get_string("llm.dataset.format"));
     o.dataset.max_seq_len = c.get_int("llm.max_seq_len");
     o.dataset.train_on_input = c.get_bool("llm.train_on_input");
@@ -223,8 +223,8 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
                                 "' both name a validation set: set one of them");
     if (!o.val_path.empty() && !fs::is_regular_file(o.val_path))
         throw core::InputError(
-            "llm.val_dataset.path = '" + o.val_path + "': " +
-            (fs::exists(o.val_path) ? "is " : "") + core::file_kind(o.val_path) +
+            "llm.val_dataset.path = '" + o.val_path +
+            "': " + (fs::exists(o.val_path) ? "is " : "") + core::file_kind(o.val_path) +
             "; set it to a .json or .jsonl file in llm.dataset.format, or leave it empty");
     const bool preference = o.dataset.format == data::TextFormat::Preference;
     if (o.method == LlmMethod::Dpo && !preference)
@@ -334,8 +334,9 @@ void check_adapter_dir(const std::string& dir, const std::string& setting, bool 
                                 "output.file or llm.save_adapters=PATH, or llm.save_adapters=none");
     const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
     if (fs::exists(parent, ec) && !fs::is_directory(parent, ec))
-        throw core::OutputError("'" + parent.string() + "' is not a directory (llm.save_adapters=" +
-                                setting + "): the adapter directory cannot be created inside it; "
+        throw core::OutputError("'" + parent.string() +
+                                "' is not a directory (llm.save_adapters=" + setting +
+                                "): the adapter directory cannot be created inside it; "
                                 "choose another path or llm.save_adapters=none");
     if (!fs::is_directory(parent, ec))
         throw core::OutputError(

@@ -133,15 +133,15 @@ void LlmWorkload::split_validation_set(std::int64_t seed) {
         // Fewer training samples than ranks is the split's doing, not the dataset's: name the
         // option (the sampler would report "the dataset has 1 sample").
         if (n - n_val < env_.layout.world_size)
-            throw core::ConfigError(
-                "llm.val_fraction = " + f.str() + " holds out " + std::to_string(n_val) + " of " +
-                std::to_string(n) + " samples of " + l_.dataset.path + ", leaving " +
-                std::to_string(n - n_val) + " to train on, fewer than the " +
-                std::to_string(env_.layout.world_size) +
-                " ranks: lower llm.val_fraction (at most " +
-                std::to_string(static_cast<double>(n - env_.layout.world_size) /
-                               static_cast<double>(n)) +
-                "), use more data, or set llm.val_dataset.path instead");
+            throw core::ConfigError("llm.val_fraction = " + f.str() + " holds out " +
+                                    std::to_string(n_val) + " of " + std::to_string(n) +
+                                    " samples of " + l_.dataset.path + ", leaving " +
+                                    std::to_string(n - n_val) + " to train on, fewer than the " +
+                                    std::to_string(env_.layout.world_size) +
+                                    " ranks: lower llm.val_fraction (at most " +
+                                    std::to_string(static_cast<double>(n - env_.layout.world_size) /
+                                                   static_cast<double>(n)) +
+                                    "), use more data, or set llm.val_dataset.path instead");
         split_ = split_validation(n, n_val, static_cast<std::uint64_t>(seed));
         split_.val_data = text_.get();
         val_description_ = std::to_string(n_val) + " of " + std::to_string(n) +
@@ -182,11 +182,10 @@ void LlmWorkload::check_trained_tokens() const {
         }
         if (empty == 0) return;
         const std::string len = std::to_string(l_.dataset.max_seq_len);
-        const std::string fix =
-            "raise llm.max_seq_len above " + std::to_string(shortest) +
-            (l_.dataset.train_on_input || d.is_preference()
-                 ? std::string()
-                 : ", or set llm.train_on_input=true to train on the prompts");
+        const std::string fix = "raise llm.max_seq_len above " + std::to_string(shortest) +
+                                (l_.dataset.train_on_input || d.is_preference()
+                                     ? std::string()
+                                     : ", or set llm.train_on_input=true to train on the prompts");
         if (empty == n)
             throw core::ConfigError(
                 "llm.max_seq_len = " + len + " leaves no trained token in any of the " +
