@@ -335,7 +335,9 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, run_ts):
     both_ranks_said(proc, "train.lr: checkpoint '0.003", "now '0.1'")
     proc = run_ts(1, *SHORT, "--train.max_iters=4", "--resume", f"--checkpoint.dir={ckpt}",
                   f"--output.file={tmp_path}/b.h5", timeout=60)
-    assert proc.returncode == 2 and "written by 2 ranks, this job has 1" in proc.stdout + proc.stderr
+    # (another rank count is an elastic resume only with the same global batch)
+    assert proc.returncode == 2 and "global batch is 64 samples per step (1 ranks)" in \
+        proc.stdout + proc.stderr and "trained with 128 (2 ranks)" in proc.stdout + proc.stderr
     proc = run_ts(2, *SHORT, "--checkpoint.every=5h", f"--output.file={tmp_path}/c.h5",
                   timeout=60)
     assert proc.returncode == 2
@@ -618,9 +620,10 @@ def test_checkpoint_dir_that_is_a_file_or_read_only(tmp_path, run_ts, mounts):
         assert not p.exists() or status_of(p) != "completed"
 
 
-def test_resume_with_another_world_size_or_model_is_refused(tmp_path, run_ts, checkpoints):
-    """--resume of a 2-rank run on 4 ranks, or with other model options: a configuration error on
-    every rank naming what differs (exit 2)."""
+def test_resume_with_another_global_batch_or_model_is_refused(tmp_path, run_ts, checkpoints):
+    """--resume of a 2-rank run on 4 ranks with the same per-rank batch (so twice the global
+    batch), or with other model options: a configuration error on every rank naming what differs
+    (exit 2). (Another rank count with the same global batch resumes: tests/e2e/test_elastic.py.)"""
     import shutil
     ckpt = tmp_path / "ckpt"
     shutil.copytree(checkpoints / "ckpt", ckpt)
@@ -629,8 +632,9 @@ def test_resume_with_another_world_size_or_model_is_refused(tmp_path, run_ts, ch
     assert proc.returncode == 2, proc.stdout + proc.stderr
     said = proc.stdout + proc.stderr
     for rank in range(4):
-        assert any(l.startswith(f"[rank {rank}/4 ") and "written by 2 ranks, this job has 4" in l
-                   and "resume with the same number of ranks" in l
+        assert any(l.startswith(f"[rank {rank}/4 ") and "global batch is 256 samples per step "
+                   "(4 ranks)" in l and "trained with 128 (2 ranks)" in l
+                   and "train.global_batch_size=128 without train.batch_size" in l
                    for l in said.splitlines()), said
     proc = run_ts(2, *SHORT, "--train.max_iters=4", "--cv.width_mult=0.75",
                   "--cv.image_size=48", "--resume", f"--checkpoint.dir={ckpt}",

@@ -61,7 +61,7 @@ core::Config config(std::map<std::string, std::string> values) {
 TEST(Checkpoint, SavesEveryRankFindsTheNewestCompleteAndPrunes) {
     const std::string dir = shared_dir("save");
     const core::Config cfg = config({{"checkpoint.dir", dir}, {"checkpoint.keep", "2"}});
-    tt::Checkpointer ck(dir, 2, MPI_COMM_WORLD, cfg, "runs/x.h5", 0);
+    tt::Checkpointer ck(dir, 2, MPI_COMM_WORLD, cfg, "runs/x.h5", 0, 8);
     for (std::int64_t it : {5, 10, 15})
         ck.save(it, [&](torch::serialize::OutputArchive& out) {
             out.write("mine", torch::full({3}, 100.0 * rank() + static_cast<double>(it)));
@@ -145,7 +145,7 @@ static void expect_loaded_onto(const tt::CheckpointManifest& m, torch::Device de
 TEST(Checkpoint, LoadMapsEveryTensorOntoTheRanksDevice) {
     const std::string dir = shared_dir("device");
     const core::Config cfg = config({{"checkpoint.dir", dir}});
-    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "d.h5", 0);
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "d.h5", 0, 8);
     save_optimizer_checkpoint(ck, torch::kCPU);
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
     expect_loaded_onto(m, torch::Device(torch::kMeta), /*with_optimizer=*/false);
@@ -160,7 +160,7 @@ TEST(Checkpoint, CudaSavedStateLoadsOntoTheRequestedDevice) {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
     const std::string dir = shared_dir("cuda");
     const core::Config cfg = config({{"checkpoint.dir", dir}});
-    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "c.h5", 0);
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "c.h5", 0, 8);
     const int gpus = static_cast<int>(torch::cuda::device_count());
     save_optimizer_checkpoint(ck, torch::Device(torch::kCUDA, 0));
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
@@ -178,26 +178,89 @@ TEST(Checkpoint, CudaSavedStateLoadsOntoTheRequestedDevice) {
 TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
     const std::string dir = shared_dir("compat");
     const core::Config saved = config({{"checkpoint.dir", dir}, {"train.lr", "0.01"}});
-    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, saved, "a.h5", 0);
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, saved, "a.h5", 0, 8);
     ck.save(3, [](torch::serialize::OutputArchive&) {});
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
-    // Output, logging and timeouts may change.
+    EXPECT_EQ(m.global_batch, 8);
+    // Output, logging and timeouts may change, and the batch options with the global batch kept.
     EXPECT_NO_THROW(tt::Checkpointer::check_compatible(m,
                                                        config({{"checkpoint.dir", dir},
                                                                {"train.lr", "0.01"},
                                                                {"output.file", "b.h5"},
+                                                               {"train.batch_size", "3"},
                                                                {"run.iteration_timeout", "60"}}),
-                                                       world()));
+                                                       world(), 8));
     try {
         tt::Checkpointer::check_compatible(
-            m, config({{"checkpoint.dir", dir}, {"train.lr", "0.02"}, {"run.seed", "7"}}), world());
+            m, config({{"checkpoint.dir", dir}, {"train.lr", "0.02"}, {"run.seed", "7"}}), world(),
+            8);
         FAIL() << "a changed learning rate and seed were accepted";
     } catch (const core::ConfigError& e) {
         const std::string what = e.what();
         EXPECT_NE(what.find("train.lr: checkpoint '0.01', now '0.02'"), std::string::npos) << what;
         EXPECT_NE(what.find("run.seed"), std::string::npos) << what;
     }
-    EXPECT_THROW(tt::Checkpointer::check_compatible(m, saved, world() + 1), core::ConfigError);
+    // Another rank count keeping the global batch: an elastic resume (ddp-ds, the default).
+    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(m, saved, world() + 1, 8));
+    try {
+        tt::Checkpointer::check_compatible(m, saved, world() + 1, 16);
+        FAIL() << "another global batch was accepted";
+    } catch (const core::ConfigError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("global batch is 16 samples per step"), std::string::npos) << what;
+        EXPECT_NE(what.find("train.global_batch_size=8"), std::string::npos) << what;
+    }
+    // Strategies whose steps depend on the rank count are refused another one, naming why.
+    for (const char* strategy : {"pipeline", "ddp"}) {
+        core::Config other =
+            config({{"checkpoint.dir", dir}, {"train.lr", "0.01"}, {"run.strategy", strategy}});
+        try {
+            tt::Checkpointer::check_compatible(m, other, world() + 1, 8);
+            FAIL() << strategy << " on another rank count was accepted";
+        } catch (const core::ConfigError& e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find(std::string("run.strategy=") + strategy), std::string::npos)
+                << what;
+            EXPECT_NE(what.find("resume with the same number of ranks"), std::string::npos) << what;
+        }
+    }
+    // A checkpoint without its global batch (older format) resumes only on its rank count.
+    tt::CheckpointManifest old = m;
+    old.global_batch = 0;
+    EXPECT_THROW(tt::Checkpointer::check_compatible(old, saved, world() + 1, 8), core::ConfigError);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(dir);
+}
+
+TEST(Checkpoint, FlatShardsAreCutAgainForAnotherRankCount) {
+    // A flat tensor of 11 elements saved as world() shards of ceil(11 / world()) (zeros after the
+    // end), read back as the shards of 1, 2, 3, 4 and 16 ranks: each is its slice, zero-padded.
+    const std::string dir = shared_dir("reshard");
+    const std::int64_t numel = 11;
+    const torch::Tensor full = torch::arange(1, numel + 1, torch::kFloat64);
+    const std::int64_t shard = (numel + world() - 1) / world();
+    const torch::Tensor padded =
+        torch::cat({full, torch::zeros({shard * world() - numel}, torch::kFloat64)});
+    const core::Config cfg = config({{"checkpoint.dir", dir}});
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "s.h5", 0, 8);
+    ck.save(2, [&](torch::serialize::OutputArchive& out) {
+        torch::serialize::OutputArchive part;
+        part.write("exp_avg", padded.narrow(0, rank() * shard, shard).clone(), /*is_buffer=*/true);
+        out.write("zero_shard", part);
+    });
+    const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
+    tt::CheckpointShards saved(m, torch::kCPU);
+    for (int new_world : {1, 2, 3, 4, 16}) {
+        const std::int64_t size = (numel + new_world - 1) / new_world;
+        for (int r = 0; r < new_world; ++r) {
+            const torch::Tensor got = saved.reshard("zero_shard", "exp_avg", numel, r, new_world);
+            torch::Tensor want = torch::zeros({size}, torch::kFloat64);
+            const std::int64_t begin = std::min(numel, r * size);
+            const std::int64_t n = std::min(numel, begin + size) - begin;
+            if (n > 0) want.narrow(0, 0, n).copy_(full.narrow(0, begin, n));
+            EXPECT_TRUE(torch::equal(got, want)) << "rank " << r << " of " << new_world;
+        }
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank() == 0) fs::remove_all(dir);
 }

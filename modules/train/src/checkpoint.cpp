@@ -179,6 +179,7 @@ CheckpointManifest parse_manifest(const std::string& dir, const std::string& tex
         m.run_file = j.at("run_file").get<std::string>();
         m.created_utc = j.at("created_utc").get<std::string>();
         m.workload = j.at("workload").get<std::string>();
+        m.global_batch = j.value("global_batch", std::int64_t{0}); // absent before elastic resume
         for (const auto& [k, v] : j.at("config").items())
             m.config.emplace_back(k, v.get<std::string>());
     } catch (const nlohmann::json::exception& e) {
@@ -202,10 +203,15 @@ bool may_differ_on_resume(const std::string& key) {
            key == "dist.prefetch" || key == "llm.save_adapters";
 }
 
+bool is_batch_option(const std::string& key) {
+    return key == "train.batch_size" || key == "train.global_batch_size" ||
+           key == "run.global_batch" || key == "run.batch_per_rank";
+}
+
 Checkpointer::Checkpointer(std::string dir, int keep, MPI_Comm world, const core::Config& config,
-                           std::string run_file, int restart_index)
+                           std::string run_file, int restart_index, std::int64_t global_batch)
     : dir_(std::move(dir)), keep_(keep), world_(world), config_(config),
-      run_file_(std::move(run_file)), restart_index_(restart_index),
+      run_file_(std::move(run_file)), restart_index_(restart_index), global_batch_(global_batch),
       timeout_s_(config.get_float("dist.timeout")) {
     MPI_Comm_rank(world, &rank_);
     MPI_Comm_size(world, &size_);
@@ -290,6 +296,7 @@ std::string Checkpointer::save(std::int64_t next_iteration,
         j["run_file"] = run_file_;
         j["created_utc"] = io::utc_now_iso8601();
         j["workload"] = config_.get_string("run.workload");
+        j["global_batch"] = global_batch_;
         j["trainscope_version"] = TRAINSCOPE_VERSION;
         nlohmann::json cfg = nlohmann::json::object();
         for (const auto& [k, v] : config_.items())
@@ -361,12 +368,14 @@ CheckpointManifest Checkpointer::find_latest(const std::string& dir, MPI_Comm wo
 }
 
 void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Config& config,
-                                    int world_size) {
+                                    int world_size, std::int64_t global_batch) {
     std::map<std::string, std::string> saved(m.config.begin(), m.config.end());
     std::string diffs;
     int count = 0;
+    // With the global batch recorded, the batch options are compared through it (below).
+    const bool by_global_batch = m.global_batch > 0;
     for (const auto& [k, v] : config.items()) {
-        if (may_differ_on_resume(k)) continue;
+        if (may_differ_on_resume(k) || (by_global_batch && is_batch_option(k))) continue;
         const auto it = saved.find(k);
         if (it != saved.end() && it->second == v) continue;
         if (count++ < 8)
@@ -374,11 +383,38 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
                      (it == saved.end() ? std::string("<not set>") : it->second) + "', now '" + v +
                      "'";
     }
-    if (m.world_size != world_size)
-        throw core::ConfigError("--resume: checkpoint " + m.path + " was written by " +
-                                std::to_string(m.world_size) + " ranks, this job has " +
-                                std::to_string(world_size) +
-                                ": resume with the same number of ranks");
+    const std::string strategy = config.get_string("run.strategy");
+    if (m.world_size != world_size) {
+        // Elastic resume: the sample order and the optimizer's arithmetic depend only on the
+        // global batch where every rank reads a disjoint 1/N of the data (ddp-ds) and the state
+        // is either replicated or flat shards (ZeRO, FSDP) that can be cut again.
+        std::string why;
+        if (strategy == "pipeline")
+            why = "run.strategy=pipeline keeps per-stage state and splits the ranks into "
+                  "pipeline.stages stages";
+        else if (strategy == "ddp" || strategy == "dp")
+            why = "with run.strategy=" + strategy +
+                  " every rank walks the whole dataset, so the samples of a step depend on the "
+                  "rank count (run.strategy=ddp-ds does not)";
+        else if (!by_global_batch)
+            why = "the checkpoint does not record its global batch (written by an older "
+                  "trainscope)";
+        if (!why.empty())
+            throw core::ConfigError("--resume: checkpoint " + m.path + " was written by " +
+                                    std::to_string(m.world_size) + " ranks, this job has " +
+                                    std::to_string(world_size) + ", and " + why +
+                                    ": resume with the same number of ranks");
+    }
+    if (by_global_batch && global_batch != m.global_batch)
+        throw core::ConfigError(
+            "--resume: this job's global batch is " + std::to_string(global_batch) +
+            " samples per step (" + std::to_string(world_size) + " ranks), checkpoint " + m.path +
+            " trained with " + std::to_string(m.global_batch) + " (" +
+            std::to_string(m.world_size) + " ranks): keep " + std::to_string(m.global_batch) +
+            " samples per step (train.global_batch_size=" + std::to_string(m.global_batch) +
+            " without train.batch_size, or run.scaling=strong with run.global_batch=" +
+            std::to_string(m.global_batch) +
+            ") so that the resumed run continues the same optimizer trajectory");
     if (count > 0)
         throw core::ConfigError("--resume: the configuration differs from checkpoint " + m.path +
                                 " in " + std::to_string(count) +
@@ -398,6 +434,58 @@ void Checkpointer::load(const CheckpointManifest& m, int rank, torch::serialize:
                                " cannot be read: " + std::string(e.what_without_backtrace()) +
                                " (delete " + m.path + " to resume from an older checkpoint)");
     }
+}
+
+CheckpointShards::CheckpointShards(const CheckpointManifest& m, torch::Device device)
+    : manifest_(m), device_(device) {
+    archives_.resize(static_cast<std::size_t>(std::max(m.world_size, 0)));
+}
+
+torch::serialize::InputArchive& CheckpointShards::rank(int r) {
+    auto& slot = archives_.at(static_cast<std::size_t>(r));
+    if (!slot) {
+        auto in = std::make_unique<torch::serialize::InputArchive>();
+        Checkpointer::load(manifest_, r, *in, device_);
+        slot = std::move(in);
+    }
+    return *slot;
+}
+
+torch::Tensor CheckpointShards::reshard(const std::string& sub, const std::string& name,
+                                        std::int64_t numel, int new_rank, int new_world) {
+    const int old_world = manifest_.world_size;
+    const std::int64_t old_shard = (numel + old_world - 1) / old_world;
+    const std::int64_t new_shard = (numel + new_world - 1) / new_world;
+    const std::int64_t begin = std::min(numel, new_rank * new_shard);
+    const std::int64_t end = std::min(numel, begin + new_shard);
+    std::vector<torch::Tensor> pieces;
+    torch::Tensor like;
+    for (std::int64_t at = begin; at < end;) {
+        const int r = static_cast<int>(at / old_shard);
+        torch::serialize::InputArchive part;
+        rank(r).read(sub, part);
+        torch::Tensor t;
+        part.read(name, t, /*is_buffer=*/true);
+        if (t.numel() != old_shard)
+            throw core::InputError(
+                "checkpoint file " + rank_file(manifest_.path, r) + ": " + sub + "/" + name +
+                " has " + std::to_string(t.numel()) + " elements, a shard of " +
+                std::to_string(numel) + " over " + std::to_string(old_world) + " ranks has " +
+                std::to_string(old_shard) + ": resume with the same model and method");
+        const std::int64_t from = at - r * old_shard;
+        const std::int64_t take = std::min(end - at, old_shard - from);
+        pieces.push_back(t.narrow(0, from, take));
+        like = t;
+        at += take;
+    }
+    if (!like.defined()) { // this rank's shard lies wholly in the padding
+        torch::serialize::InputArchive part;
+        rank(0).read(sub, part);
+        part.read(name, like, /*is_buffer=*/true);
+    }
+    torch::Tensor out = torch::zeros({new_shard}, like.options());
+    if (!pieces.empty()) out.narrow(0, 0, end - begin).copy_(torch::cat(pieces));
+    return out;
 }
 
 void save_named_tensors(torch::serialize::OutputArchive& out, const torch::nn::Module& module,

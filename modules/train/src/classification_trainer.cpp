@@ -274,10 +274,13 @@ std::string ClassificationTrainer::save_checkpoint(Checkpointer& checkpointer,
 void ClassificationTrainer::restore(const CheckpointManifest& m) {
     State& s = *s_;
     dist::agree_on_errors(s.world, [&] {
+        // An elastic resume (another rank count; ddp-ds only, checked before) reads the replicated
+        // state from the rank that wrote it; a rank the checkpoint did not have keeps its own RNG.
+        const bool has_mine = s.rank < m.world_size;
         torch::serialize::InputArchive mine, source;
-        Checkpointer::load(m, s.rank, mine, s.o.device);
+        if (has_mine) Checkpointer::load(m, s.rank, mine, s.o.device);
         torch::serialize::InputArchive* from = &mine;
-        if (s.state_source_rank() != s.rank) {
+        if (s.state_source_rank() != s.rank || !has_mine) {
             Checkpointer::load(m, s.state_source_rank(), source, s.o.device);
             from = &source;
         }
@@ -288,8 +291,8 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
         load_named_tensors(model, *s.model, m.path);
         s.optimizer->load(optimizer);
         s.scaler->load(scaler);
-        load_rng_state(mine, s.cuda_index());
-        s.start_iteration = read_int(mine, "next_iteration");
+        if (has_mine) load_rng_state(mine, s.cuda_index());
+        s.start_iteration = read_int(*from, "next_iteration");
     });
     if (s.dp) s.dp->refresh();
 }

@@ -1,5 +1,7 @@
 #include "trainscope/train/fsdp.hpp"
 
+#include "trainscope/train/checkpoint.hpp"
+
 #include <c10/core/StorageImpl.h>
 
 #include <cmath>
@@ -392,6 +394,37 @@ void FsdpModel::save(torch::serialize::OutputArchive& out) const {
     out.write("groups", c10::IValue(k));
     out.write("world_size", c10::IValue(static_cast<std::int64_t>(world_)));
     out.write("step_count", c10::IValue(step_count_));
+}
+
+void FsdpModel::load_resharded(CheckpointShards& saved) {
+    torch::NoGradGuard no_grad;
+    torch::serialize::InputArchive first;
+    saved.rank(0).read("fsdp_shard", first);
+    c10::IValue v;
+    std::int64_t k = 0;
+    for (auto& u : units_)
+        for (Group& g : u->groups)
+            if (g.trainable) {
+                const std::string p = "g" + std::to_string(k++) + ".";
+                torch::Tensor param =
+                    saved.reshard("fsdp_shard", p + "param", g.numel, rank_, world_);
+                if (param.scalar_type() != g.dtype)
+                    throw core::InputError(
+                        "checkpoint: the dist.zero=3 shard of unit " + u->name + " is " +
+                        std::string(c10::toString(param.scalar_type())) + ", this run's is " +
+                        c10::toString(g.dtype) + ": resume with the same precision");
+                g.local.copy_(param);
+                g.exp_avg.copy_(saved.reshard("fsdp_shard", p + "exp_avg", g.numel, rank_, world_));
+                g.exp_avg_sq.copy_(
+                    saved.reshard("fsdp_shard", p + "exp_avg_sq", g.numel, rank_, world_));
+            }
+    first.read("groups", v);
+    if (v.toInt() != k)
+        throw core::InputError("checkpoint: " + std::to_string(v.toInt()) +
+                               " trainable dist.zero=3 groups saved, this model has " +
+                               std::to_string(k) + ": resume with the same model and method");
+    first.read("step_count", v);
+    step_count_ = v.toInt();
 }
 
 void FsdpModel::load(torch::serialize::InputArchive& in) {

@@ -4,6 +4,14 @@ namespace trainscope::train {
 
 namespace F = torch::nn::functional;
 
+namespace {
+// The loss is computed in at least fp32 (bf16/fp16 logits are upcast, as torchtune does); fp64
+// runs keep fp64, so that their losses are exact enough to compare across rank counts.
+torch::Tensor loss_precision(const torch::Tensor& logits) {
+    return logits.scalar_type() == torch::kFloat64 ? logits : logits.to(torch::kFloat32);
+}
+} // namespace
+
 torch::Tensor causal_lm_loss_sum(const torch::Tensor& logits, const torch::Tensor& labels) {
     // Shift the labels, not the logits (as torchtune): position t is scored against label t + 1
     // and the last position against -100, so the [B, T, V] logits are used in place (a view),
@@ -14,7 +22,7 @@ torch::Tensor causal_lm_loss_sum(const torch::Tensor& logits, const torch::Tenso
                     torch::full({labels.size(0), 1}, kIgnoreIndex, labels.options())},
                    1);
     return F::cross_entropy(
-        logits.to(torch::kFloat32).reshape({-1, v}), shifted.reshape({-1}),
+        loss_precision(logits).reshape({-1, v}), shifted.reshape({-1}),
         F::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(torch::kSum));
 }
 
@@ -24,7 +32,7 @@ std::int64_t count_label_tokens(const torch::Tensor& labels) {
 }
 
 torch::Tensor sequence_log_probs(const torch::Tensor& logits, const torch::Tensor& labels) {
-    torch::Tensor shifted_logits = logits.narrow(1, 0, logits.size(1) - 1).to(torch::kFloat32);
+    torch::Tensor shifted_logits = loss_precision(logits.narrow(1, 0, logits.size(1) - 1));
     torch::Tensor shifted_labels = labels.narrow(1, 1, labels.size(1) - 1);
     const torch::Tensor mask = shifted_labels.ne(kIgnoreIndex);
     // Masked positions gather index 0 and are zeroed by the mask.

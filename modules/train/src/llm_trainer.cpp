@@ -858,13 +858,14 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
     State& s = *s_;
     const int cuda_index = s.o.device.is_cuda() ? s.o.device.index() : -1;
     dist::agree_on_errors(s.world, [&] {
-        torch::serialize::InputArchive mine, first;
-        Checkpointer::load(m, s.rank, mine, s.o.device);
-        torch::serialize::InputArchive* from = &mine;
-        if (s.rank != 0) {
-            Checkpointer::load(m, 0, first, s.o.device);
-            from = &first;
-        }
+        // Elastic resume (another rank count): replicated state from rank 0's file, the ZeRO and
+        // FSDP shards cut again from the saved ranks' shards that overlap this rank's; a rank the
+        // checkpoint did not have keeps its own RNG.
+        const bool elastic = m.world_size != s.size;
+        const bool has_mine = s.rank < m.world_size;
+        CheckpointShards shards(m, s.o.device);
+        torch::serialize::InputArchive& first = shards.rank(0);
+        torch::serialize::InputArchive* from = &first;
         torch::serialize::InputArchive weights, scaler;
         from->read("weights", weights);
         from->read("scaler", scaler);
@@ -876,17 +877,25 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
             s.optimizer->load(optimizer);
         }
         if (s.zero) {
-            torch::serialize::InputArchive shard;
-            mine.read("zero_shard", shard);
-            s.zero->load(shard);
+            if (elastic) {
+                s.zero->load_resharded(shards);
+            } else {
+                torch::serialize::InputArchive shard;
+                shards.rank(s.rank).read("zero_shard", shard);
+                s.zero->load(shard);
+            }
         }
         if (s.fsdp) {
-            torch::serialize::InputArchive shard;
-            mine.read("fsdp_shard", shard);
-            s.fsdp->load(shard);
+            if (elastic) {
+                s.fsdp->load_resharded(shards);
+            } else {
+                torch::serialize::InputArchive shard;
+                shards.rank(s.rank).read("fsdp_shard", shard);
+                s.fsdp->load(shard);
+            }
         }
-        load_rng_state(mine, cuda_index);
-        s.start_iteration = read_int(mine, "next_iteration");
+        if (has_mine) load_rng_state(shards.rank(s.rank), cuda_index);
+        s.start_iteration = read_int(first, "next_iteration");
     });
     const LlmOptions& l = s.o.llm;
     if (l.method == LlmMethod::Qat && l.qat_start_step > 0 && s.start_iteration >= l.qat_start_step)

@@ -179,8 +179,10 @@ void Session::open_run_file() {
         // The newest complete checkpoint, checked against this configuration on every rank.
         s.env.resumed =
             Checkpointer::find_latest(c.get_string("checkpoint.dir"), world, s.env.dist.timeout_s);
-        dist::agree_on_errors(
-            world, [&] { Checkpointer::check_compatible(*s.env.resumed, c, topo.world_size); });
+        dist::agree_on_errors(world, [&] {
+            Checkpointer::check_compatible(*s.env.resumed, c, topo.world_size,
+                                           s.env.layout.global_batch());
+        });
         restart_index = s.env.resumed->restart_index + 1;
         // The continuation gets its own file beside the interrupted one (which stays as it was
         // left, plus a continued_in attribute): <stem>.resume<k><ext>.
@@ -202,18 +204,24 @@ void Session::open_run_file() {
         root.push_back({"resumed_from_checkpoint", m.path});
         root.push_back({"resumed_from_iteration", m.next_iteration});
         root.push_back({"resumed_from_file", m.run_file});
+        root.push_back({"resumed_from_world_size", static_cast<std::int64_t>(m.world_size)});
     }
     s.workload->claim_outputs(path);
     // RunFile::create decides collectively (rank 0 checks, all ranks get the same verdict).
     s.file = std::make_unique<io::RunFile>(
         io::RunFile::create(world, path, c.get_bool("output.overwrite"), root));
-    s.checkpointer = std::make_unique<Checkpointer>(c.get_string("checkpoint.dir"),
-                                                    static_cast<int>(c.get_int("checkpoint.keep")),
-                                                    world, c, path, restart_index);
+    s.checkpointer = std::make_unique<Checkpointer>(
+        c.get_string("checkpoint.dir"), static_cast<int>(c.get_int("checkpoint.keep")), world, c,
+        path, restart_index, s.env.layout.global_batch());
     if (s.env.resumed && topo.rank == 0) {
         const CheckpointManifest& m = *s.env.resumed;
         core::log::info() << "resuming from " << m.path << " at iteration " << m.next_iteration
                           << " (restart " << restart_index << "); this segment writes " << path;
+        if (m.world_size != topo.world_size)
+            core::log::info() << "elastic resume: the checkpoint was written by " << m.world_size
+                              << " ranks, this job has " << topo.world_size << "; global batch "
+                              << s.env.layout.global_batch()
+                              << " samples per step as before, sharded state cut again";
         // Link the interrupted run's file to its continuation; a missing or unreadable old file
         // only costs the link.
         try {

@@ -1,5 +1,7 @@
 #include "trainscope/train/zero.hpp"
 
+#include "trainscope/train/checkpoint.hpp"
+
 #include <chrono>
 #include <cmath>
 
@@ -125,6 +127,17 @@ void ZeroOptimizer::load(torch::serialize::InputArchive& in) {
     exp_avg_sq_.copy_(b);
     c10::IValue steps;
     in.read("step_count", steps);
+    step_count_ = steps.toInt();
+}
+
+void ZeroOptimizer::load_resharded(CheckpointShards& saved) {
+    torch::NoGradGuard no_grad;
+    exp_avg_.copy_(saved.reshard("zero_shard", "exp_avg", numel_, rank_, world_));
+    exp_avg_sq_.copy_(saved.reshard("zero_shard", "exp_avg_sq", numel_, rank_, world_));
+    torch::serialize::InputArchive part;
+    saved.rank(0).read("zero_shard", part);
+    c10::IValue steps;
+    part.read("step_count", steps);
     step_count_ = steps.toInt();
 }
 

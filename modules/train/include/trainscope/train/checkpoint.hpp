@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@ struct CheckpointManifest {
     std::string run_file;  // the run file of the segment that wrote the checkpoint
     std::string created_utc;
     std::string workload;
+    std::int64_t global_batch = 0; // samples per optimizer step (0: not recorded, older format)
     std::vector<std::pair<std::string, std::string>> config; // resolved options
 };
 
@@ -42,13 +44,19 @@ struct CheckpointManifest {
 // what is trained (output, logging, profiling, checkpointing, timeouts, loader threads).
 bool may_differ_on_resume(const std::string& key);
 
+// Options that spell the batch per rank or per step: on a resume they are compared through the
+// global batch they give (an elastic resume on another rank count changes the per-rank batch).
+bool is_batch_option(const std::string& key);
+
 class Checkpointer {
   public:
     // dir: checkpoint.dir (empty: disabled). Collective over world: creates the directory, checks
     // that it is writable and takes its lock (OutputError on every rank otherwise, e.g. when
     // another job holds it). The collectives of save() wait for the peers at most dist.timeout.
+    // global_batch: the run's samples per optimizer step, recorded in every manifest so that a
+    // resume on another rank count can keep it.
     Checkpointer(std::string dir, int keep, MPI_Comm world, const core::Config& config,
-                 std::string run_file, int restart_index);
+                 std::string run_file, int restart_index, std::int64_t global_batch);
     ~Checkpointer(); // releases the lock
     Checkpointer(const Checkpointer&) = delete;
     Checkpointer& operator=(const Checkpointer&) = delete;
@@ -66,10 +74,14 @@ class Checkpointer {
     // the wait for the peers (dist.timeout; 0: no limit).
     static CheckpointManifest find_latest(const std::string& dir, MPI_Comm world,
                                           double timeout_s = 0);
-    // Collective: a ConfigError naming every option that differs (and the world size) unless
-    // the configuration resumes what the checkpoint saved.
+    // Collective: a ConfigError naming every option that differs unless the configuration
+    // resumes what the checkpoint saved. The batch options are compared through the global batch,
+    // which must be the checkpoint's. Another rank count (an elastic resume) is allowed where the
+    // training trajectory does not depend on it: run.strategy=ddp-ds with or without dist.zero
+    // (the optimizer and FSDP shards are resharded on load); pipeline and ddp/dp runs, and
+    // checkpoints that did not record their global batch, are refused naming why.
     static void check_compatible(const CheckpointManifest& m, const core::Config& config,
-                                 int world_size);
+                                 int world_size, std::int64_t global_batch);
     // Local: rank `rank`'s archive of checkpoint m, every tensor mapped onto `device` (the
     // loading rank's own device). Without the mapping a tensor comes back on the device it was
     // saved from: every rank of a multi-GPU job would allocate on cuda:0 (rank 0's optimizer
@@ -88,8 +100,31 @@ class Checkpointer {
     const core::Config& config_;
     std::string run_file_;
     int restart_index_;
+    std::int64_t global_batch_ = 0;
     double timeout_s_ = 0; // dist.timeout
     int lock_fd_ = -1;     // rank 0: <dir>/.lock, flock'ed
+};
+
+// The archives of a checkpoint's ranks, read on demand for an elastic resume: a rank of the new
+// job reads only the old ranks whose shards its own overlaps. Shards are the contiguous pieces of a
+// flat tensor of `numel` elements that ZeRO and FSDP cut into ceil(numel / world) per rank (zeros
+// after the end).
+class CheckpointShards {
+  public:
+    CheckpointShards(const CheckpointManifest& m, torch::Device device);
+    int saved_world() const { return manifest_.world_size; }
+    // Old rank r's archive (read once).
+    torch::serialize::InputArchive& rank(int r);
+    // This rank's shard for `world` ranks of the flat tensor `name` inside the sub-archive `sub`
+    // (e.g. "zero_shard", "exp_avg"), assembled from the saved ranks' shards: [ceil(numel/world)],
+    // zero-padded. A saved shard of the wrong size is an InputError naming the file.
+    torch::Tensor reshard(const std::string& sub, const std::string& name, std::int64_t numel,
+                          int new_rank, int new_world);
+
+  private:
+    CheckpointManifest manifest_;
+    torch::Device device_;
+    std::vector<std::unique_ptr<torch::serialize::InputArchive>> archives_;
 };
 
 // RNG states of this process (CPU generator, and the CUDA generator of `cuda_index` >= 0). The

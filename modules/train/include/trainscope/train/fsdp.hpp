@@ -38,6 +38,8 @@
 
 namespace trainscope::train {
 
+class CheckpointShards;
+
 struct FsdpOptions {
     bool reshard_after_forward = true;
     bool prefetch = true;
@@ -105,6 +107,9 @@ class FsdpModel final : public models::UnitHooks {
     // Checkpoints: this rank's shards of the trainable tensors and their optimizer state.
     void save(torch::serialize::OutputArchive& out) const;
     void load(torch::serialize::InputArchive& in);
+    // Elastic resume: every trainable group's parameter and moment shards cut again from the
+    // shards another rank count saved (a group's flat layout does not depend on the rank count).
+    void load_resharded(CheckpointShards& saved);
 
     // Bytes this rank holds outside gathered units (shards), by kind; and now gathered.
     double trainable_shard_bytes() const;

@@ -20,6 +20,8 @@
 
 namespace trainscope::train {
 
+class CheckpointShards;
+
 struct ZeroAdamW {
     double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
 };
@@ -55,6 +57,9 @@ class ZeroOptimizer {
     // Checkpoints: this rank's shard of the optimizer state (moments, step count).
     void save(torch::serialize::OutputArchive& out) const;
     void load(torch::serialize::InputArchive& in);
+    // Elastic resume: this rank's shard of the moments cut from the shards that another rank
+    // count saved (the flat layout is the parameters' order, whatever the rank count).
+    void load_resharded(CheckpointShards& saved);
 
     int stage() const { return stage_; }
     std::int64_t numel() const { return numel_; }       // trainable elements (unpadded)
