@@ -396,11 +396,25 @@ void FsdpModel::save(torch::serialize::OutputArchive& out) const {
     out.write("step_count", c10::IValue(step_count_));
 }
 
+namespace {
+// The end of a dist.zero=3 shard archive: its trainable group count (checked against the k this
+// model loaded) and the optimizer's step count.
+std::int64_t saved_step_count(torch::serialize::InputArchive& in, std::int64_t k) {
+    c10::IValue v;
+    in.read("groups", v);
+    if (v.toInt() != k)
+        throw core::InputError("checkpoint: " + std::to_string(v.toInt()) +
+                               " trainable dist.zero=3 groups saved, this model has " +
+                               std::to_string(k) + ": resume with the same model and method");
+    in.read("step_count", v);
+    return v.toInt();
+}
+} // namespace
+
 void FsdpModel::load_resharded(CheckpointShards& saved) {
     torch::NoGradGuard no_grad;
     torch::serialize::InputArchive first;
     saved.rank(0).read("fsdp_shard", first);
-    c10::IValue v;
     std::int64_t k = 0;
     for (auto& u : units_)
         for (Group& g : u->groups)
@@ -418,13 +432,7 @@ void FsdpModel::load_resharded(CheckpointShards& saved) {
                 g.exp_avg_sq.copy_(
                     saved.reshard("fsdp_shard", p + "exp_avg_sq", g.numel, rank_, world_));
             }
-    first.read("groups", v);
-    if (v.toInt() != k)
-        throw core::InputError("checkpoint: " + std::to_string(v.toInt()) +
-                               " trainable dist.zero=3 groups saved, this model has " +
-                               std::to_string(k) + ": resume with the same model and method");
-    first.read("step_count", v);
-    step_count_ = v.toInt();
+    step_count_ = saved_step_count(first, k);
 }
 
 void FsdpModel::load(torch::serialize::InputArchive& in) {
@@ -455,13 +463,7 @@ void FsdpModel::load(torch::serialize::InputArchive& in) {
                 g.exp_avg.copy_(a);
                 g.exp_avg_sq.copy_(b);
             }
-    in.read("groups", v);
-    if (v.toInt() != k)
-        throw core::InputError("checkpoint: " + std::to_string(v.toInt()) +
-                               " trainable dist.zero=3 groups saved, this model has " +
-                               std::to_string(k) + ": resume with the same model and method");
-    in.read("step_count", v);
-    step_count_ = v.toInt();
+    step_count_ = saved_step_count(in, k);
 }
 
 double FsdpModel::sum_groups(const std::function<double(const Group&)>& bytes) const {

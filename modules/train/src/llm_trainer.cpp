@@ -876,24 +876,15 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
             from->read("optimizer", optimizer);
             s.optimizer->load(optimizer);
         }
-        if (s.zero) {
-            if (elastic) {
-                s.zero->load_resharded(shards);
-            } else {
-                torch::serialize::InputArchive shard;
-                shards.rank(s.rank).read("zero_shard", shard);
-                s.zero->load(shard);
-            }
-        }
-        if (s.fsdp) {
-            if (elastic) {
-                s.fsdp->load_resharded(shards);
-            } else {
-                torch::serialize::InputArchive shard;
-                shards.rank(s.rank).read("fsdp_shard", shard);
-                s.fsdp->load(shard);
-            }
-        }
+        // ZeRO's and FSDP's shards: this rank's own, or cut again from another rank count's.
+        auto load_shards = [&](auto& sharded, const char* key) {
+            if (elastic) return sharded.load_resharded(shards);
+            torch::serialize::InputArchive part;
+            shards.rank(s.rank).read(key, part);
+            sharded.load(part);
+        };
+        if (s.zero) load_shards(*s.zero, "zero_shard");
+        if (s.fsdp) load_shards(*s.fsdp, "fsdp_shard");
         if (has_mine) load_rng_state(shards.rank(s.rank), cuda_index);
         s.start_iteration = read_int(first, "next_iteration");
     });
