@@ -11,6 +11,7 @@
 #include "trainscope/dist/topology.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/options.hpp"
+#include "trainscope/train/run_control.hpp"
 #include "trainscope/train/session.hpp"
 
 using namespace trainscope;
@@ -18,6 +19,10 @@ using namespace trainscope;
 int main(int argc, char** argv) {
     // Count live CPU tensor bytes from the first allocation on (host_tensor_* in /iterations).
     prof::install_host_tensor_counter();
+    // A stop signal (SIGTERM, SIGUSR1, SIGINT) that arrives while the run starts up (MPI, data,
+    // model) is kept, not fatal: training stops, checkpointed, after its first iteration. A
+    // co-allocation executor or a scheduler may resize or pre-empt a job at any moment.
+    train::stop_signals::install();
     // Bootstrap: MPI, this rank's place in the world, log prefix "[rank r/N host]". The MPI thread
     // level depends on the workload, so the command line is read once quietly before MPI starts
     // (errors are reported properly below, on every rank).

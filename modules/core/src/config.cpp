@@ -436,7 +436,7 @@ std::string CommandLine::usage(const OptionRegistry& registry) {
            "  --dry-run         validate, print the plan (ranks, devices, batch split, model,\n"
            "                    memory estimate) and exit without training\n"
            "  --resume          continue from the newest complete checkpoint in checkpoint.dir\n"
-           "                    (same configuration and rank count; see checkpoint.*)\n"
+           "                    (same configuration; another rank count under ddp-ds; see checkpoint.*)\n"
            "  --print-config    print the resolved configuration as INI, each value with its\n"
            "                    origin (default, FILE:LINE or command line), and exit\n"
            "  --version         print versions of trainscope and its dependencies\n"

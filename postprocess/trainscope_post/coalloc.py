@@ -1,0 +1,1073 @@
+"""Co-allocation, executed (``trainscope-study coalloc PLAN``): two or more training jobs share one
+set of units (GPUs on a cluster; cores here, one rank each) and are run side by side three ways:
+
+  equal    every job gets units / jobs for its whole run
+  static   the advisor's best fixed split (every split tried against the calibrated models)
+  dynamic  the advisor re-plans at every event (a job finishing, a job arriving): a job grows onto
+           the units another one freed, or shrinks to admit a new one, by a checkpoint (SIGUSR1)
+           and an elastic ``--resume`` on the new rank count (docs/faults.md, "Elastic resume")
+
+The jobs are calibrated first: each runs alone, at every unit count the plan allows, for a few
+iterations (step time per count through the advisor's model, model.ConfigModel, and the launch
+overhead: process start, data, model, file), plus one resize probe per job (stop latency, and the
+extra cost of restoring a checkpoint on another rank count). The planner predicts every mode's
+makespan from these; the executor runs each mode `repeats` times and records which job held which
+units when. results.json, report.md and timeline.png in --out hold the predicted and measured
+makespans, their spread and error, and the gain over the equal and the best static split.
+
+Launchers: ``mpirun`` with ``--cpu-set`` on disjoint cores of this machine (the local scheduler,
+and inside a PBS job), or ``srun --exclusive`` job steps inside one Slurm allocation (the batch
+script `--scheduler slurm` submits runs this module there). Plan file format: docs/coalloc.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .launch import launch_env, mpirun_flags
+from .study import StudyError
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = ("equal", "static", "dynamic")
+LAUNCHERS = ("mpirun", "srun")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_OPTION = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Options the executor sets for every launch; a plan that sets them would be overridden silently.
+_OWNED = {
+    "train.max_iters": "the job's `iterations`",
+    "run.scaling": "strong scaling with the job's `global_batch` (set by the executor)",
+    "run.global_batch": "the job's `global_batch`",
+    "run.batch_per_rank": "the job's `global_batch` (the executor runs strong scaling)",
+    "train.batch_size": "the job's `global_batch`",
+    "train.global_batch_size": "the job's `global_batch`",
+    "checkpoint.dir": "nothing: each job checkpoints to <out>/<mode>/rep<r>/<job>/ckpt",
+    "output.file": "nothing: each launch writes <out>/.../<job>/seg<k>.h5",
+}
+MAX_JOBS = 8
+MAX_UNITS = 4096
+MAX_SEARCH = 2_000_000   # allocations the dynamic planner may evaluate (events x splits)
+STOP_TIMEOUT_S = 600     # a job told to stop (SIGUSR1) that has not exited by then is killed
+
+
+# --- the plan file --------------------------------------------------------------------------------
+@dataclass
+class JobSpec:
+    name: str
+    configs: list[Path]
+    iterations: int
+    global_batch: int
+    arrive: float = 0.0
+    options: dict = field(default_factory=dict)
+
+    def counts(self, units: int) -> list[int]:
+        """Unit (rank) counts this job may run on: the global batch must split evenly."""
+        return [u for u in range(1, units + 1) if self.global_batch % u == 0]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "configs": [str(c) for c in self.configs],
+                "iterations": self.iterations, "global_batch": self.global_batch,
+                "arrive": self.arrive, "options": self.options}
+
+
+@dataclass
+class Plan:
+    name: str
+    path: Path
+    units: int
+    units_per_node: int
+    repeats: int
+    modes: list[str]
+    calibration_iterations: int
+    calibration_ranks: list[int]
+    binary: Path
+    jobs: list[JobSpec]
+
+
+def _bad(path: Path, what: str) -> StudyError:
+    return StudyError(f"{path}: {what}")
+
+
+def _int(path, where, d, key, default=None, lo=1, hi=10**9) -> int:
+    if key not in d:
+        if default is None:
+            raise _bad(path, f"{where}: `{key}` is missing")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _bad(path, f"{where}: `{key}` = {v!r}: give a whole number from {lo} to {hi}")
+    return v
+
+
+def _check_keys(path, where, d, allowed):
+    extra = sorted(set(d) - set(allowed))
+    if extra:
+        raise _bad(path, f"{where}: unknown key(s) {', '.join(map(repr, extra))}; allowed: "
+                   + ", ".join(sorted(allowed)))
+
+
+def _resolve(path: Path, text) -> Path:
+    if not isinstance(text, str) or not text or _CONTROL.search(text):
+        raise _bad(path, f"config {text!r}: give a file path as a one-line string")
+    p = Path(text)
+    for base in ((path.parent, ROOT) if not p.is_absolute() else (Path("/"),)):
+        c = (base / p).resolve()
+        if c.exists():
+            if not c.is_file():
+                raise _bad(path, f"config {text}: {c} is not a regular file")
+            return c
+    raise _bad(path, f"config {text}: not found (relative paths are tried from the plan's "
+               f"directory, then from {ROOT})")
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        raise StudyError("plan files need Python 3.11 (tomllib); run through the project's venv "
+                         "(scripts/setup)") from None
+    if not path.is_file():
+        raise StudyError(f"{path}: no such plan file" if not path.exists() else
+                         f"{path}: not a regular file")
+    if path.stat().st_size > 1 << 20:
+        raise _bad(path, "larger than 1 MiB: not a plan file")
+    try:
+        doc = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise _bad(path, f"not valid TOML: {e}") from None
+    _check_keys(path, "plan", doc, {"name", "units", "units_per_node", "repeats", "modes",
+                                    "calibration", "binary", "job"})
+    name = doc.get("name", path.stem)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise _bad(path, f"name {name!r}: letters, digits, '.', '_' and '-' only (it names "
+                   "directories)")
+    units = _int(path, "plan", doc, "units", hi=MAX_UNITS)
+    upn = _int(path, "plan", doc, "units_per_node", default=units, hi=MAX_UNITS)
+    repeats = _int(path, "plan", doc, "repeats", default=3, hi=100)
+    modes = doc.get("modes", list(MODES))
+    if not isinstance(modes, list) or not modes or any(m not in MODES for m in modes) or \
+            len(set(modes)) != len(modes):
+        raise _bad(path, f"modes {modes!r}: a list of distinct values from {', '.join(MODES)}")
+    cal = doc.get("calibration", {})
+    if not isinstance(cal, dict):
+        raise _bad(path, "calibration: a table, e.g. calibration = { iterations = 30 }")
+    _check_keys(path, "calibration", cal, {"iterations", "ranks"})
+    cal_iters = _int(path, "calibration", cal, "iterations", default=30, lo=4, hi=100000)
+    default_ranks = sorted({2**k for k in range(13) if 2**k <= units} | {units})
+    cal_ranks = cal.get("ranks", default_ranks)
+    if not isinstance(cal_ranks, list) or len(cal_ranks) < 2 or any(
+            isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= units for r in cal_ranks):
+        raise _bad(path, f"calibration.ranks {cal_ranks!r}: 2 or more rank counts from 1 to "
+                   f"units ({units}); the model needs two to scale from")
+    binary = doc.get("binary", str(ROOT / "build" / "app" / "trainscope"))
+    if not isinstance(binary, str) or _CONTROL.search(binary):
+        raise _bad(path, f"binary {binary!r}: a one-line path")
+    binary = Path(binary) if Path(binary).is_absolute() else (ROOT / binary)
+    raw = doc.get("job", [])
+    if not isinstance(raw, list) or not 2 <= len(raw) <= MAX_JOBS:
+        raise _bad(path, f"give 2 to {MAX_JOBS} [[job]] tables (found "
+                   f"{len(raw) if isinstance(raw, list) else 'none'}): a co-allocation shares "
+                   "the units between jobs")
+    if units < len(raw):
+        raise _bad(path, f"units = {units} for {len(raw)} jobs: every job needs one unit at least")
+    jobs = []
+    for i, j in enumerate(raw):
+        where = f"job {i + 1}"
+        if not isinstance(j, dict):
+            raise _bad(path, f"{where}: a [[job]] table")
+        _check_keys(path, where, j, {"name", "configs", "iterations", "global_batch", "arrive",
+                                     "options"})
+        jname = j.get("name")
+        if not isinstance(jname, str) or not _NAME.match(jname):
+            raise _bad(path, f"{where}: name {jname!r}: letters, digits, '.', '_' and '-' only")
+        where = f"job {jname}"
+        if any(jname == o.name for o in jobs):
+            raise _bad(path, f"{where}: two jobs have this name")
+        cfgs = j.get("configs")
+        cfgs = [cfgs] if isinstance(cfgs, str) else cfgs
+        if not isinstance(cfgs, list) or not cfgs:
+            raise _bad(path, f"{where}: `configs` = one or more trainscope INI files")
+        configs = [_resolve(path, c) for c in cfgs]
+        iters = _int(path, where, j, "iterations")
+        gb = _int(path, where, j, "global_batch", hi=10**7)
+        arrive = j.get("arrive", 0.0)
+        if isinstance(arrive, bool) or not isinstance(arrive, (int, float)) or \
+                not 0 <= arrive < 1e7:
+            raise _bad(path, f"{where}: arrive = {arrive!r}: seconds after the start, >= 0")
+        opts = j.get("options", {})
+        if not isinstance(opts, dict):
+            raise _bad(path, f"{where}: options: a table of trainscope options")
+        clean = {}
+        for k, v in opts.items():
+            if not _OPTION.match(k):
+                raise _bad(path, f"{where}: option {k!r}: not a trainscope option name "
+                           "(section.key, see docs/options.md)")
+            if k in _OWNED:
+                raise _bad(path, f"{where}: option {k} is set by the executor; use "
+                           f"{_OWNED[k]}")
+            if isinstance(v, bool):
+                v = "true" if v else "false"
+            if not isinstance(v, (str, int, float)) or _CONTROL.search(str(v)):
+                raise _bad(path, f"{where}: option {k} = {v!r}: a one-line value")
+            clean[k] = str(v)
+        spec = JobSpec(jname, configs, iters, gb, float(arrive), clean)
+        counts = [r for r in cal_ranks if r in spec.counts(units)]
+        if len(counts) < 2:
+            raise _bad(path, f"{where}: global_batch {gb} splits evenly over only "
+                       f"{counts or 'none'} of the calibration ranks {cal_ranks}: the model needs "
+                       "two; choose a global batch divisible by them")
+        jobs.append(spec)
+    return Plan(name, path.resolve(), units, upn, repeats, modes, cal_iters,
+                sorted(set(cal_ranks)), binary, jobs)
+
+
+# --- launching one segment of a job ---------------------------------------------------------------
+@dataclass
+class Segment:
+    job: str
+    index: int
+    ranks: int
+    units: list[int]          # logical unit indices 0..units-1 (the timeline's rows)
+    run_file: Path
+    log: Path
+    resumed: bool
+    t_launch: float
+    proc: subprocess.Popen | None = None
+    t_signal: float | None = None
+    t_end: float | None = None
+    rc: int | None = None
+    status: str = ""
+    cores: list[int] = field(default_factory=list)
+
+    def to_json(self, t0: float) -> dict:
+        def rel(t):
+            return None if t is None else round(t - t0, 3)
+        return {"job": self.job, "segment": self.index, "ranks": self.ranks, "units": self.units,
+                "cores": self.cores, "resumed": self.resumed, "t_launch": rel(self.t_launch),
+                "t_signal": rel(self.t_signal), "t_end": rel(self.t_end), "exit": self.rc,
+                "status": self.status, "run_file": str(self.run_file), "log": str(self.log)}
+
+
+class Launcher:
+    """Starts a job's segment on given logical units: mpirun bound to the matching cores of this
+    machine, or an exclusive srun step of the enclosing Slurm allocation."""
+
+    def __init__(self, kind: str, binary: Path, units: int):
+        if kind not in LAUNCHERS:
+            raise StudyError(f"--launcher {kind!r}: use one of {', '.join(LAUNCHERS)}")
+        if not binary.is_file():
+            raise StudyError(f"binary {binary}: not built (scripts/build), or set `binary` in "
+                             "the plan")
+        self.kind, self.binary = kind, binary
+        self.cores: list[int] = []
+        if kind == "mpirun":
+            allowed = sorted(os.sched_getaffinity(0))
+            if len(allowed) < units:
+                raise StudyError(f"units = {units}, but this process may use {len(allowed)} "
+                                 f"core(s) ({','.join(map(str, allowed))}): each unit is one "
+                                 "core of its own; lower units or run inside a larger allocation")
+            self.cores = allowed[:units]
+        elif not os.environ.get("SLURM_JOB_ID"):
+            raise StudyError("--launcher srun runs job steps inside a Slurm allocation: use "
+                             "--scheduler slurm (which submits one), or --launcher mpirun here")
+
+    def command(self, job: JobSpec, ranks: int, units: list[int], iterations: int, ckpt: Path,
+                run_file: Path, resume: bool) -> tuple[list[str], list[int]]:
+        args = [str(self.binary)]
+        for c in job.configs:
+            args += ["--config", str(c)]
+        args += [f"--{k}={v}" for k, v in job.options.items()]
+        args += ["--run.scaling=strong", f"--run.global_batch={job.global_batch}",
+                 f"--train.max_iters={iterations}", f"--checkpoint.dir={ckpt}",
+                 f"--output.file={run_file}"]
+        if resume:
+            args.append("--resume")
+        if self.kind == "mpirun":
+            cores = [self.cores[u] for u in units]
+            return ([*["mpirun", *mpirun_flags(oversubscribe=False)], "--cpu-set",
+                     ",".join(map(str, cores)), "--bind-to", "core", "-np", str(ranks), *args],
+                    cores)
+        return (["srun", "--exclusive", "--exact", "-n", str(ranks), "--cpus-per-task=1",
+                 "--cpu-bind=cores", "--mpi=pmix", "--kill-on-bad-exit=1",
+                 f"--job-name={job.name}", *args], [])
+
+    def start(self, job: JobSpec, index: int, ranks: int, units: list[int], iterations: int,
+              jobdir: Path, resume: bool) -> Segment:
+        jobdir.mkdir(parents=True, exist_ok=True)
+        run_file, log = jobdir / f"seg{index}.h5", jobdir / f"seg{index}.log"
+        for f in (run_file, log):
+            f.unlink(missing_ok=True)
+        cmd, cores = self.command(job, ranks, units, iterations, jobdir / "ckpt", run_file,
+                                  resume)
+        with open(log, "w") as fh:
+            fh.write("# " + shlex.join(cmd) + "\n")
+            fh.flush()
+            t = time.monotonic()
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    env=launch_env(OMP_NUM_THREADS="1"),
+                                    start_new_session=True)
+        return Segment(job.name, index, ranks, list(units), run_file, log, resume, t, proc,
+                       cores=cores)
+
+
+def _started(seg: Segment) -> bool:
+    """Every rank is inside main (rank 0 prints the placement after a collective over all ranks),
+    so a stop signal is held until an iteration ends rather than killing a rank still loading."""
+    try:
+        return "placement:" in seg.log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no output)"
+
+
+def _run_status(path: Path) -> str:
+    try:
+        import h5py
+        with h5py.File(path, "r") as f:
+            s = f.attrs.get("status", b"")
+            return s.decode() if isinstance(s, bytes) else str(s)
+    except (OSError, KeyError):
+        return "missing"
+
+
+def checkpoint_iteration(ckpt: Path) -> int:
+    """Iterations done by the newest complete checkpoint (ckpt-<N>/MANIFEST.json, N = the next
+    iteration); 0 when there is none."""
+    best = 0
+    for d in ckpt.glob("ckpt-*"):
+        m = re.fullmatch(r"ckpt-(\d+)", d.name)
+        if m and (d / "MANIFEST.json").is_file():
+            best = max(best, int(m.group(1)))
+    return best
+
+
+def _finish(seg: Segment, rc: int) -> None:
+    seg.t_end, seg.rc = time.monotonic(), rc
+    seg.status = _run_status(seg.run_file)
+
+
+def _wait(seg: Segment, timeout: float) -> None:
+    try:
+        rc = seg.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(seg)
+        rc = seg.proc.wait()
+    _finish(seg, rc)
+
+
+def _kill(seg: Segment) -> None:
+    if seg.proc and seg.proc.poll() is None:
+        try:
+            os.killpg(seg.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _stop(seg: Segment) -> None:
+    """SIGUSR1 to the launcher (mpirun and srun forward it to the ranks): every rank stops after
+    the same iteration, writes a checkpoint and exits 0 with the run file `interrupted`."""
+    while seg.proc.poll() is None and not _started(seg):
+        time.sleep(0.05)
+    seg.t_signal = time.monotonic()
+    if seg.proc.poll() is None:
+        seg.proc.send_signal(signal.SIGUSR1)
+
+
+class ExecError(StudyError):
+    pass
+
+
+def _failed(seg: Segment, what: str) -> ExecError:
+    return ExecError(f"job {seg.job} segment {seg.index} ({seg.ranks} rank(s)) {what}; its "
+                     f"output ({seg.log}):\n{_tail(seg.log)}")
+
+
+# --- models of the jobs ---------------------------------------------------------------------------
+@dataclass
+class JobModel:
+    name: str
+    iterations: int
+    arrive: float
+    counts: list[int]
+    step: dict[int, float]       # seconds per iteration at u ranks (the advisor's model)
+    startup: dict[int, float]    # launch to first measured iteration, plus warm-up excess
+    stop_s: float                # SIGUSR1 to exit (the iteration in flight + the checkpoint)
+    restore_s: float             # extra start-up of a resumed launch (reading the checkpoint)
+    range_: dict[int, str] = field(default_factory=dict)
+
+    def restart(self, u: int) -> float:
+        return self.startup[u] + self.restore_s
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "iterations": self.iterations, "arrive": self.arrive,
+                "counts": self.counts, "step_s": self.step, "startup_s": self.startup,
+                "stop_s": self.stop_s, "restore_s": self.restore_s, "range": self.range_}
+
+    @staticmethod
+    def from_json(d: dict) -> "JobModel":
+        ik = {int(k): v for k, v in d["step_s"].items()}
+        return JobModel(d["name"], d["iterations"], d["arrive"], d["counts"], ik,
+                        {int(k): v for k, v in d["startup_s"].items()}, d["stop_s"],
+                        d["restore_s"], {int(k): v for k, v in d.get("range", {}).items()})
+
+
+def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobModel]:
+    """Each job alone at every calibration rank count, then one resize probe (smallest count,
+    stopped half-way, resumed on the largest); fits the advisor's model to the runs."""
+    from .model import build_models
+    from .study import load
+    models = []
+    n = plan.calibration_iterations
+    for job in plan.jobs:
+        counts = [r for r in plan.calibration_ranks if r in job.counts(plan.units)]
+        base = out / "calibration" / job.name
+        walls = {}
+        for r in counts:
+            d = base / f"n{r}"
+            _clean(d)
+            log(f"calibrating {job.name} on {r} rank(s): {n} iterations ...")
+            seg = launcher.start(job, 0, r, list(range(r)), n, d, resume=False)
+            _wait(seg, STOP_TIMEOUT_S * 4)
+            if seg.rc != 0 or seg.status != "completed":
+                raise _failed(seg, f"failed in calibration (exit {seg.rc}, {seg.status})")
+            walls[r] = seg.t_end - seg.t_launch
+        study = load([base / f"n{r}" / "seg0.h5" for r in counts])
+        cms, _ = build_models(study, "strong")
+        if len(cms) != 1:
+            raise StudyError(f"job {job.name}: calibration runs form {len(cms)} configurations, "
+                             "expected one")
+        cm = cms[0]
+        allowed = job.counts(plan.units)
+        step = {u: cm.predict(u)["step_s"] for u in allowed}
+        rng = {u: cm.predict(u)["range"].lower() for u in allowed}
+        measured = {r: walls[r] - n * step[r] for r in counts}
+
+        def nearest(u):
+            return measured[min(counts, key=lambda r: (abs(math.log(r / u)), r))]
+        startup = {u: max(0.0, nearest(u)) for u in allowed}
+        # resize probe
+        lo, hi = counts[0], counts[-1]
+        d = base / "probe"
+        _clean(d)
+        log(f"calibrating {job.name}: resize probe {lo} -> {hi} rank(s) ...")
+        seg = launcher.start(job, 0, lo, list(range(lo)), 2 * n, d, resume=False)
+        while seg.proc.poll() is None and time.monotonic() < seg.t_launch + startup[lo] + \
+                n * step[lo]:
+            time.sleep(0.02)
+        _stop(seg)
+        _wait(seg, STOP_TIMEOUT_S)
+        if seg.rc != 0 or seg.status != "interrupted":
+            raise _failed(seg, f"did not stop with a checkpoint in the resize probe (exit "
+                          f"{seg.rc}, run file {seg.status})")
+        stop_s = seg.t_end - seg.t_signal
+        done = checkpoint_iteration(d / "ckpt")
+        seg2 = launcher.start(job, 1, hi, list(range(hi)), 2 * n, d, resume=True)
+        _wait(seg2, STOP_TIMEOUT_S * 4)
+        if seg2.rc != 0 or seg2.status != "completed":
+            raise _failed(seg2, f"failed to resume on {hi} rank(s) in the resize probe "
+                          f"(exit {seg2.rc}, {seg2.status})")
+        restore = (seg2.t_end - seg2.t_launch) - startup[hi] - (2 * n - done) * step[hi]
+        models.append(JobModel(job.name, job.iterations, job.arrive, allowed, step, startup,
+                               stop_s, max(0.0, restore), rng))
+        log(f"  {job.name}: step " + ", ".join(f"{u}: {step[u]:.4g} s" for u in allowed)
+            + f"; start-up {startup[lo]:.3g} s at {lo}; stop {stop_s:.3g} s; restore "
+            f"+{max(0.0, restore):.3g} s (measured {restore:+.3g})")
+    return models
+
+
+def _clean(d: Path) -> None:
+    """A launch directory starts empty: no stale checkpoint may be resumed by mistake."""
+    import shutil
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+
+
+# --- the planner ----------------------------------------------------------------------------------
+@dataclass
+class JState:
+    rem: float              # iterations left
+    ranks: int = 0          # 0: not running
+    ready: float = 0.0      # when computing (re)starts
+    started: bool = False
+    done_at: float | None = None
+
+
+def _splits(active: list[int], models: list[JobModel], units: int):
+    """Every allocation of at most `units` to the active jobs, each an allowed count >= 1."""
+    choices = [models[j].counts for j in active]
+    for combo in itertools.product(*choices):
+        if sum(combo) <= units:
+            yield dict(zip(active, combo))
+
+
+def _apply(t: float, st: list[JState], alloc: dict, models: list[JobModel]) -> list[JState]:
+    """New states after switching to `alloc` at t: jobs whose rank count changes stop (their stop
+    latency holds everyone who waits for units), then (re)start with their start-up cost."""
+    new = [JState(s.rem, s.ranks, s.ready, s.started, s.done_at) for s in st]
+    changed = [j for j, r in alloc.items() if r != st[j].ranks]
+    hold = max((models[j].stop_s for j in changed if st[j].ranks > 0), default=0.0)
+    for j in changed:
+        s = new[j]
+        at = t + hold
+        s.ready = at + (models[j].restart(alloc[j]) if s.started else models[j].startup[alloc[j]])
+        s.ranks, s.started = alloc[j], True
+    return new
+
+
+def _advance(t: float, st: list[JState], models: list[JobModel], arrivals: list[float]):
+    """To the next event (a completion or an arrival): returns its time and the new states."""
+    nxt = min((a for a in arrivals if a > t + 1e-9), default=math.inf)
+    for j, s in enumerate(st):
+        if s.ranks and s.done_at is None:
+            nxt = min(nxt, max(s.ready, t) + s.rem * models[j].step[s.ranks])
+    if nxt == math.inf:
+        return nxt, st
+    for j, s in enumerate(st):
+        if s.ranks and s.done_at is None:
+            s.rem -= max(0.0, nxt - max(s.ready, t)) / models[j].step[s.ranks]
+            if s.rem <= 1e-6:
+                s.rem, s.done_at, s.ranks = 0.0, nxt, 0
+    return nxt, st
+
+
+def simulate(models: list[JobModel], units: int, policy, t: float = 0.0,
+             st: list[JState] | None = None):
+    """Runs `policy(t, states) -> {job: ranks}` from t to the end; returns (makespan, phases):
+    one phase per event, {t, alloc}."""
+    st = st or [JState(float(m.iterations)) for m in models]
+    arrivals = sorted({m.arrive for m in models})
+    phases = []
+    while any(s.done_at is None for s in st):
+        active = [j for j, m in enumerate(models) if m.arrive <= t + 1e-9 and
+                  st[j].done_at is None]
+        if active:
+            alloc = policy(t, st)
+            if any(alloc.get(j, 0) != st[j].ranks for j in active):
+                phases.append({"t": t, "alloc": {models[j].name: alloc[j] for j in active}})
+            st = _apply(t, st, {j: alloc[j] for j in active}, models)
+        t, st = _advance(t, st, models, arrivals)
+        if t == math.inf:
+            raise StudyError("the plan leaves a job without units (internal)")
+    return max(s.done_at for s in st), phases
+
+
+def static_policy(split: dict):
+    return lambda t, st: split
+
+
+def equal_split(models: list[JobModel], units: int) -> dict:
+    k = len(models)
+    out = {}
+    for j, m in enumerate(models):
+        share = units // k + (1 if j < units % k else 0)
+        out[j] = max(u for u in m.counts if u <= max(1, share))
+    return out
+
+
+def best_static(models: list[JobModel], units: int) -> tuple[dict, float]:
+    best = (None, math.inf)
+    for alloc in _splits(list(range(len(models))), models, units):
+        ms, _ = simulate(models, units, static_policy(alloc))
+        if ms < best[1] - 1e-9:
+            best = (alloc, ms)
+    return best
+
+
+class DynamicPolicy:
+    """At every event, the split of the units between the jobs present that minimises the
+    predicted makespan, looking ahead over every later event (exhaustive, bounded by
+    MAX_SEARCH evaluations)."""
+
+    def __init__(self, models: list[JobModel], units: int):
+        self.models, self.units = models, units
+        self.arrivals = sorted({m.arrive for m in models})
+        self.evals = 0
+
+    def _best(self, t: float, st: list[JState]) -> tuple[float, dict | None]:
+        if all(s.done_at is not None for s in st):
+            return max(s.done_at for s in st), None
+        active = [j for j, m in enumerate(self.models) if m.arrive <= t + 1e-9 and
+                  st[j].done_at is None]
+        options = list(_splits(active, self.models, self.units)) if active else [{}]
+        best = (math.inf, None, None)
+        for alloc in options:
+            self.evals += 1
+            if self.evals > MAX_SEARCH:
+                raise StudyError(f"the dynamic plan would evaluate more than {MAX_SEARCH} "
+                                 "allocations: use fewer units or jobs")
+            s2 = _apply(t, st, alloc, self.models) if active else \
+                [JState(s.rem, s.ranks, s.ready, s.started, s.done_at) for s in st]
+            t2, s3 = _advance(t, s2, self.models, self.arrivals)
+            if t2 == math.inf:
+                continue
+            v, _ = self._best(t2, s3)
+            # ties: keep the current allocation (fewer resizes), then more units in use
+            key = (v, sum(alloc.get(j, 0) != st[j].ranks for j in active),
+                   -sum(alloc.values()))
+            if best[2] is None or key < best[2]:
+                best = (v, alloc, key)
+        return best[0], best[1]
+
+    def __call__(self, t: float, st: list[JState]) -> dict:
+        self.evals = 0
+        _, alloc = self._best(t, st)
+        return alloc
+
+
+def predict(models: list[JobModel], units: int) -> dict:
+    """Every mode's split or phases and predicted makespan."""
+    eq = equal_split(models, units)
+    eq_ms, eq_ph = simulate(models, units, static_policy(eq))
+    st_alloc, st_ms = best_static(models, units)
+    _, st_ph = simulate(models, units, static_policy(st_alloc))
+    dyn = DynamicPolicy(models, units)
+    dy_ms, dy_ph = simulate(models, units, dyn)
+    names = [m.name for m in models]
+    return {
+        "equal": {"makespan_s": eq_ms, "split": {names[j]: u for j, u in eq.items()},
+                  "phases": eq_ph},
+        "static": {"makespan_s": st_ms, "split": {names[j]: u for j, u in st_alloc.items()},
+                   "phases": st_ph, "same_as_equal": st_alloc == eq},
+        "dynamic": {"makespan_s": dy_ms, "phases": dy_ph},
+    }
+
+
+# --- the executor ---------------------------------------------------------------------------------
+def execute(plan: Plan, models: list[JobModel], mode: str, policy, launcher: Launcher,
+            rundir: Path, log=print) -> dict:
+    """Runs the jobs under `policy` (called at every arrival and completion with the states
+    estimated from the models) and returns the measured makespan and every segment."""
+    _clean(rundir)
+    specs = {j.name: j for j in plan.jobs}
+    st = [JState(float(m.iterations)) for m in models]
+    segs: list[Segment] = []
+    running: dict[int, Segment] = {}
+    free = list(range(plan.units))
+    rem_at_launch: dict[int, float] = {}
+    arrivals = sorted({m.arrive for m in models})
+    t0 = time.monotonic()
+    done_at: dict[int, float] = {}
+    seen_arrivals: set[float] = set()
+
+    def now():
+        return time.monotonic() - t0
+
+    def estimate(t):
+        for j, seg in running.items():
+            m = models[j]
+            startup = m.restart(seg.ranks) if seg.resumed else m.startup[seg.ranks]
+            busy = max(0.0, t - (seg.t_launch - t0) - startup)
+            st[j].rem = max(1.0, rem_at_launch[j] - busy / m.step[seg.ranks])
+            st[j].ready = (seg.t_launch - t0) + startup
+
+    def event(t):
+        active = [j for j, m in enumerate(models) if m.arrive <= t + 1e-9 and j not in done_at]
+        if not active:
+            return
+        estimate(t)
+        alloc = policy(t, st)
+        changed = [j for j in active if alloc[j] != st[j].ranks]
+        if not changed:
+            return
+        stopping = [running[j] for j in changed if j in running]
+        for seg in stopping:
+            _stop(seg)
+        for seg in stopping:
+            _wait(seg, STOP_TIMEOUT_S)
+            j = next(k for k, s in running.items() if s is seg)
+            if seg.rc != 0 or seg.status not in ("interrupted", "completed"):
+                raise _failed(seg, f"did not stop cleanly (exit {seg.rc}, run file {seg.status})")
+            del running[j]
+            free.extend(seg.units)
+            if seg.status == "completed":   # it ended before the signal took effect
+                done_at[j], st[j].done_at, st[j].ranks = now(), now(), 0
+            else:
+                st[j].rem = models[j].iterations - checkpoint_iteration(
+                    rundir / models[j].name / "ckpt")
+                st[j].ranks = 0
+        free.sort()
+        for j in changed:
+            if j in done_at:
+                continue
+            r = alloc[j]
+            units, free[:] = free[:r], free[r:]
+            spec = specs[models[j].name]
+            seg = launcher.start(spec, sum(s.job == spec.name for s in segs), r, units,
+                                 spec.iterations, rundir / spec.name, resume=st[j].started)
+            segs.append(seg)
+            running[j] = seg
+            rem_at_launch[j] = st[j].rem
+            st[j].ranks, st[j].started = r, True
+            log(f"  {now():7.1f} s  {spec.name}: {'resumed' if seg.resumed else 'started'} on "
+                f"{r} rank(s), units {units}")
+
+    try:
+        while len(done_at) < len(models):
+            t = now()
+            due = [a for a in arrivals if a <= t and a not in seen_arrivals]
+            ended = []
+            for j, seg in list(running.items()):
+                rc = seg.proc.poll()
+                if rc is not None:
+                    _finish(seg, rc)
+                    if rc != 0 or seg.status != "completed":
+                        raise _failed(seg, f"ended with exit {rc}, run file {seg.status}")
+                    del running[j]
+                    free.extend(seg.units)
+                    done_at[j] = seg.t_end - t0
+                    st[j].done_at, st[j].ranks, st[j].rem = done_at[j], 0, 0.0
+                    ended.append(j)
+                    log(f"  {done_at[j]:7.1f} s  {seg.job}: completed")
+            if due or ended:
+                seen_arrivals.update(due)
+                free.sort()
+                event(now())
+            time.sleep(0.05)
+    except BaseException:
+        for seg in running.values():
+            _kill(seg)
+        raise
+    return {"mode": mode, "makespan_s": max(done_at.values()),
+            "job_end_s": {models[j].name: v for j, v in done_at.items()},
+            "segments": [s.to_json(t0) for s in segs]}
+
+
+# --- report ---------------------------------------------------------------------------------------
+def summarise(results: dict) -> list[dict]:
+    pred = results["predicted"]
+    rows = []
+    measured = {}
+    for mode in MODES:
+        runs = [r for r in results["runs"] if r["mode"] == mode]
+        src = mode
+        if mode == "static" and not runs and pred["static"].get("same_as_equal"):
+            runs, src = [r for r in results["runs"] if r["mode"] == "equal"], "equal"
+        if not runs:
+            continue
+        ms = [r["makespan_s"] for r in runs]
+        mean = sum(ms) / len(ms)
+        measured[mode] = mean
+        p = pred[mode]["makespan_s"]
+        rows.append({"mode": mode, "split": _split_text(pred[mode]), "predicted [s]": p,
+                     "measured mean [s]": mean, "min [s]": min(ms), "max [s]": max(ms),
+                     "spread [%]": 100 * (max(ms) - min(ms)) / mean, "repeats": len(ms),
+                     "error [%]": 100 * (p - mean) / mean,
+                     "runs": "those of equal (same split)" if src != mode else mode})
+    for r in rows:
+        for base in ("equal", "static"):
+            b = measured.get(base)
+            r[f"gain over {base} [%]"] = 100 * (1 - r["measured mean [s]"] / b) if b else math.nan
+    return rows
+
+
+def _split_text(p: dict) -> str:
+    if "split" in p:
+        return " + ".join(f"{k} {v}" for k, v in p["split"].items())
+    return "; ".join(f"{ph["t"]:.0f} s: " + " + ".join(f"{k} {v}" for k, v in ph["alloc"].items())
+                      for ph in p["phases"])
+
+
+def timeline_figure(results: dict, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    units = results["plan"]["units"]
+    modes = [m for m in MODES if any(r["mode"] == m for r in results["runs"])]
+    names = [j["name"] for j in results["plan"]["jobs"]]
+    colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(names)}
+    fig, axes = plt.subplots(len(modes), 1, figsize=(9, 1.2 + 1.0 * len(modes) * max(2, units)
+                                                     ** 0.5), sharex=True, squeeze=False)
+    xmax = max(r["makespan_s"] for r in results["runs"]) * 1.05
+    for ax, mode in zip(axes[:, 0], modes):
+        run = next(r for r in results["runs"] if r["mode"] == mode)
+        for s in run["segments"]:
+            end = s["t_end"]
+            for u in s["units"]:
+                ax.broken_barh([(s["t_launch"], end - s["t_launch"])], (u - 0.4, 0.8),
+                               facecolors=colors[s["job"]], edgecolors="black", linewidths=0.5,
+                               alpha=0.85)
+                if s["t_signal"] is not None:
+                    ax.broken_barh([(s["t_signal"], end - s["t_signal"])], (u - 0.4, 0.8),
+                                   facecolors="none", hatch="///", edgecolors="black",
+                                   linewidths=0.0)
+            ax.text(s["t_launch"] + 0.3, s["units"][0], f"{s['job']} x{s['ranks']}",
+                    va="center", fontsize=8)
+        pm = results["predicted"][mode]["makespan_s"]
+        ax.axvline(run["makespan_s"], color="black", lw=1.2)
+        ax.axvline(pm, color="red", ls="--", lw=1.2)
+        ax.set_yticks(range(units))
+        ax.set_yticklabels([f"unit {u}" for u in range(units)], fontsize=8)
+        ax.set_ylim(-0.6, units - 0.4)
+        ax.set_title(f"{mode}: measured makespan {run['makespan_s']:.1f} s (repeat 1), "
+                     f"predicted {pm:.1f} s", fontsize=9)
+    axes[-1, 0].set_xlim(0, xmax)
+    axes[-1, 0].set_xlabel("time since the start [s]")
+    handles = [Patch(facecolor=colors[n], label=n) for n in names]
+    handles += [Patch(facecolor="white", hatch="///", edgecolor="black",
+                      label="stopping (signal to exit: checkpoint)"),
+                plt.Line2D([], [], color="black", label="measured makespan"),
+                plt.Line2D([], [], color="red", ls="--", label="predicted makespan")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(results: dict, out: Path) -> Path:
+    import pandas as pd
+    rows = summarise(results)
+    fig = timeline_figure(results, out / "timeline.png")
+    df = pd.DataFrame(rows)
+    setup = results["setup"]
+    lines = [f"# Co-allocation {results['plan']['name']}", "",
+             f"{results['plan']['units']} units ({setup['unit']}), launcher {setup['launcher']}, "
+             f"{len(results['plan']['jobs'])} jobs; {setup['host']}, {setup['date']}.", "",
+             "| job | iterations | global batch | arrives [s] | step [s] by ranks | start-up [s] "
+             "| stop [s] | restore [s] |", "|---|---|---|---|---|---|---|---|"]
+    for m in results["models"]:
+        steps = ", ".join(f"{u}: {v:.3g}" for u, v in m["step_s"].items())
+        spec = next(j for j in results["plan"]["jobs"] if j["name"] == m["name"])
+        lines.append(f"| {m['name']} | {m['iterations']} | {spec['global_batch']} | "
+                     f"{m['arrive']:g} | {steps} | "
+                     f"{min(m['startup_s'].values()):.3g}-{max(m['startup_s'].values()):.3g} | "
+                     f"{m['stop_s']:.3g} | {m['restore_s']:.3g} |")
+    lines += ["", "Makespans (time from the first launch to the last job's end):", "",
+              _markdown(df), "",
+              f"![timeline]({fig.name})", "",
+              "Timeline: which job held which unit when (first repeat of each mode); hatched: "
+              "the job was told to stop and was writing its checkpoint."]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _markdown(df) -> str:
+    def cell(v):
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+    head = "| " + " | ".join(df.columns) + " |"
+    rule = "|" + "---|" * len(df.columns)
+    return "\n".join([head, rule] + ["| " + " | ".join(cell(v) for v in row) + " |"
+                                      for row in df.itertuples(index=False)])
+
+
+# --- command line ---------------------------------------------------------------------------------
+def _setup(launcher: str) -> dict:
+    import datetime
+    import platform
+    unit = "one core per rank, mpirun --cpu-set/--bind-to core" if launcher == "mpirun" else \
+        "one CPU (or GPU) per rank, srun --exclusive job steps"
+    return {"launcher": launcher, "unit": unit, "host": platform.node(),
+            "cores": os.cpu_count(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _plan_json(plan: Plan) -> dict:
+    return {"name": plan.name, "file": str(plan.path), "units": plan.units,
+            "units_per_node": plan.units_per_node, "repeats": plan.repeats, "modes": plan.modes,
+            "calibration": {"iterations": plan.calibration_iterations,
+                            "ranks": plan.calibration_ranks},
+            "binary": str(plan.binary), "jobs": [j.to_json() for j in plan.jobs]}
+
+
+def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeats: int,
+             recalibrate: bool) -> int:
+    launcher = Launcher(launcher_kind, plan.binary, plan.units)
+    out.mkdir(parents=True, exist_ok=True)
+    cal_file = out / "calibration.json"
+    pj = _plan_json(plan)
+    models = None
+    if cal_file.is_file() and not recalibrate:
+        try:
+            old = json.loads(cal_file.read_text())
+            if old.get("jobs") == pj["jobs"] and old.get("calibration") == pj["calibration"] \
+                    and old.get("units") == plan.units and old.get("launcher") == launcher_kind:
+                models = [JobModel.from_json(m) for m in old["models"]]
+                print(f"calibration: reusing {cal_file} (--recalibrate measures again)")
+        except (ValueError, KeyError, TypeError):
+            print(f"calibration: {cal_file} unreadable; measuring again")
+    if models is None:
+        models = calibrate(plan, out, launcher)
+        cal_file.write_text(json.dumps({**{k: pj[k] for k in ("jobs", "calibration", "units")},
+                                        "launcher": launcher_kind,
+                                        "models": [m.to_json() for m in models]}, indent=1))
+    pred = predict(models, plan.units)
+    for mode in MODES:
+        print(f"predicted {mode:8s} {pred[mode]['makespan_s']:8.1f} s  {_split_text(pred[mode])}")
+    results = {"plan": pj, "setup": _setup(launcher_kind), "models": [m.to_json() for m in models],
+               "predicted": pred, "runs": []}
+    todo = [m for m in modes if not (m == "static" and pred["static"]["same_as_equal"] and
+                                     "equal" in modes)]
+    if "static" in modes and "static" not in todo:
+        print("static: the best static split is the equal split; its runs are the equal split's")
+    policies = {"equal": static_policy(equal_split(models, plan.units)),
+                "static": static_policy({j: u for j, u in enumerate(
+                    pred["static"]["split"][m.name] for m in models)}),
+                "dynamic": DynamicPolicy(models, plan.units)}
+    res_file = out / "results.json"
+    for rep in range(1, repeats + 1):
+        for mode in todo:   # modes interleaved, so that drift over time spreads over all of them
+            print(f"{mode} repeat {rep}:")
+            r = execute(plan, models, mode, policies[mode], launcher, out / mode / f"rep{rep}")
+            r["repeat"] = rep
+            results["runs"].append(r)
+            print(f"{mode} repeat {rep}: makespan {r['makespan_s']:.1f} s (predicted "
+                  f"{pred[mode]['makespan_s']:.1f} s)")
+            res_file.write_text(json.dumps(results, indent=1))
+    report = write_report(results, out)
+    for row in summarise(results):
+        print(f"{row['mode']:8s} predicted {row['predicted [s]']:7.1f} s  measured "
+              f"{row['measured mean [s]']:7.1f} s ({row['min [s]']:.1f}-{row['max [s]']:.1f}, "
+              f"{row['repeats']} runs)  error {row['error [%]']:+.1f} %  gain over equal "
+              f"{row['gain over equal [%]']:+.1f} %")
+    print(f"results: {res_file}\nreport: {report}")
+    return 0
+
+
+SLURM_TEMPLATE = """#!/bin/bash
+#SBATCH --job-name=coalloc-{name}
+#SBATCH --ntasks={units}
+#SBATCH --cpus-per-task=1
+#SBATCH --time={time}
+#SBATCH --output={out}/slurm-%j.out
+{extra}
+# One allocation for all jobs of the co-allocation: each launch is an `srun --exclusive` job step
+# on its share of the allocation's CPUs/GPUs (rendered by jobscripts/study coalloc).
+set -euo pipefail
+cd {root}
+export PYTHONPATH={root}/postprocess${{PYTHONPATH:+:$PYTHONPATH}}
+exec {python} -m trainscope_post.coalloc {plan} --out {out} --inside --launcher srun {args}
+"""
+
+PBS_TEMPLATE = """#!/bin/bash
+#PBS -N coalloc-{name}
+#PBS -l select=1:ncpus={units}:mpiprocs={units}
+#PBS -l walltime={time}
+#PBS -j oe
+#PBS -o {out}/pbs.out
+{extra}
+# PBS has no job steps: the jobs of the co-allocation run as concurrent mpirun launches on
+# disjoint cores of the one chunk (the executor reads the cores PBS's cpuset allows).
+set -euo pipefail
+cd {root}
+export PYTHONPATH={root}/postprocess${{PYTHONPATH:+:$PYTHONPATH}}
+exec {python} -m trainscope_post.coalloc {plan} --out {out} --inside --launcher mpirun {args}
+"""
+
+
+def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
+    extra_args = []
+    if a.modes:
+        extra_args += ["--modes", a.modes]
+    if a.repeats:
+        extra_args += ["--repeats", str(a.repeats)]
+    if a.recalibrate:
+        extra_args.append("--recalibrate")
+    for d in a.directive:
+        if _CONTROL.search(d):
+            raise StudyError(f"--directive {d!r}: one line")
+    prefix = "#SBATCH " if scheduler == "slurm" else "#PBS "
+    text = (SLURM_TEMPLATE if scheduler == "slurm" else PBS_TEMPLATE).format(
+        name=plan.name, units=plan.units, time=a.time, out=shlex.quote(str(out)),
+        root=shlex.quote(str(ROOT)), python=shlex.quote(sys.executable),
+        plan=shlex.quote(str(plan.path)), args=shlex.join(extra_args),
+        extra="\n".join(prefix + d for d in a.directive))
+    out.mkdir(parents=True, exist_ok=True)
+    script = out / ("coalloc.sbatch" if scheduler == "slurm" else "coalloc.pbs")
+    script.write_text(text)
+    if a.dry_run:
+        print(f"rendered {script}; nothing submitted (--dry-run)")
+        return 0
+    cmd = ["sbatch", "--parsable", str(script)] if scheduler == "slurm" else ["qsub", str(script)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "postprocess") + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    except FileNotFoundError:
+        raise StudyError(f"{cmd[0]} not found: is this a {scheduler} login node?") from None
+    if p.returncode != 0:
+        raise StudyError(f"{cmd[0]} refused {script}: {p.stderr.strip()}")
+    job = p.stdout.strip().split(";")[0]
+    (out / "job.id").write_text(f"{scheduler} {job}\n")
+    print(f"submitted {scheduler} job {job}: {script}; results in {out}/results.json")
+    return 0
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(
+        prog="trainscope-study coalloc", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("plan", type=Path, help="co-allocation plan (inputs/coalloc/*.toml)")
+    p.add_argument("--out", type=Path, help="results directory (default coalloc/<name>)")
+    p.add_argument("--scheduler", choices=["local", "slurm", "pbs"], default="local",
+                   help="local: run here now (default); slurm/pbs: submit one job that runs it")
+    p.add_argument("--modes", help="comma-separated subset of equal,static,dynamic "
+                                   "(default: the plan's)")
+    p.add_argument("--repeats", type=int, help="runs of each mode (default: the plan's)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the jobs again even if calibration.json matches the plan")
+    p.add_argument("--time", default="01:00:00", help="slurm/pbs: walltime (HH:MM:SS)")
+    p.add_argument("--directive", action="append", default=[],
+                   help="slurm/pbs: an extra #SBATCH/#PBS line, e.g. --directive=--partition=gpu")
+    p.add_argument("--dry-run", action="store_true",
+                   help="slurm/pbs: render the batch script only")
+    p.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--launcher", choices=LAUNCHERS, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    try:
+        if a.out is not None and _CONTROL.search(str(a.out)):
+            raise StudyError(f"--out {str(a.out)!r}: a plain directory name, one line")
+        plan = load_plan(a.plan)
+        out = (a.out or ROOT / "coalloc" / plan.name).resolve()
+        if out.exists() and not out.is_dir():
+            raise StudyError(f"--out {out}: exists and is not a directory")
+        modes = plan.modes
+        if a.modes:
+            modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+            bad = [m for m in modes if m not in MODES]
+            if bad or not modes:
+                raise StudyError(f"--modes {a.modes!r}: use one or more of {', '.join(MODES)}")
+        repeats = a.repeats if a.repeats is not None else plan.repeats
+        if not 1 <= repeats <= 100:
+            raise StudyError(f"--repeats {repeats}: from 1 to 100")
+        if a.scheduler != "local" and not a.inside:
+            return submit(plan, out, a.scheduler, a)
+        return run_here(plan, out, a.launcher or "mpirun", modes, repeats, a.recalibrate)
+    except StudyError as e:
+        print(f"trainscope-study coalloc: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"trainscope-study coalloc: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trainscope-study coalloc: interrupted; the jobs it started were killed",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
