@@ -782,7 +782,7 @@ def summarise(results: dict) -> list[dict]:
 def _split_text(p: dict) -> str:
     if "split" in p:
         return " + ".join(f"{k} {v}" for k, v in p["split"].items())
-    return "; ".join(f"{ph["t"]:.0f} s: " + " + ".join(f"{k} {v}" for k, v in ph["alloc"].items())
+    return "; ".join(f"{ph['t']:.0f} s: " + " + ".join(f"{k} {v}" for k, v in ph["alloc"].items())
                       for ph in p["phases"])
 
 
