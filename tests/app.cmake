@@ -2,7 +2,8 @@
 #   e2e_app       the real binary under mpirun, checked from Python (h5py, h5dump)   label e2e
 #   e2e_bad_input tests/e2e/test_bad_input.py: the bad-input table, full/read-only disks  label e2e
 #   e2e_faults    tests/e2e/test_faults.py: killed ranks, signals, checkpoint/resume, watchdog  label e2e
-#   e2e_elastic   tests/e2e/test_elastic.py: --resume on another rank count  label e2e
+#   e2e_elastic   tests/e2e/test_elastic.py, test_coalloc.py: --resume on another rank count, and
+#                 co-allocated jobs resized by it  label e2e
 #   python_tests  tests/python: run files from helper programs, the postprocess package  label python
 #   jobscripts_tests  tests/jobscripts: job scripts, sweep generator, real Slurm  label jobscripts
 if(TRAINSCOPE_PYTHON)
@@ -11,7 +12,8 @@ if(TRAINSCOPE_PYTHON)
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_faults.py
-            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_elastic.py ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
+            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_elastic.py
+            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_coalloc.py ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
   set_tests_properties(e2e_app PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # Faults (issue 8): a killed rank, signals + checkpoint + --resume equality, the watchdog,
@@ -22,10 +24,12 @@ if(TRAINSCOPE_PYTHON)
   set_tests_properties(e2e_faults PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # Elastic resume (issue 27): 2-rank checkpoints resumed on 1 and 4 ranks against uninterrupted
-  # runs; -s keeps the measured loss and weight differences in the ctest log.
+  # runs; -s keeps the measured loss and weight differences in the ctest log. Then a
+  # co-allocation (trainscope-study coalloc) whose dynamic mode shrinks and grows a job by it.
   add_test(NAME e2e_elastic
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -s -p no:cacheprovider
-            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_elastic.py)
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_elastic.py
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_coalloc.py)
   set_tests_properties(e2e_elastic PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # The bad-input table (and the full / read-only file system tests, which mount tmpfs as root):

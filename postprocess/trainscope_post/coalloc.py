@@ -156,6 +156,13 @@ def load_plan(path: Path) -> Plan:
     units = _int(path, "plan", doc, "units", hi=MAX_UNITS)
     upn = _int(path, "plan", doc, "units_per_node", default=units, hi=MAX_UNITS)
     repeats = _int(path, "plan", doc, "repeats", default=3, hi=100)
+    raw = doc.get("job", [])
+    if not isinstance(raw, list) or not 2 <= len(raw) <= MAX_JOBS:
+        raise _bad(path, f"give 2 to {MAX_JOBS} [[job]] tables (found "
+                   f"{len(raw) if isinstance(raw, list) else 'none'}): a co-allocation shares "
+                   "the units between jobs")
+    if units < len(raw):
+        raise _bad(path, f"units = {units} for {len(raw)} jobs: every job needs one unit at least")
     modes = doc.get("modes", list(MODES))
     if not isinstance(modes, list) or not modes or any(m not in MODES for m in modes) or \
             len(set(modes)) != len(modes):
@@ -175,13 +182,6 @@ def load_plan(path: Path) -> Plan:
     if not isinstance(binary, str) or _CONTROL.search(binary):
         raise _bad(path, f"binary {binary!r}: a one-line path")
     binary = Path(binary) if Path(binary).is_absolute() else (ROOT / binary)
-    raw = doc.get("job", [])
-    if not isinstance(raw, list) or not 2 <= len(raw) <= MAX_JOBS:
-        raise _bad(path, f"give 2 to {MAX_JOBS} [[job]] tables (found "
-                   f"{len(raw) if isinstance(raw, list) else 'none'}): a co-allocation shares "
-                   "the units between jobs")
-    if units < len(raw):
-        raise _bad(path, f"units = {units} for {len(raw)} jobs: every job needs one unit at least")
     jobs = []
     for i, j in enumerate(raw):
         where = f"job {i + 1}"

@@ -245,6 +245,22 @@ def test_watchdog_names_the_stalled_rank_and_ends_the_job(tmp_path):
         assert text(f.attrs["status"]) == "running"
 
 
+def test_signal_during_start_up_stops_after_the_first_iteration(tmp_path):
+    """A resize or pre-emption may come while the ranks still load data and build the model: the
+    signal is kept (not fatal), the run stops after iteration 0 with a checkpoint, exit 0."""
+    ckpt = tmp_path / "ckpt"
+    job = Job(2, *SHORT, "--train.max_iters=50", f"--checkpoint.dir={ckpt}",
+              f"--output.file={tmp_path}/x.h5")
+    job.wait_for("placement:")  # every rank is inside main, before any iteration
+    assert not any("iter 1/" in line for line in job.lines)
+    job.proc.send_signal(signal.SIGUSR1)
+    assert job.wait(120) == 0, job.output
+    assert "stopped after iteration 0 with a checkpoint" in job.output
+    assert [d.name for d in ckpt.iterdir()] == ["ckpt-000000001"]
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        assert text(f.attrs["status"]) == "interrupted"
+
+
 def test_second_signal_exits_at_once(tmp_path):
     job = Job(2, *SHORT, "--train.max_iters=50", "--run.iteration_timeout=0",
               f"--output.file={tmp_path}/x.h5",
