@@ -377,3 +377,113 @@ def test_gpu_check_runs_up_to_the_gpu_and_says_what_it_skipped(tmp_path):
         assert f"SKIPPED (no GPU): {step}" in out, out
     proc = subprocess.run([ROOT / "scripts/gpu-check", "--bogus"], capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown argument '--bogus'" in proc.stderr
+
+
+# --- co-allocation (trainscope_post/coalloc.py) through jobscripts/study coalloc -------------------
+STUDY = ROOT / "jobscripts" / "study"
+COALLOC_PLAN = ROOT / "inputs" / "coalloc" / "arrival-cpu.toml"
+
+
+def coalloc(*args, env=None, timeout=300):
+    proc = subprocess.run([sys.executable, str(STUDY), "coalloc", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def coalloc_plan(tmp_path: Path) -> Path:
+    """The shipped plan, or a copy of it naming this suite's binary when TRAINSCOPE_BUILD_DIR is
+    not the default build (relative config paths fall back to the repository root)."""
+    if BINARY.resolve() == (ROOT / "build" / "app" / "trainscope").resolve():
+        return COALLOC_PLAN.relative_to(ROOT)
+    copy = tmp_path / COALLOC_PLAN.name
+    copy.write_text(f"binary = {json.dumps(str(BINARY))}\n" + COALLOC_PLAN.read_text())
+    return copy
+
+
+def coalloc_logs(out: Path, lines: int = 25) -> str:
+    """The batch job's output and the tail of every launch's log, for assertion messages."""
+    text = [f"--- {f}\n{f.read_text(errors='replace')}" for f in sorted(out.glob("slurm-*.out"))]
+    for f in sorted(out.rglob("seg*.log")):
+        tail = "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
+        text.append(f"--- {f.relative_to(out)} (last {lines} lines)\n{tail}")
+    return "\n".join(text) or f"(no slurm-*.out or seg*.log under {out})"
+
+
+def iterations_done(path) -> list[int]:
+    """Rank 0's iteration numbers in a run file; every rank has the same."""
+    with h5py.File(path, "r") as f:
+        it = f["iterations/iteration"][...]
+        rows = int(f["iterations"].attrs["rows"])
+        ranks = int(f.attrs["world_size"])
+    assert it.shape[0] == ranks and it.shape[1] >= rows, (path, it.shape, ranks, rows)
+    it = it[:, :rows].astype(int)
+    assert (it == it[0]).all(), (path, it)
+    return it[0].tolist()
+
+
+def test_coalloc_slurm_runs_jobs_as_steps_of_one_allocation(slurm, tmp_path):
+    """--scheduler slurm: one batch job holds the plan's 2 units; inside it the calibration and
+    every mode's launches are `srun --exclusive` job steps, and the dynamic mode resizes the LLM
+    job (2 -> 1 rank when the CV job arrives, back to 2 when it ends) by SIGUSR1 to its srun,
+    which forwards it to the ranks (checkpoint, exit 0, status interrupted) and --resume."""
+    out = tmp_path / "coalloc"
+    t0 = time.monotonic()
+    p = coalloc(coalloc_plan(tmp_path), "--scheduler", "slurm", "--out", out, "--modes",
+                "equal,dynamic", "--repeats", "1", "--time", "00:20:00", env=slurm)
+    sched, job = (out / "job.id").read_text().split()
+    assert sched == "slurm" and job.isdigit(), p.stdout + p.stderr
+    wait_for_jobs(slurm, [job], timeout=1200)
+    print(f"coalloc Slurm job {job}: {time.monotonic() - t0:.0f} s from submission to its end")
+    logs = coalloc_logs(out)
+    assert (out / "results.json").is_file(), logs
+    res = json.loads((out / "results.json").read_text())
+    assert res["setup"]["launcher"] == "srun", logs
+    assert res["setup"]["slurm_job"] == job, (res["setup"], logs)
+    runs = {r["mode"]: r for r in res["runs"]}
+    assert set(runs) == {"equal", "dynamic"}, (list(runs), logs)
+    for mode, r in runs.items():
+        bad = [s for s in r["segments"] if s["exit"] != 0]
+        assert not bad, (mode, bad, logs)
+
+    dyn = runs["dynamic"]["segments"]
+    llm = sorted((s for s in dyn if s["job"] == "llm"), key=lambda s: s["segment"])
+    got = [(s["ranks"], s["resumed"], s["status"]) for s in llm]
+    assert got == [(2, False, "interrupted"), (1, True, "interrupted"), (2, True, "completed")], \
+        (got, logs)
+    done = [i for s in llm for i in iterations_done(s["run_file"])]
+    assert done == list(range(140)), (done, logs)  # no iteration repeated or skipped
+    cv = [s for s in dyn if s["job"] == "cv"]
+    assert cv and cv[-1]["status"] == "completed", (cv, logs)
+    assert "cv" in runs["dynamic"]["job_end_s"], logs
+    assert (out / "report.md").is_file() and (out / "timeline.png").is_file(), logs
+
+
+def test_coalloc_batch_scripts_render(tmp_path):
+    """--dry-run renders the Slurm and PBS batch scripts (one allocation of the plan's units that
+    runs the executor inside it with srun steps, or mpirun on the chunk's cores) and submits
+    nothing."""
+    plan = COALLOC_PLAN.relative_to(ROOT)
+    cases = {"slurm": ("coalloc.sbatch", "--directive=--partition=gpu",
+                       ["#SBATCH --ntasks=2", "#SBATCH --cpus-per-task=1",
+                        "#SBATCH --time=00:20:00", "#SBATCH --partition=gpu",
+                        "--launcher srun"]),
+             "pbs": ("coalloc.pbs", "--directive=-q debug",
+                     ["#PBS -l select=1:ncpus=2:mpiprocs=2", "#PBS -l walltime=00:20:00",
+                      "#PBS -q debug", "--launcher mpirun"])}
+    for sched, (name, directive, lines) in cases.items():
+        out = tmp_path / sched
+        p = coalloc(plan, "--scheduler", sched, "--out", out, "--modes", "equal,dynamic",
+                    "--repeats", "1", "--time", "00:20:00", directive, "--dry-run")
+        assert "nothing submitted" in p.stdout, p.stdout
+        script = out / name
+        assert script.is_file(), p.stdout
+        text = script.read_text()
+        check = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr + text
+        for line in lines:
+            assert line in text, (line, text)
+        assert f"-m trainscope_post.coalloc {COALLOC_PLAN} --out {out} --inside" in text, text
+        assert "--modes equal,dynamic --repeats 1" in text, text
+        assert not (out / "job.id").exists()
+        assert not list(out.glob("*.out")) and not (out / "results.json").exists()
