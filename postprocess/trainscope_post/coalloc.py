@@ -436,6 +436,15 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
     from .study import load
     models = []
     n = plan.calibration_iterations
+    # One discarded launch first: the first launch on a machine (or the first job step of an
+    # allocation) pays for loading the libraries from disk, which no later launch does.
+    d = out / "calibration" / "warm-up"
+    _clean(d)
+    log("calibration: warm-up launch (discarded) ...")
+    seg = launcher.start(plan.jobs[0], 0, 1, [0], 2, d, resume=False)
+    _wait(seg, STOP_TIMEOUT_S * 4)
+    if seg.rc != 0:
+        raise _failed(seg, f"failed in its warm-up launch (exit {seg.rc}, {seg.status})")
     for job in plan.jobs:
         counts = [r for r in plan.calibration_ranks if r in job.counts(plan.units)]
         base = out / "calibration" / job.name
@@ -469,8 +478,13 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
         _clean(d)
         log(f"calibrating {job.name}: resize probe {lo} -> {hi} rank(s) ...")
         seg = launcher.start(job, 0, lo, list(range(lo)), 2 * n, d, resume=False)
-        while seg.proc.poll() is None and time.monotonic() < seg.t_launch + startup[lo] + \
-                n * step[lo]:
+        # Stopped about half-way, timed from this launch's own start (every rank in main), not
+        # from the start-up measured above: the first launch of an allocation can start seconds
+        # slower (a first srun step), and a probe timed from it would end before the signal.
+        while seg.proc.poll() is None and not _started(seg):
+            time.sleep(0.02)
+        t_main = time.monotonic()
+        while seg.proc.poll() is None and time.monotonic() < t_main + n * step[lo]:
             time.sleep(0.02)
         _stop(seg)
         _wait(seg, STOP_TIMEOUT_S)
@@ -890,8 +904,20 @@ def _plan_json(plan: Plan) -> dict:
             "binary": str(plan.binary), "jobs": [j.to_json() for j in plan.jobs]}
 
 
+def save_calibration(out: Path, plan: Plan, launcher_kind: str, models: list[JobModel]) -> Path:
+    """<out>/calibration.json: the job models, and what they were measured for (the jobs, the
+    calibration settings, the units and the launcher); reused while all of these match."""
+    pj = _plan_json(plan)
+    f = out / "calibration.json"
+    out.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({**{k: pj[k] for k in ("jobs", "calibration", "units")},
+                             "launcher": launcher_kind,
+                             "models": [m.to_json() for m in models]}, indent=1))
+    return f
+
+
 def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeats: int,
-             recalibrate: bool) -> int:
+             recalibrate: bool, plan_only: bool = False) -> int:
     launcher = Launcher(launcher_kind, plan.binary, plan.units)
     out.mkdir(parents=True, exist_ok=True)
     cal_file = out / "calibration.json"
@@ -908,12 +934,13 @@ def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeat
             print(f"calibration: {cal_file} unreadable; measuring again")
     if models is None:
         models = calibrate(plan, out, launcher)
-        cal_file.write_text(json.dumps({**{k: pj[k] for k in ("jobs", "calibration", "units")},
-                                        "launcher": launcher_kind,
-                                        "models": [m.to_json() for m in models]}, indent=1))
+        save_calibration(out, plan, launcher_kind, models)
     pred = predict(models, plan.units)
     for mode in MODES:
         print(f"predicted {mode:8s} {pred[mode]['makespan_s']:8.1f} s  {_split_text(pred[mode])}")
+    if plan_only:
+        print(f"calibration: {cal_file}; nothing run (--plan-only)")
+        return 0
     results = {"plan": pj, "setup": _setup(launcher_kind), "models": [m.to_json() for m in models],
                "predicted": pred, "runs": []}
     todo = [m for m in modes if not (m == "static" and pred["static"]["same_as_equal"] and
@@ -983,6 +1010,8 @@ def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
         extra_args += ["--repeats", str(a.repeats)]
     if a.recalibrate:
         extra_args.append("--recalibrate")
+    if a.plan_only:
+        extra_args.append("--plan-only")
     for d in a.directive:
         if _CONTROL.search(d):
             raise StudyError(f"--directive {d!r}: one line")
@@ -1026,6 +1055,9 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, help="runs of each mode (default: the plan's)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the jobs again even if calibration.json matches the plan")
+    p.add_argument("--plan-only", action="store_true",
+                   help="calibrate (or reuse the calibration) and print every mode's predicted "
+                        "split and makespan; run no mode")
     p.add_argument("--time", default="01:00:00", help="slurm/pbs: walltime (HH:MM:SS)")
     p.add_argument("--directive", action="append", default=[],
                    help="slurm/pbs: an extra #SBATCH/#PBS line, e.g. --directive=--partition=gpu")
@@ -1056,7 +1088,8 @@ def main(argv=None) -> int:
             raise StudyError(f"--repeats {repeats}: from 1 to 100")
         if a.scheduler != "local" and not a.inside:
             return submit(plan, out, a.scheduler, a)
-        return run_here(plan, out, a.launcher or "mpirun", modes, repeats, a.recalibrate)
+        return run_here(plan, out, a.launcher or "mpirun", modes, repeats, a.recalibrate,
+                        a.plan_only)
     except StudyError as e:
         print(f"trainscope-study coalloc: {e}", file=sys.stderr)
         return 2

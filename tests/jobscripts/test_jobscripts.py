@@ -379,7 +379,7 @@ def test_gpu_check_runs_up_to_the_gpu_and_says_what_it_skipped(tmp_path):
     assert proc.returncode == 2 and "unknown argument '--bogus'" in proc.stderr
 
 
-# --- co-allocation (trainscope_post/coalloc.py) through jobscripts/study coalloc -------------------
+# --- co-allocation (trainscope_post/coalloc.py) through jobscripts/study coalloc ------------------
 STUDY = ROOT / "jobscripts" / "study"
 COALLOC_PLAN = ROOT / "inputs" / "coalloc" / "arrival-cpu.toml"
 
@@ -399,6 +399,24 @@ def coalloc_plan(tmp_path: Path) -> Path:
     copy = tmp_path / COALLOC_PLAN.name
     copy.write_text(f"binary = {json.dumps(str(BINARY))}\n" + COALLOC_PLAN.read_text())
     return copy
+
+
+# Per job: seconds per iteration by rank count, start-up by rank count, stop, restore: what the
+# calibration measures for the arrival plan's jobs as srun steps on this machine when it is idle.
+COALLOC_MODELS = {"llm": ({1: 0.2, 2: 0.1}, {1: 1.2, 2: 1.5}, 0.4, 0.1),
+                  "cv": ({1: 0.16, 2: 0.1}, {1: 1.5, 2: 1.5}, 0.4, 0.1)}
+
+
+def seed_coalloc_calibration(plan: Path, out: Path, launcher: str) -> None:
+    """calibration.json in `out` that the executor reuses for `plan` (same jobs, calibration,
+    units and launcher): the models of COALLOC_MODELS instead of measured ones."""
+    if str(ROOT / "postprocess") not in sys.path:
+        sys.path.insert(0, str(ROOT / "postprocess"))
+    from trainscope_post.coalloc import JobModel, load_plan, save_calibration
+    spec = load_plan(ROOT / plan)
+    save_calibration(out, spec, launcher, [
+        JobModel(j.name, j.iterations, j.arrive, sorted(COALLOC_MODELS[j.name][0]),
+                 *COALLOC_MODELS[j.name]) for j in spec.jobs])
 
 
 def coalloc_logs(out: Path, lines: int = 25) -> str:
@@ -423,38 +441,51 @@ def iterations_done(path) -> list[int]:
 
 
 def test_coalloc_slurm_runs_jobs_as_steps_of_one_allocation(slurm, tmp_path):
-    """--scheduler slurm: one batch job holds the plan's 2 units; inside it the calibration and
-    every mode's launches are `srun --exclusive` job steps, and the dynamic mode resizes the LLM
-    job (2 -> 1 rank when the CV job arrives, back to 2 when it ends) by SIGUSR1 to its srun,
-    which forwards it to the ranks (checkpoint, exit 0, status interrupted) and --resume."""
+    """--scheduler slurm: one batch job holds the plan's 2 units; inside it every mode's launches
+    are `srun --exclusive` job steps, and the dynamic mode resizes the LLM job (2 -> 1 rank when
+    the CV job arrives, back to 2 when it ends) by SIGUSR1 to its srun, which forwards it to the
+    ranks (checkpoint, exit 0, status interrupted), and an elastic --resume on the new count."""
     out = tmp_path / "coalloc"
     t0 = time.monotonic()
-    p = coalloc(coalloc_plan(tmp_path), "--scheduler", "slurm", "--out", out, "--modes",
-                "equal,dynamic", "--repeats", "1", "--time", "00:20:00", env=slurm)
+    # The models are given, not calibrated here: which split the planner picks follows from the
+    # speeds measured, and on this shared 2-core machine they vary too much for a fixed choice.
+    # Idle, the LLM job runs 2 ranks at 0.1 s/iteration and 1 rank at 0.2 s: starting it on 2
+    # ranks and shrinking it when the CV job arrives is worth the extra resize, and the planner
+    # does so. Loaded (another process on one of the cores), 2 ranks of it are no faster than 1,
+    # and the planner rightly keeps it on 1 rank from the start: no resize to test. Calibrating
+    # (the resize probe included) is tested by tests/e2e/test_coalloc.py, with mpirun.
+    plan = coalloc_plan(tmp_path)
+    seed_coalloc_calibration(plan, out, "srun")
+    p = coalloc(plan, "--scheduler", "slurm", "--out", out, "--modes", "equal,dynamic",
+                "--repeats", "1", "--time", "00:20:00", env=slurm)
     sched, job = (out / "job.id").read_text().split()
     assert sched == "slurm" and job.isdigit(), p.stdout + p.stderr
     wait_for_jobs(slurm, [job], timeout=1200)
     print(f"coalloc Slurm job {job}: {time.monotonic() - t0:.0f} s from submission to its end")
     logs = coalloc_logs(out)
     assert (out / "results.json").is_file(), logs
+    assert "calibration: reusing" in logs, logs
     res = json.loads((out / "results.json").read_text())
+    assert [ph["alloc"] for ph in res["predicted"]["dynamic"]["phases"]] == [
+        {"llm": 2}, {"llm": 1, "cv": 1}, {"llm": 2}], f"{res['predicted']['dynamic']}\n{logs}"
     assert res["setup"]["launcher"] == "srun", logs
-    assert res["setup"]["slurm_job"] == job, (res["setup"], logs)
+    assert res["setup"]["slurm_job"] == job, f"{res['setup']}\n{logs}"
     runs = {r["mode"]: r for r in res["runs"]}
-    assert set(runs) == {"equal", "dynamic"}, (list(runs), logs)
+    assert set(runs) == {"equal", "dynamic"}, f"{list(runs)}\n{logs}"
     for mode, r in runs.items():
         bad = [s for s in r["segments"] if s["exit"] != 0]
-        assert not bad, (mode, bad, logs)
+        assert not bad, f"{mode}: {bad}\n{logs}"
 
     dyn = runs["dynamic"]["segments"]
     llm = sorted((s for s in dyn if s["job"] == "llm"), key=lambda s: s["segment"])
     got = [(s["ranks"], s["resumed"], s["status"]) for s in llm]
     assert got == [(2, False, "interrupted"), (1, True, "interrupted"), (2, True, "completed")], \
-        (got, logs)
+        f"{got}\n{logs}"
+    total = next(j["iterations"] for j in res["plan"]["jobs"] if j["name"] == "llm")
     done = [i for s in llm for i in iterations_done(s["run_file"])]
-    assert done == list(range(140)), (done, logs)  # no iteration repeated or skipped
+    assert done == list(range(total)), f"{done}\n{logs}"  # no iteration repeated or skipped
     cv = [s for s in dyn if s["job"] == "cv"]
-    assert cv and cv[-1]["status"] == "completed", (cv, logs)
+    assert cv and cv[-1]["status"] == "completed", f"{cv}\n{logs}"
     assert "cv" in runs["dynamic"]["job_end_s"], logs
     assert (out / "report.md").is_file() and (out / "timeline.png").is_file(), logs
 

@@ -60,7 +60,7 @@ void declare_options(core::OptionRegistry& r) {
                  "train.batch_size / train.global_batch_size as given");
     r.add_int("run.global_batch", 0,
               "run.scaling=strong: samples per iteration over all ranks, the same at every point "
-              "(must divide by the ranks)",
+              "(must divide by the ranks; per micro-batch under llm.gradient_accumulation)",
               0, 1 << 30);
     r.add_int("run.batch_per_rank", 0,
               "run.scaling=weak: samples per rank per iteration, the same at every point", 0,
