@@ -264,13 +264,13 @@ class Launcher:
     """Starts a job's segment on given logical units: mpirun bound to the matching cores of this
     machine, or an exclusive srun step of the enclosing Slurm allocation."""
 
-    def __init__(self, kind: str, binary: Path, units: int):
+    def __init__(self, kind: str, binary: Path, units: int, gpus: bool = False):
         if kind not in LAUNCHERS:
             raise StudyError(f"--launcher {kind!r}: use one of {', '.join(LAUNCHERS)}")
         if not binary.is_file():
             raise StudyError(f"binary {binary}: not built (scripts/build), or set `binary` in "
                              "the plan")
-        self.kind, self.binary = kind, binary
+        self.kind, self.binary, self.gpus = kind, binary, gpus
         self.cores: list[int] = []
         if kind == "mpirun":
             allowed = sorted(os.sched_getaffinity(0))
@@ -300,6 +300,7 @@ class Launcher:
                      ",".join(map(str, cores)), "--bind-to", "core", "-np", str(ranks), *args],
                     cores)
         return (["srun", "--exclusive", "--exact", "-n", str(ranks), "--cpus-per-task=1",
+                 *(["--gpus-per-task=1"] if self.gpus else []),
                  "--cpu-bind=cores", "--mpi=pmix", "--kill-on-bad-exit=1",
                  f"--job-name={job.name}", *args], [])
 
@@ -315,8 +316,12 @@ class Launcher:
             fh.write("# " + shlex.join(cmd) + "\n")
             fh.flush()
             t = time.monotonic()
+            # GPUs under mpirun: unit u is GPU u of the node, so that two jobs never share one
+            # (each job's ranks then bind to the GPUs they see, in local rank order).
+            extra = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, units))} \
+                if self.gpus and self.kind == "mpirun" else {}
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    env=launch_env(OMP_NUM_THREADS="1"),
+                                    env=launch_env(OMP_NUM_THREADS="1", **extra),
                                     start_new_session=True)
         return Segment(job.name, index, ranks, list(units), run_file, log, resume, t, proc,
                        cores=cores)
@@ -886,11 +891,12 @@ def _markdown(df) -> str:
 
 
 # --- command line ---------------------------------------------------------------------------------
-def _setup(launcher: str) -> dict:
+def _setup(launcher: str, gpus: bool = False) -> dict:
     import datetime
     import platform
-    unit = "one core per rank, mpirun --cpu-set/--bind-to core" if launcher == "mpirun" else \
-        "one CPU (or GPU) per rank, srun --exclusive job steps"
+    unit = ("one GPU per rank" if gpus else "one core per rank") + (
+        ", mpirun --cpu-set/--bind-to core" if launcher == "mpirun" else
+        ", srun --exclusive job steps")
     return {"launcher": launcher, "unit": unit, "host": platform.node(),
             "cores": os.cpu_count(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
@@ -917,8 +923,8 @@ def save_calibration(out: Path, plan: Plan, launcher_kind: str, models: list[Job
 
 
 def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeats: int,
-             recalibrate: bool, plan_only: bool = False) -> int:
-    launcher = Launcher(launcher_kind, plan.binary, plan.units)
+             recalibrate: bool, plan_only: bool = False, gpus: bool = False) -> int:
+    launcher = Launcher(launcher_kind, plan.binary, plan.units, gpus)
     out.mkdir(parents=True, exist_ok=True)
     cal_file = out / "calibration.json"
     pj = _plan_json(plan)
@@ -941,7 +947,7 @@ def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeat
     if plan_only:
         print(f"calibration: {cal_file}; nothing run (--plan-only)")
         return 0
-    results = {"plan": pj, "setup": _setup(launcher_kind), "models": [m.to_json() for m in models],
+    results = {"plan": pj, "setup": _setup(launcher_kind, gpus), "models": [m.to_json() for m in models],
                "predicted": pred, "runs": []}
     todo = [m for m in modes if not (m == "static" and pred["static"]["same_as_equal"] and
                                      "equal" in modes)]
@@ -971,35 +977,32 @@ def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeat
     return 0
 
 
+_BATCH_BODY = """
+set -euo pipefail
+cd {root}
+export PYTHONPATH={root}/postprocess${{PYTHONPATH:+:$PYTHONPATH}}
+exec {python} -m trainscope_post.coalloc {plan} --out {out} --inside --launcher {launcher} {args}
+"""
 SLURM_TEMPLATE = """#!/bin/bash
 #SBATCH --job-name=coalloc-{name}
 #SBATCH --ntasks={units}
 #SBATCH --cpus-per-task=1
-#SBATCH --time={time}
+{gpus}#SBATCH --time={time}
 #SBATCH --output={out}/slurm-%j.out
 {extra}
 # One allocation for all jobs of the co-allocation: each launch is an `srun --exclusive` job step
-# on its share of the allocation's CPUs/GPUs (rendered by jobscripts/study coalloc).
-set -euo pipefail
-cd {root}
-export PYTHONPATH={root}/postprocess${{PYTHONPATH:+:$PYTHONPATH}}
-exec {python} -m trainscope_post.coalloc {plan} --out {out} --inside --launcher srun {args}
-"""
+# on its share of the allocation's CPUs/GPUs (rendered by jobscripts/study coalloc).""" + _BATCH_BODY
 
 PBS_TEMPLATE = """#!/bin/bash
 #PBS -N coalloc-{name}
-#PBS -l select=1:ncpus={units}:mpiprocs={units}
+#PBS -l select=1:ncpus={units}:mpiprocs={units}{gpus}
 #PBS -l walltime={time}
 #PBS -j oe
 #PBS -o {out}/pbs.out
 {extra}
 # PBS has no job steps: the jobs of the co-allocation run as concurrent mpirun launches on
-# disjoint cores of the one chunk (the executor reads the cores PBS's cpuset allows).
-set -euo pipefail
-cd {root}
-export PYTHONPATH={root}/postprocess${{PYTHONPATH:+:$PYTHONPATH}}
-exec {python} -m trainscope_post.coalloc {plan} --out {out} --inside --launcher mpirun {args}
-"""
+# disjoint cores (and GPUs) of the one chunk (the executor reads the cores PBS's cpuset allows).""" \
+    + _BATCH_BODY
 
 
 def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
@@ -1012,6 +1015,8 @@ def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
         extra_args.append("--recalibrate")
     if a.plan_only:
         extra_args.append("--plan-only")
+    if a.gpus:
+        extra_args.append("--gpus")
     for d in a.directive:
         if _CONTROL.search(d):
             raise StudyError(f"--directive {d!r}: one line")
@@ -1020,7 +1025,10 @@ def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
         name=plan.name, units=plan.units, time=a.time, out=shlex.quote(str(out)),
         root=shlex.quote(str(ROOT)), python=shlex.quote(sys.executable),
         plan=shlex.quote(str(plan.path)), args=shlex.join(extra_args),
-        extra="\n".join(prefix + d for d in a.directive))
+        extra="\n".join(prefix + d for d in a.directive),
+        launcher="srun" if scheduler == "slurm" else "mpirun",
+        gpus=("#SBATCH --gpus-per-task=1\n" if scheduler == "slurm" else f":ngpus={plan.units}")
+        if a.gpus else "")
     out.mkdir(parents=True, exist_ok=True)
     script = out / ("coalloc.sbatch" if scheduler == "slurm" else "coalloc.pbs")
     script.write_text(text)
@@ -1055,6 +1063,10 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, help="runs of each mode (default: the plan's)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the jobs again even if calibration.json matches the plan")
+    p.add_argument("--gpus", action="store_true",
+                   help="units are GPUs: one GPU per rank (Slurm --gpus-per-task=1 for the "
+                        "allocation and every step; PBS ngpus; mpirun: CUDA_VISIBLE_DEVICES = "
+                        "the launch's units)")
     p.add_argument("--plan-only", action="store_true",
                    help="calibrate (or reuse the calibration) and print every mode's predicted "
                         "split and makespan; run no mode")
@@ -1089,7 +1101,7 @@ def main(argv=None) -> int:
         if a.scheduler != "local" and not a.inside:
             return submit(plan, out, a.scheduler, a)
         return run_here(plan, out, a.launcher or "mpirun", modes, repeats, a.recalibrate,
-                        a.plan_only)
+                        a.plan_only, a.gpus)
     except StudyError as e:
         print(f"trainscope-study coalloc: {e}", file=sys.stderr)
         return 2

@@ -518,3 +518,11 @@ def test_coalloc_batch_scripts_render(tmp_path):
         assert "--modes equal,dynamic --repeats 1" in text, text
         assert not (out / "job.id").exists()
         assert not list(out.glob("*.out")) and not (out / "results.json").exists()
+        assert "gpus" not in text
+        # --gpus: one GPU per unit, for the allocation and (Slurm) every step
+        coalloc(plan, "--scheduler", sched, "--out", out, "--gpus", "--dry-run")
+        text = script.read_text()
+        assert ("#SBATCH --gpus-per-task=1" if sched == "slurm" else
+                "select=1:ncpus=2:mpiprocs=2:ngpus=2") in text, text
+        assert "--inside --launcher " + ("srun" if sched == "slurm" else "mpirun") + \
+            " --gpus" in text, text

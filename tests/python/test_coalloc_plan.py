@@ -164,3 +164,23 @@ def test_a_plan_that_is_not_a_regular_file_is_refused(tmp_path):
         load_plan(fifo)
     with pytest.raises(StudyError, match="no such plan file"):
         load_plan(tmp_path / "missing.toml")
+
+
+def test_gpu_units_under_mpirun_are_the_launch_s_visible_devices(tmp_path):
+    """--gpus with mpirun (here, or inside a PBS chunk): unit u is GPU u, so two jobs launched on
+    disjoint units never see the same GPU; the cores are bound the same way as without GPUs."""
+    import os
+    from trainscope_post.coalloc import JobSpec, Launcher, _wait
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    exe = tmp_path / "fake_trainscope"
+    exe.write_text("#!/bin/sh\necho \"CVD=$CUDA_VISIBLE_DEVICES cpus=$(taskset -cp $$)\"\n")
+    exe.chmod(0o755)
+    spec = JobSpec("j", [tmp_path / "x.ini"], 2, 2)
+    for gpus, want in ((True, "CVD=1 "), (False, "CVD= ")):
+        seg = Launcher("mpirun", exe, 2, gpus=gpus).start(spec, 0, 1, [1], 2, tmp_path / str(gpus),
+                                                          resume=False)
+        _wait(seg, 60)
+        log = seg.log.read_text()
+        assert seg.rc == 0 and want in log, log
+        assert "--cpu-set 1" in log.splitlines()[0] and log.rstrip().endswith(": 1"), log
