@@ -1050,6 +1050,28 @@ def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
     return 0
 
 
+# What a co-allocation writes in --out; each run deletes and rewrites its own parts of it.
+_OURS = {"calibration", "calibration.json", "results.json", "report.md", "timeline.png",
+         "coalloc.sbatch", "coalloc.pbs", "job.id", "pbs.out", *MODES}
+
+
+def check_out(out: Path) -> None:
+    """--out must be new, empty, or a co-allocation's own directory: the executor deletes and
+    rewrites <out>/<mode>/rep<r> and <out>/calibration, so a directory of anything else is
+    refused, never cleaned."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise StudyError(f"--out {out}: exists and is not a directory; give a new directory")
+    other = sorted(p.name for p in out.iterdir()
+                   if p.name not in _OURS and not re.fullmatch(r"slurm-\d+\.out", p.name))
+    if other:
+        raise StudyError(f"--out {out}: holds {', '.join(other[:5])}"
+                         f"{' ...' if len(other) > 5 else ''}, which a co-allocation did not "
+                         "write (it deletes and rewrites its own files there); give a new or "
+                         "empty directory, or an earlier co-allocation's")
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(
         prog="trainscope-study coalloc", description=__doc__,
@@ -1087,8 +1109,7 @@ def main(argv=None) -> int:
             raise StudyError(f"--out {str(a.out)!r}: a plain directory name, one line")
         plan = load_plan(a.plan)
         out = (a.out or ROOT / "coalloc" / plan.name).resolve()
-        if out.exists() and not out.is_dir():
-            raise StudyError(f"--out {out}: exists and is not a directory")
+        check_out(out)
         modes = plan.modes
         if a.modes:
             modes = [m.strip() for m in a.modes.split(",") if m.strip()]

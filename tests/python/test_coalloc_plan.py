@@ -184,3 +184,22 @@ def test_gpu_units_under_mpirun_are_the_launch_s_visible_devices(tmp_path):
         log = seg.log.read_text()
         assert seg.rc == 0 and want in log, log
         assert "--cpu-set 1" in log.splitlines()[0] and log.rstrip().endswith(": 1"), log
+
+
+def test_out_holding_other_files_is_refused_and_left_alone(tmp_path, capsys):
+    from trainscope_post.coalloc import main
+    out = tmp_path / "home"
+    out.mkdir()
+    (out / "thesis.tex").write_text("keep me")
+    (out / "equal").mkdir()
+    plan = ROOT / "inputs" / "coalloc" / "arrival-cpu.toml"
+    assert main([str(plan), "--out", str(out), "--plan-only"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out}: holds thesis.tex, which a co-allocation did not write" in err
+    assert (out / "thesis.tex").read_text() == "keep me" and (out / "equal").is_dir()
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main([str(plan), "--out", str(f), "--plan-only"]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main([str(plan), "--out", str(tmp_path / "x\ny")]) == 2
+    assert "one line" in capsys.readouterr().err
