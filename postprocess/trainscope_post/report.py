@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from . import advise, model, plots
-from .study import (NOT_COVERED, NOT_REPRODUCED, REPRODUCED, Study, StudyError, comm_table,
-                    curves_tables, describe_group, execution_table, findings_table,
+from .findings import NOT_COVERED, NOT_REPRODUCED, REPRODUCED, findings_table
+from .study import (Study, StudyError, comm_table,
+                    curves_tables, describe_group, execution_table,
                     group_by_config,
                     imbalance_table, label, memory_table, phase_table, profile_table,
                     scaling_table, step_matrix, summary_table, telemetry_table, top_ops_table)

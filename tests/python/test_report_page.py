@@ -19,7 +19,8 @@ from PIL import Image
 
 from conftest import ROOT, run
 from trainscope_post.report import SECTIONS, section_id, write_report
-from trainscope_post.study import FINDINGS, load
+from trainscope_post.findings import load_findings
+from trainscope_post.study import load
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -114,7 +115,7 @@ def test_report_page_renders_with_every_figure_and_a_verdict_per_finding(page_st
     rows = {key: (verdict, htmllib.unescape(evidence)) for key, verdict, evidence in re.findall(
         r"<tr id='finding-([\w-]+)'><td>.*?</td><td class='verdict \w+'>([\w ]+)</td>"
         r"<td>(.*?)</td></tr>", sec)}
-    assert set(rows) == {key for key, _ in FINDINGS}
+    assert set(rows) == {f["id"] for f in load_findings()}
     assert all(v in ("reproduced", "not reproduced", "not covered") for v, _ in rows.values())
     llm1 = {f"{m}-{p}": page_study / "llm1" / f"{m}-{p}.h5" for m, p in METHODS}
 
@@ -264,3 +265,24 @@ def test_report_of_a_200_run_study_is_folded_bounded_and_draws_within_60_s(tmp_p
     with Image.open(png) as im:
         g = np.asarray(im.convert("L"), dtype=np.float64)
     assert g.std() > 20 and (g < 128).mean() > 0.01
+
+
+@pytest.mark.parametrize("entry, words", [
+    ('id = "x"\nrule = "fastest"\ntext = "t"', "rule 'fastest' is not one of"),
+    ('id = "x"\nrule = "scales"\ntext = "t"\nparams = { strategy = "ddp" }',
+     "rule scales takes params strategy, min_efficiency; given strategy"),
+    ('id = "x"\nrule = "overhead_share"\ntext = "{share}"\n'
+     'params = { phases = ["data"], min_share = 5.0 }', "text quotes 'share'"),
+    ('id = "x"\nrule = "scales"\nverdict = "yes"\ntext = "t"', "unknown: verdict"),
+])
+def test_findings_table_entries_are_checked(tmp_path, entry, words):
+    """A finding is data (findings.toml): a wrong rule, parameter or placeholder is refused
+    naming the file and the finding, before any report is made."""
+    from trainscope_post.findings import load_findings
+    from trainscope_post.study import StudyError
+    f = tmp_path / "findings.toml"
+    f.write_text("[[finding]]\n" + entry + "\n")
+    with pytest.raises(StudyError) as e:
+        load_findings(f)
+    assert words in str(e.value) and f"{f}: finding 1 (x)" in str(e.value)
+    assert len(load_findings()) == 8  # the shipped table
