@@ -323,8 +323,10 @@ class Launcher:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
                                     env=launch_env(OMP_NUM_THREADS="1", **extra),
                                     start_new_session=True)
-        return Segment(job.name, index, ranks, list(units), run_file, log, resume, t, proc,
-                       cores=cores)
+        seg = Segment(job.name, index, ranks, list(units), run_file, log, resume, t, proc,
+                      cores=cores)
+        _LIVE.append(seg)
+        return seg
 
 
 def _started(seg: Segment) -> bool:
@@ -364,7 +366,25 @@ def checkpoint_iteration(ckpt: Path) -> int:
     return best
 
 
+# Launches not yet reaped: killed when the co-allocation ends early (an error, Ctrl-C, SIGTERM),
+# since each runs in its own session and would not get the terminal's signal.
+_LIVE: list[Segment] = []
+
+
+def kill_live() -> int:
+    n = 0
+    for seg in list(_LIVE):
+        if seg.proc and seg.proc.poll() is None:
+            _kill(seg)
+            seg.proc.wait()
+            n += 1
+        _LIVE.remove(seg)
+    return n
+
+
 def _finish(seg: Segment, rc: int) -> None:
+    if seg in _LIVE:
+        _LIVE.remove(seg)
     seg.t_end, seg.rc = time.monotonic(), rc
     seg.status = _run_status(seg.run_file)
 
@@ -379,11 +399,20 @@ def _wait(seg: Segment, timeout: float) -> None:
 
 
 def _kill(seg: Segment) -> None:
-    if seg.proc and seg.proc.poll() is None:
-        try:
-            os.killpg(seg.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """Ends a launch now: SIGTERM to mpirun/srun, which tear down the ranks they started (Open MPI
+    puts each rank in a process group of its own, so a signal to the launcher's group alone
+    would orphan them), then SIGKILL to whatever of the group is left after 5 s."""
+    if not seg.proc or seg.proc.poll() is not None:
+        return
+    seg.proc.send_signal(signal.SIGTERM)
+    try:
+        seg.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(seg.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _stop(seg: Segment) -> None:
@@ -1102,8 +1131,21 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
+def _sigterm(signum, frame):
+    raise KeyboardInterrupt  # a scheduler's cancel: end like Ctrl-C, the launches killed
+
+
 def main(argv=None) -> int:
     a = parse(argv)
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return _main(a)
+    finally:
+        kill_live()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(a) -> int:
     try:
         if a.out is not None and _CONTROL.search(str(a.out)):
             raise StudyError(f"--out {str(a.out)!r}: a plain directory name, one line")

@@ -203,3 +203,44 @@ def test_out_holding_other_files_is_refused_and_left_alone(tmp_path, capsys):
     assert "exists and is not a directory" in capsys.readouterr().err
     assert main([str(plan), "--out", str(tmp_path / "x\ny")]) == 2
     assert "one line" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_coallocation_leaves_no_launch_running(tmp_path, sig):
+    """Each launch runs in a session of its own (the terminal's Ctrl-C does not reach it): when
+    the executor is interrupted (Ctrl-C, or a scheduler's SIGTERM) it kills what it started."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    pidfile = tmp_path / "fake.pid"
+    exe = tmp_path / "fake_trainscope"
+    exe.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 300\n")
+    exe.chmod(0o755)
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'binary = "{exe}"\nunits = 2\n' + GOOD_JOBS)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "jobscripts" / "study"), "coalloc",
+                             str(plan), "--out", str(tmp_path / "out")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() - t0 < 60, "the warm-up launch never started"
+        time.sleep(0.05)
+    pid = int(pidfile.read_text())
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
+    assert "interrupted; the jobs it started were killed" in err
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            break  # gone
+        if state == "Z":
+            break  # dead, waiting for a reaper
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the launch's process {pid} still runs after the interrupt")
