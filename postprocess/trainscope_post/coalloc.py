@@ -23,6 +23,7 @@ script `--scheduler slurm` submits runs this module there). Plan file format: do
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -415,11 +416,16 @@ def _kill(seg: Segment) -> None:
         pass
 
 
+def _wait_started(seg: Segment) -> None:
+    """Until every rank is inside main (or the launch ended)."""
+    while seg.proc.poll() is None and not _started(seg):
+        time.sleep(0.02)
+
+
 def _stop(seg: Segment) -> None:
     """SIGUSR1 to the launcher (mpirun and srun forward it to the ranks): every rank stops after
     the same iteration, writes a checkpoint and exits 0 with the run file `interrupted`."""
-    while seg.proc.poll() is None and not _started(seg):
-        time.sleep(0.05)
+    _wait_started(seg)
     seg.t_signal = time.monotonic()
     if seg.proc.poll() is None:
         seg.proc.send_signal(signal.SIGUSR1)
@@ -457,10 +463,11 @@ class JobModel:
 
     @staticmethod
     def from_json(d: dict) -> "JobModel":
-        ik = {int(k): v for k, v in d["step_s"].items()}
-        return JobModel(d["name"], d["iterations"], d["arrive"], d["counts"], ik,
-                        {int(k): v for k, v in d["startup_s"].items()}, d["stop_s"],
-                        d["restore_s"], {int(k): v for k, v in d.get("range", {}).items()})
+        def by_ranks(m):  # JSON object keys are strings
+            return {int(k): v for k, v in m.items()}
+        return JobModel(d["name"], d["iterations"], d["arrive"], d["counts"],
+                        by_ranks(d["step_s"]), by_ranks(d["startup_s"]), d["stop_s"],
+                        d["restore_s"], by_ranks(d.get("range", {})))
 
 
 def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobModel]:
@@ -499,8 +506,9 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
                              "expected one")
         cm = cms[0]
         allowed = job.counts(plan.units)
-        step = {u: cm.predict(u)["step_s"] for u in allowed}
-        rng = {u: cm.predict(u)["range"].lower() for u in allowed}
+        preds = {u: cm.predict(u) for u in allowed}
+        step = {u: p["step_s"] for u, p in preds.items()}
+        rng = {u: p["range"].lower() for u, p in preds.items()}
         measured = {r: walls[r] - n * step[r] for r in counts}
 
         def nearest(u):
@@ -515,8 +523,7 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
         # Stopped about half-way, timed from this launch's own start (every rank in main), not
         # from the start-up measured above: the first launch of an allocation can start seconds
         # slower (a first srun step), and a probe timed from it would end before the signal.
-        while seg.proc.poll() is None and not _started(seg):
-            time.sleep(0.02)
+        _wait_started(seg)
         t_main = time.monotonic()
         while seg.proc.poll() is None and time.monotonic() < t_main + n * step[lo]:
             time.sleep(0.02)
@@ -559,6 +566,11 @@ class JState:
     done_at: float | None = None
 
 
+def _active(models: list[JobModel], st: list[JState], t: float) -> list[int]:
+    """The jobs that have arrived by t and not ended."""
+    return [j for j, m in enumerate(models) if m.arrive <= t + 1e-9 and st[j].done_at is None]
+
+
 def _splits(active: list[int], models: list[JobModel], units: int):
     """Every allocation of at most `units` to the active jobs, each an allowed count >= 1."""
     choices = [models[j].counts for j in active]
@@ -570,7 +582,7 @@ def _splits(active: list[int], models: list[JobModel], units: int):
 def _apply(t: float, st: list[JState], alloc: dict, models: list[JobModel]) -> list[JState]:
     """New states after switching to `alloc` at t: jobs whose rank count changes stop (their stop
     latency holds everyone who waits for units), then (re)start with their start-up cost."""
-    new = [JState(s.rem, s.ranks, s.ready, s.started, s.done_at) for s in st]
+    new = [dataclasses.replace(s) for s in st]
     changed = [j for j, r in alloc.items() if r != st[j].ranks]
     hold = max((models[j].stop_s for j in changed if st[j].ranks > 0), default=0.0)
     for j in changed:
@@ -605,8 +617,7 @@ def simulate(models: list[JobModel], units: int, policy, t: float = 0.0,
     arrivals = sorted({m.arrive for m in models})
     phases = []
     while any(s.done_at is None for s in st):
-        active = [j for j, m in enumerate(models) if m.arrive <= t + 1e-9 and
-                  st[j].done_at is None]
+        active = _active(models, st, t)
         if active:
             alloc = policy(t, st)
             if any(alloc.get(j, 0) != st[j].ranks for j in active):
@@ -653,8 +664,7 @@ class DynamicPolicy:
     def _best(self, t: float, st: list[JState]) -> tuple[float, dict | None]:
         if all(s.done_at is not None for s in st):
             return max(s.done_at for s in st), None
-        active = [j for j, m in enumerate(self.models) if m.arrive <= t + 1e-9 and
-                  st[j].done_at is None]
+        active = _active(self.models, st, t)
         options = list(_splits(active, self.models, self.units)) if active else [{}]
         best = (math.inf, None, None)
         for alloc in options:
@@ -663,7 +673,7 @@ class DynamicPolicy:
                 raise StudyError(f"the dynamic plan would evaluate more than {MAX_SEARCH} "
                                  "allocations: use fewer units or jobs")
             s2 = _apply(t, st, alloc, self.models) if active else \
-                [JState(s.rem, s.ranks, s.ready, s.started, s.done_at) for s in st]
+                [dataclasses.replace(s) for s in st]
             t2, s3 = _advance(t, s2, self.models, self.arrivals)
             if t2 == math.inf:
                 continue
@@ -728,7 +738,7 @@ def execute(plan: Plan, models: list[JobModel], mode: str, policy, launcher: Lau
             st[j].ready = (seg.t_launch - t0) + startup
 
     def event(t):
-        active = [j for j, m in enumerate(models) if m.arrive <= t + 1e-9 and j not in done_at]
+        active = _active(models, st, t)
         if not active:
             return
         estimate(t)
