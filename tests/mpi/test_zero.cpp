@@ -8,9 +8,9 @@
 #include "../unit/llama_test_util.hpp"
 #include "dist_test_util.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/dist/zero.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/train/llm_loss.hpp"
-#include "trainscope/train/zero.hpp"
 
 namespace tt = trainscope::train;
 namespace tm_ = trainscope::models;
@@ -69,10 +69,10 @@ std::vector<torch::Tensor> train_zero(int stage, int steps) {
     auto comm = trainscope::testing::mpi_communicator();
     auto model = make_model();
     auto params = model->parameters();
-    tt::ZeroAdamW h;
+    trainscope::dist::ZeroAdamW h;
     h.lr = 1e-2;
     h.weight_decay = 0.01;
-    tt::ZeroOptimizer zero(*comm, params, stage, h);
+    trainscope::dist::ZeroOptimizer zero(*comm, params, stage, h);
     for (int k = 0; k < steps; ++k) {
         auto [ids, labels] = batch(comm->rank(), k);
         zero.zero_grad();
@@ -115,7 +115,8 @@ TEST(Zero, ShardsOptimizerStateAndStage2Gradients) {
         n += p.numel();
     for (int stage : {1, 2}) {
         auto m = make_model();
-        tt::ZeroOptimizer zero(*comm, m->parameters(), stage, tt::ZeroAdamW{});
+        trainscope::dist::ZeroOptimizer zero(*comm, m->parameters(), stage,
+                                             trainscope::dist::ZeroAdamW{});
         const std::int64_t shard = (n + comm->size() - 1) / comm->size();
         EXPECT_EQ(zero.numel(), n);
         EXPECT_EQ(zero.shard_numel(), shard);

@@ -500,23 +500,19 @@ void save_named_tensors(torch::serialize::OutputArchive& out, const torch::nn::M
 
 void load_named_tensors(torch::serialize::InputArchive& in, torch::nn::Module& module,
                         const std::string& where, bool trainable_only) {
-    torch::NoGradGuard no_grad;
-    auto load = [&](const std::string& name, torch::Tensor& t, bool buffer) {
-        torch::Tensor saved;
-        if (!in.try_read(name, saved, buffer))
-            throw core::InputError("checkpoint " + where + " has no tensor '" + name +
-                                   "': it was written for another model");
-        if (!saved.sizes().equals(t.sizes()))
-            throw core::InputError("checkpoint " + where + ": tensor '" + name + "' has shape " +
-                                   c10::str(saved.sizes()) + ", the model's is " +
-                                   c10::str(t.sizes()));
-        t.copy_(saved); // in place: views (ZeRO's flat buffers) and strides stay as they are
-    };
+    dist::TrainableSet params, buffers;
     for (auto& p : module.named_parameters(/*recurse=*/true))
-        if (!trainable_only || p.value().requires_grad()) load(p.key(), p.value(), false);
+        if (!trainable_only || p.value().requires_grad()) {
+            params.names.push_back(p.key());
+            params.tensors.push_back(p.value());
+        }
+    dist::load_tensors(in, params.names, params.tensors, where);
     if (trainable_only) return;
-    for (auto& b : module.named_buffers(/*recurse=*/true))
-        load(b.key(), b.value(), true);
+    for (auto& b : module.named_buffers(/*recurse=*/true)) {
+        buffers.names.push_back(b.key());
+        buffers.tensors.push_back(b.value());
+    }
+    dist::load_tensors(in, buffers.names, buffers.tensors, where, /*buffers=*/true);
 }
 
 void write_int(torch::serialize::OutputArchive& out, const std::string& key, std::int64_t v) {

@@ -12,16 +12,14 @@
 // DPO recipe), averaged over ranks by the allreduce.
 #include "trainscope/train/llm_trainer.hpp"
 
-#include <malloc.h>
+#include "llm_trainer_state.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
-#include <numeric>
 #include <optional>
-#include <random>
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
@@ -31,217 +29,14 @@
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/models/fake_quant.hpp"
 #include "trainscope/models/lora.hpp"
-#include "trainscope/models/nf4.hpp"
 #include "trainscope/models/safetensors.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/prof/profiler_window.hpp"
-#include "trainscope/train/fsdp.hpp"
 #include "trainscope/train/host_sync.hpp"
 #include "trainscope/train/llm_loss.hpp"
-#include "trainscope/train/zero.hpp"
 
 namespace trainscope::train {
-namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// Extra /iterations columns of the LLM workload, in this order.
-enum Extra {
-    kPaddingFraction,
-    kSeqLenMax,
-    kSeqLenMin,
-    kSequences,
-    kDpoRewardChosen,
-    kDpoRewardRejected,
-    kDpoRewardMargin,
-    kDpoRewardAccuracy,
-    kQatEnabled,
-    kFrozenWeightBytes,
-    kNf4WeightBytes,
-    kTrainableWeightBytes,
-    kAllgatherBytes,
-    kAllgatherS,
-    kAllgatherExposedS,
-    kReduceScatterBytes,
-    kReduceScatterS,
-    kReduceScatterExposedS,
-    kGatheredWeightBytes,
-    kExtraCount
-};
-
-double bytes_of(const torch::Tensor& t) {
-    return t.defined() ? static_cast<double>(t.nbytes()) : 0.0;
-}
-
-} // namespace
-
-std::string LlmModel::describe() const {
-    std::ostringstream o;
-    o << parameters << " parameters, " << trainable_parameters << " trainable";
-    if (!projections.empty()) {
-        o << "; projections:";
-        for (const auto& [kind, n] : projections)
-            o << " " << n << " " << kind;
-    }
-    return o.str();
-}
-
-LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
-                         const PrecisionPolicy& policy, torch::Device device) {
-    LlmModel m;
-    const auto options = torch::TensorOptions().dtype(policy.param_dtype).device(device);
-    m.model = models::LlamaForCausalLM(config, options);
-    if (!o.checkpoint.empty()) {
-        const models::LoadReport r = models::load_hf_weights(*m.model, o.checkpoint);
-        core::log::info() << "loaded " << r.tensors_loaded << " tensors ("
-                          << r.bytes_read / (1024.0 * 1024.0) << " MiB) from " << o.checkpoint
-                          << (r.tensors_derived ? ", skipped " + std::to_string(r.tensors_derived) +
-                                                      " derivable (rotary caches, a tied head)"
-                                                : std::string());
-    }
-    m.model->set_activation_checkpointing(o.activation_checkpointing);
-    m.parameters = config.num_parameters();
-    switch (o.method) {
-    case LlmMethod::Full:
-        break;
-    case LlmMethod::Lora:
-    case LlmMethod::Dpo:
-        models::apply_lora(*m.model, o.lora);
-        break;
-    case LlmMethod::Qlora:
-        models::quantize_nf4(*m.model, policy.param_dtype);
-        models::apply_lora(*m.model, o.lora);
-        break;
-    case LlmMethod::Qat:
-        models::apply_qat(*m.model, o.qat_group_size);
-        if (o.qat_lora) models::apply_lora(*m.model, o.lora);
-        models::set_qat_enabled(*m.model, o.qat_start_step == 0);
-        break;
-    }
-    for (const auto& item : m.model->named_parameters(/*recurse=*/true))
-        if (item.value().requires_grad()) {
-            m.trainable_names.push_back(item.key());
-            m.trainable.push_back(item.value());
-            m.trainable_parameters += item.value().numel();
-        }
-    models::for_each_projection(
-        *m.model, [&](torch::nn::Module&, const std::string&, const std::string&,
-                      std::shared_ptr<models::ProjectionImpl> p) { ++m.projections[p->kind()]; });
-    // Building and quantising freed large temporaries (the dense weights before NF4, the
-    // checkpoint's mapped pages): hand them back to the OS so RSS shows what training holds.
-    ::malloc_trim(0);
-    if (m.trainable.empty())
-        throw core::ConfigError("llm.method=" + std::string(to_string(o.method)) +
-                                " left nothing to train (llm.lora.targets matched no projection?)");
-    return m;
-}
-
-LlmSplit split_validation(std::int64_t n, std::int64_t n_val, std::uint64_t seed) {
-    // Fisher-Yates with the engine's raw output (std::shuffle and the standard distributions may
-    // differ between library versions; mt19937_64's sequence is fixed by the standard). The
-    // modulo bias is far below anything a split could show.
-    std::vector<std::int64_t> perm(static_cast<std::size_t>(n));
-    std::iota(perm.begin(), perm.end(), std::int64_t{0});
-    std::mt19937_64 rng(seed ^ 0x76616c5f73706c74ULL); // "val_splt": not the sampler's stream
-    for (std::int64_t i = n - 1; i > 0; --i)
-        std::swap(perm[static_cast<std::size_t>(i)],
-                  perm[static_cast<std::size_t>(rng() % static_cast<std::uint64_t>(i + 1))]);
-    LlmSplit out;
-    out.val.assign(perm.begin(), perm.begin() + n_val);
-    out.train.assign(perm.begin() + n_val, perm.end());
-    std::sort(out.val.begin(), out.val.end());
-    std::sort(out.train.begin(), out.train.end());
-    return out;
-}
-
-struct LlmTrainer::State {
-    LlmTrainerOptions o;
-    LlmModel m;
-    const data::TextDataset& data;
-    const data::Tokenizer& tokenizer;
-    dist::Communicator& comm;
-    MPI_Comm world;
-    LlmSplit split;
-    int rank = 0, size = 1;
-    std::vector<data::PackedSample> packs; // llm.packed (of the training samples)
-    std::unique_ptr<dist::GradientSynchronizer> sync;
-    std::unique_ptr<ZeroOptimizer> zero;
-    std::unique_ptr<FsdpModel> fsdp; // dist.zero=3
-    std::unique_ptr<torch::optim::Optimizer> optimizer;
-    std::unique_ptr<GradScaler> scaler;
-    std::int64_t per_epoch = 0;
-    double frozen_bytes = 0, nf4_bytes = 0; // fixed for the run
-    std::int64_t start_iteration = 0;       // > 0 after restore()
-    // The epoch's prefetching loader (one item = one iteration's micro-batches) and the item the
-    // data phase fetched.
-    std::vector<std::int64_t> order;
-    std::unique_ptr<data::Prefetcher<std::vector<data::TextBatch>>> loader;
-    std::vector<data::TextBatch> micro;
-    prof::PhasePeak peak{-1, false};
-    torch::Tensor loss_acc;            // this iteration's, on the device
-    double comm_bytes = 0, comm_s = 0; // ZeRO's, of this iteration
-    // Per recorded iteration, the collectives whose durations account() left open (reading them
-    // there would wait for the device on NCCL): resolved and dropped by resolve_accounting.
-    struct DeferredComm {
-        std::shared_ptr<dist::Work> zero;               // ZeRO-1/2: the gradient reduce-scatter
-        std::optional<dist::PendingIterationComm> sync; // DDP: the bucket allreduces
-        std::optional<FsdpPendingComm> fsdp;            // dist.zero=3: all-gathers, reduce-scatters
-    };
-    std::map<std::int64_t, DeferredComm> deferred_comm;
-    double lr = 0;
-    int cuda_index() const { return o.device.is_cuda() ? o.device.index() : -1; }
-
-    std::size_t num_items() const {
-        if (o.llm.packed) return packs.size();
-        if (!split.train.empty()) return split.train.size();
-        return static_cast<std::size_t>(data.size());
-    }
-    // The dataset index of training item i (packs are built from the training samples only).
-    std::int64_t sample_of(std::int64_t i) const {
-        return split.train.empty() ? i : split.train[static_cast<std::size_t>(i)];
-    }
-    data::DistributedSampler make_sampler() const {
-        return data::DistributedSampler(num_items(), rank, size, /*shuffle=*/true, o.seed,
-                                        /*drop_last=*/true);
-    }
-    data::TextBatch collate(const std::vector<std::int64_t>& idx) const {
-        const std::int64_t pad = tokenizer.specials().pad >= 0 ? tokenizer.specials().pad : 0;
-        if (o.llm.packed) {
-            std::vector<const data::PackedSample*> v;
-            for (auto i : idx)
-                v.push_back(&packs[static_cast<std::size_t>(i)]);
-            return data::collate_packed(v, pad);
-        }
-        if (data.is_preference()) {
-            std::vector<const data::PreferenceSample*> v;
-            for (auto i : idx)
-                v.push_back(&data.preference(sample_of(i)));
-            return data::collate_preference(v, pad);
-        }
-        std::vector<const data::TokenizedSample*> v;
-        for (auto i : idx)
-            v.push_back(&data.sample(sample_of(i)));
-        return data::collate_samples(v, pad);
-    }
-    // Validation samples (dataset indices of *split.val_data), never packed: the loss per token
-    // is the same either way (packed attention is per sample).
-    data::TextBatch collate_val(const std::vector<std::int64_t>& idx) const {
-        const std::int64_t pad = tokenizer.specials().pad >= 0 ? tokenizer.specials().pad : 0;
-        const data::TextDataset& d = *split.val_data;
-        if (d.is_preference()) {
-            std::vector<const data::PreferenceSample*> v;
-            for (auto i : idx)
-                v.push_back(&d.preference(i));
-            return data::collate_preference(v, pad);
-        }
-        std::vector<const data::TokenizedSample*> v;
-        for (auto i : idx)
-            v.push_back(&d.sample(i));
-        return data::collate_samples(v, pad);
-    }
-};
-
 LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
                        const data::TextDataset& data, const data::Tokenizer& tokenizer,
                        dist::Communicator& comm, MPI_Comm world, LlmSplit split)
@@ -267,38 +62,11 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
     for (const auto& b : s.m.model->named_buffers())
         s.nf4_bytes += bytes_of(b.value());
 
-    if (l.zero > 0) {
-        ZeroAdamW h;
-        h.lr = l.lr;
-        h.weight_decay = l.weight_decay;
-        // LlmOptions::from_config refused other optimizers and fp16-mixed's loss scaling.
-        if (l.optimizer != "adamw" || s.o.precision.loss_scaling)
-            throw core::InternalError("dist.zero > 0 without AdamW or with loss scaling");
-        if (l.zero == 3) {
-            FsdpOptions fo;
-            fo.reshard_after_forward = l.reshard_after_forward;
-            fo.prefetch = l.prefetch;
-            fo.adamw = h;
-            s.fsdp = std::make_unique<FsdpModel>(comm, *s.m.model, fo);
-            // Per rank: the shards (the gathered units come and go within an iteration).
-            s.frozen_bytes = s.fsdp->frozen_shard_bytes();
-            s.nf4_bytes = s.fsdp->nf4_shard_bytes();
-            ::malloc_trim(0); // the full weights built on every rank are gone
-        } else {
-            s.zero = std::make_unique<ZeroOptimizer>(comm, s.m.trainable, l.zero, h);
-        }
-    } else {
-        if (l.optimizer == "adamw")
-            s.optimizer = std::make_unique<torch::optim::AdamW>(
-                s.m.trainable, torch::optim::AdamWOptions(l.lr).weight_decay(l.weight_decay));
-        else
-            s.optimizer = std::make_unique<torch::optim::SGD>(
-                s.m.trainable, torch::optim::SGDOptions(l.lr).weight_decay(l.weight_decay));
-        s.sync = std::make_unique<dist::GradientSynchronizer>(
-            comm, s.m.trainable, static_cast<std::size_t>(s.o.bucket_bytes),
-            static_cast<std::size_t>(s.o.first_bucket_bytes));
-        s.sync->broadcast_parameters(0);
-    }
+    s.parallel = parallelize_llm(l, s.o.precision.loss_scaling, comm, s.m,
+                                 static_cast<std::size_t>(s.o.bucket_bytes),
+                                 static_cast<std::size_t>(s.o.first_bucket_bytes));
+    // Per rank: what the kind holds of the frozen tensors (FSDP: the shards).
+    s.parallel->frozen_bytes(s.frozen_bytes, s.nf4_bytes);
     GradScaler::Options so;
     so.enabled = s.o.precision.loss_scaling;
     s.scaler = std::make_unique<GradScaler>(so, s.o.device);
@@ -335,47 +103,13 @@ const LrSchedule& LlmTrainer::schedule() const {
     return s_->o.schedule;
 }
 const dist::GradientSynchronizer* LlmTrainer::synchronizer() const {
-    return s_->sync.get();
+    return s_->parallel->synchronizer();
 }
 const LlmModel& LlmTrainer::model() const {
     return s_->m;
 }
 std::vector<torch::Tensor> LlmTrainer::trainable_values() {
-    State& s = *s_;
-    if (s.fsdp) return s.fsdp->gather_trainable(s.m.trainable_names);
-    std::vector<torch::Tensor> out;
-    for (const auto& t : s.m.trainable)
-        out.push_back(t.detach().to(torch::kCPU).clone());
-    return out;
-}
-
-std::vector<io::Column> LlmTrainer::extra_columns() {
-    return {{"padding_fraction", "1"},     {"seq_len_max", "tokens"},
-            {"seq_len_min", "tokens"},     {"sequences", "1"},
-            {"dpo_reward_chosen", "nats"}, {"dpo_reward_rejected", "nats"},
-            {"dpo_reward_margin", "nats"}, {"dpo_reward_accuracy", "1"},
-            {"qat_enabled", "1"},          {"frozen_weight_bytes", "B"},
-            {"nf4_weight_bytes", "B"},     {"trainable_weight_bytes", "B"},
-            {"allgather_bytes", "B"},      {"allgather_s", "s"},
-            {"allgather_exposed_s", "s"},  {"reduce_scatter_bytes", "B"},
-            {"reduce_scatter_s", "s"},     {"reduce_scatter_exposed_s", "s"},
-            {"gathered_weight_bytes", "B"}};
-}
-
-double LlmTrainer::flops_per_token() const {
-    // Per token: 2 FLOPs per weight in forward, 2 in backward for the input gradients (they flow
-    // through frozen weights too), 2 per trainable weight for the weight gradients; attention
-    // scores and values add 2 * 2 * layers * seq * heads * head_dim forward (x3 with backward).
-    // Embedding lookups are not matmuls: the embedding table is excluded unless tied to the head.
-    const models::LlamaConfig& c = s_->m.model->config();
-    const double n_matmul =
-        static_cast<double>(c.num_parameters() - c.embedding_parameters() +
-                            (c.tie_word_embeddings ? c.embedding_parameters() : 0));
-    const double n_train = static_cast<double>(s_->m.trainable_parameters);
-    const double seq = static_cast<double>(s_->o.llm.dataset.max_seq_len);
-    const double attn = 4.0 * static_cast<double>(c.num_hidden_layers) * seq *
-                        static_cast<double>(c.num_attention_heads * c.head_dim);
-    return 4.0 * n_matmul + 2.0 * std::min(n_train, n_matmul) + 3.0 * attn;
+    return s_->parallel->full_trainable();
 }
 
 void LlmTrainer::begin_epoch(std::int64_t epoch, std::int64_t skip) {
@@ -420,11 +154,7 @@ bool LlmTrainer::next_batch() {
 }
 
 void LlmTrainer::set_lr(double lr) {
-    State& s = *s_;
-    if (s.optimizer)
-        for (auto& group : s.optimizer->param_groups())
-            group.options().set_lr(lr);
-    s.lr = lr;
+    s_->parallel->set_lr(lr);
 }
 
 StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, RunControl* control) {
@@ -451,8 +181,7 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
 
     // Allocator peak per phase (CUDA caching allocator, or the host tensor counter on CPU);
     // forward and backward repeat per micro-batch and keep their largest peak.
-    if (s.zero) s.zero->zero_grad();
-    if (s.fsdp) s.fsdp->begin_iteration();
+    s.parallel->begin_iteration();
     const auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(s.o.device);
     torch::Tensor loss_acc = torch::zeros({}, f64);
     // DPO, summed over micro-batches: chosen and rejected rewards, margin, accuracy.
@@ -510,45 +239,31 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
         {
             prof::PhaseScope p(timer, prof::Phase::Backward);
             s.peak.begin();
-            if (a == accum - 1 && s.sync) s.sync->begin_iteration();
+            if (a == accum - 1) s.parallel->before_last_backward();
             s.scaler->scale(loss).backward();
-            if (s.fsdp) s.fsdp->end_backward();
+            s.parallel->after_backward();
             s.peak.end(r.backward_peak);
         }
     }
 
-    // Exposed communication: finish the gradient allreduce (or ZeRO's reduce-scatter) and, for
-    // SFT, sum the label-token count of the global batch (host-side: the collated batches know
-    // their counts, so no device value is read).
+    // Exposed communication: finish the gradients' collectives and, for SFT, sum the label-token
+    // count of the global batch (host-side: the collated batches know their counts, so no device
+    // value is read).
     double global_label_tokens = label_tokens;
-    s.comm_bytes = s.comm_s = 0;
     {
         prof::PhaseScope p(timer, prof::Phase::CommWait);
-        // FSDP: the gradient reduce-scatters still in flight first, so their wait is counted as
+        // Collectives still in flight (FSDP's reduce-scatters) first, so their wait is counted as
         // theirs (the host allreduce below would otherwise wait for them on MPI's queue).
-        if (s.fsdp) s.fsdp->wait_reduces();
+        s.parallel->wait_in_flight();
         if (!dpo) {
             std::vector<double> n = {label_tokens};
             s.comm.allreduce_host(n, dist::ReduceOp::Sum);
             global_label_tokens = n[0];
         }
-        // torchtune's normalisation: sum over all tokens / all label tokens. The synchronizer
+        // torchtune's normalisation: sum over all tokens / all label tokens. The gradients are
         // averaged over ranks, hence the factor world / tokens.
-        const double scale =
-            dpo ? 1.0 : (global_label_tokens > 0 ? s.size / global_label_tokens : 0.0);
-        if (s.sync) {
-            s.sync->finish();
-            if (scale != 1.0) {
-                torch::NoGradGuard no_grad;
-                for (auto& t : s.m.trainable)
-                    if (t.grad().defined()) t.mutable_grad().mul_(scale);
-            }
-        } else if (s.fsdp) {
-            s.fsdp->finish_gradients(scale);
-        } else {
-            s.comm_s = s.zero->reduce_gradients(scale);
-            s.comm_bytes = s.zero->bytes_per_iteration();
-        }
+        s.parallel->finish_gradients(
+            dpo ? 1.0 : (global_label_tokens > 0 ? s.size / global_label_tokens : 0.0));
     }
     // r.loss_scale (fp16-mixed): read with the scaler's verdict in prepare_apply.
     s.loss_acc = loss_acc;
@@ -574,18 +289,17 @@ torch::Tensor LlmTrainer::nonfinite_flag(const StepResult&) {
     State& s = *s_;
     // The loss scaler handles its own inf/NaN steps.
     if (s.scaler->enabled()) return {};
-    if (s.zero) return train::nonfinite_flag(s.loss_acc, {}, {s.zero->shard_gradient_sum()});
-    if (s.fsdp) return train::nonfinite_flag(s.loss_acc, {}, {s.fsdp->shard_gradient_sum()});
-    return train::nonfinite_flag(s.loss_acc, s.m.trainable);
+    return train::nonfinite_flag(s.loss_acc, s.parallel->full_gradient_parameters(),
+                                 s.parallel->gradient_shard_sums());
 }
 
 void LlmTrainer::prepare_apply(StepResult& r) {
     State& s = *s_;
-    if (!s.scaler->enabled() || !s.optimizer) return;
-    // fp16-mixed: the step is taken or skipped on the host, so the scaler's verdict is read
-    // here, once, after a synchronize bounded by dist.timeout (a stalled peer is named instead
-    // of blocking the read in the CUDA driver).
-    s.scaler->unscale_on_device(optimizer_parameters(*s.optimizer));
+    if (!s.scaler->enabled()) return;
+    // fp16-mixed (DDP only: the sharded kinds refuse it): the step is taken or skipped on the
+    // host, so the scaler's verdict is read here, once, after a synchronize bounded by
+    // dist.timeout (a stalled peer is named instead of blocking the read in the CUDA driver).
+    s.scaler->unscale_on_device(s.parallel->full_gradient_parameters());
     s.comm.synchronize("the loss scaler's inf/NaN check");
     r.loss_scale = s.scaler->check_step().scale;
 }
@@ -593,263 +307,79 @@ void LlmTrainer::prepare_apply(StepResult& r) {
 bool LlmTrainer::apply(bool skip, double& optimizer_peak) {
     State& s = *s_;
     s.peak.begin();
-    bool stepped = true;
-    if (skip) { // run.nonfinite=skip: no rank steps
-        stepped = false;
-        if (s.optimizer) s.optimizer->zero_grad(/*set_to_none=*/false);
-    } else if (s.zero) {
-        s.zero->step(s.lr);
-    } else if (s.fsdp) {
-        s.fsdp->step(s.lr);
-    } else {
-        if (s.scaler->enabled()) {
-            stepped = s.scaler->step(*s.optimizer);
+    bool stepped = false;
+    if (skip) // run.nonfinite=skip: no rank steps
+        s.parallel->skip_step();
+    else
+        stepped = s.parallel->step([&](torch::optim::Optimizer& optimizer) {
+            if (!s.scaler->enabled()) {
+                optimizer.step();
+                return true;
+            }
+            const bool taken = s.scaler->step(optimizer);
             s.scaler->update();
-        } else {
-            s.optimizer->step();
-        }
-        s.optimizer->zero_grad(/*set_to_none=*/false);
-    }
+            return taken;
+        });
     s.peak.end(optimizer_peak);
     return stepped;
 }
 
+namespace {
+
+// The iteration's communication into its columns (durations NaN until resolved).
+void put_comm(const dist::ParallelComm& c, IterationValues& v) {
+    v.comm_bytes = c.bytes;
+    v.comm_collective_s = c.collective_s;
+    v.bucket_s = c.bucket_s;
+    v.extra[kAllgatherBytes] = c.allgather_bytes;
+    v.extra[kAllgatherS] = c.allgather_s;
+    v.extra[kAllgatherExposedS] = c.allgather_exposed_s;
+    v.extra[kReduceScatterBytes] = c.reduce_scatter_bytes;
+    v.extra[kReduceScatterS] = c.reduce_scatter_s;
+    v.extra[kReduceScatterExposedS] = c.reduce_scatter_exposed_s;
+}
+
+} // namespace
+
 void LlmTrainer::account(IterationValues& v) {
     State& s = *s_;
-    // Bytes now; the collectives' durations (and FSDP's exposed waits) stay NaN until
-    // resolve_accounting, from the handles kept here.
-    State::DeferredComm d;
-    v.comm_bytes = s.comm_bytes;
-    v.comm_collective_s = s.comm_s;
-    if (s.zero && s.zero->reduce_work()) {
-        d.zero = s.zero->reduce_work();
-        v.comm_collective_s = kNaN;
-    }
-    if (s.sync) {
-        d.sync = s.sync->last_iteration_pending();
-        v.comm_bytes = d.sync->bytes();
-        v.comm_collective_s = kNaN;
-        v.bucket_s.assign(d.sync->works.size(), kNaN);
-    }
+    // Bytes now; the collectives' durations stay NaN until resolve_accounting, from the handles
+    // kept here.
+    dist::PendingParallelComm d = s.parallel->take_iteration_comm();
+    put_comm(d.known, v);
     v.memory = prof::sample_memory(s.cuda_index());
-    double params = 0, grads = 0, state = 0;
-    if (s.fsdp) {
-        d.fsdp = s.fsdp->take_iteration_comm();
-        const FsdpIterationComm& c = d.fsdp->known;
-        v.comm_bytes = c.allgather_bytes + c.reduce_scatter_bytes;
-        v.comm_collective_s = kNaN;
-        v.extra[kAllgatherBytes] = c.allgather_bytes;
-        v.extra[kReduceScatterBytes] = c.reduce_scatter_bytes;
-        for (int k : {kAllgatherS, kAllgatherExposedS, kReduceScatterS, kReduceScatterExposedS})
-            v.extra[k] = kNaN;
-        v.extra[kGatheredWeightBytes] = s.fsdp->gathered_bytes();
-        params = s.fsdp->trainable_shard_bytes();
-        grads = s.fsdp->gradient_bytes();
-        state = s.fsdp->optimizer_state_bytes();
-    } else {
-        for (const auto& t : s.m.trainable) {
-            params += bytes_of(t);
-            grads += bytes_of(t.grad());
-        }
-    }
-    if (s.zero) {
-        grads = s.zero->gradient_bytes();
-        state = s.zero->optimizer_state_bytes();
-    } else if (s.optimizer) {
-        for (const auto& [key, st] : s.optimizer->state())
-            if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(st.get()))
-                state += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq());
-            else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(st.get()))
-                state += bytes_of(g->momentum_buffer());
-    }
-    v.parameter_bytes = params + s.frozen_bytes + s.nf4_bytes;
-    v.gradient_bytes = grads;
-    v.optimizer_state_bytes = state;
+    const dist::HeldBytes held = s.parallel->held_bytes();
+    v.extra[kGatheredWeightBytes] = held.gathered;
+    v.parameter_bytes = held.trainable + s.frozen_bytes + s.nf4_bytes;
+    v.gradient_bytes = held.gradients;
+    v.optimizer_state_bytes = held.optimizer_state;
     v.extra[kFrozenWeightBytes] = s.frozen_bytes;
     v.extra[kNf4WeightBytes] = s.nf4_bytes;
-    v.extra[kTrainableWeightBytes] = params;
-    if (d.zero || d.sync || d.fsdp) s.deferred_comm[v.iteration] = std::move(d);
+    v.extra[kTrainableWeightBytes] = held.trainable;
+    if (d.resolve) s.deferred_comm[v.iteration] = std::move(d);
 }
 
 void LlmTrainer::resolve_accounting(std::int64_t iteration, IterationValues& v) {
     State& s = *s_;
     const auto it = s.deferred_comm.find(iteration);
     if (it == s.deferred_comm.end()) return;
-    const State::DeferredComm& d = it->second;
-    if (d.zero) v.comm_collective_s = d.zero->seconds();
-    if (d.sync) {
-        const dist::IterationComm c = d.sync->resolve();
-        v.comm_collective_s = c.collective_s;
-        v.bucket_s = c.bucket_s;
-    }
-    if (d.fsdp) {
-        const FsdpIterationComm c = d.fsdp->resolve();
-        v.comm_collective_s = c.allgather_s + c.reduce_scatter_s;
-        v.extra[kAllgatherS] = c.allgather_s;
-        v.extra[kAllgatherExposedS] = c.allgather_exposed_s;
-        v.extra[kReduceScatterS] = c.reduce_scatter_s;
-        v.extra[kReduceScatterExposedS] = c.reduce_scatter_exposed_s;
-    }
+    put_comm(it->second.resolve(), v);
     // Older entries belong to iterations the recorder no longer holds: their handles go too.
     s.deferred_comm.erase(s.deferred_comm.begin(), std::next(it));
-}
-
-void LlmTrainer::resolve(std::vector<DeferredStep>& steps) {
-    State& s = *s_;
-    if (steps.empty()) return;
-    const bool dpo = s.o.llm.method == LlmMethod::Dpo;
-    // This rank's losses of every pending iteration, summed over ranks in one allreduce; then
-    // one host read.
-    std::vector<torch::Tensor> losses, metrics;
-    for (const auto& d : steps) {
-        losses.push_back(d.loss.reshape({1}));
-        metrics.push_back(d.metrics.reshape({1, -1}));
-    }
-    torch::Tensor sum = torch::cat(losses); // [n]
-    s.comm.allreduce(sum, dist::ReduceOp::Sum);
-    const torch::Tensor all = read_to_host(sum);
-    const torch::Tensor m =
-        read_to_host(torch::cat(metrics)); // [n, 1] label tokens or [n, 4] rewards
-    for (std::size_t i = 0; i < steps.size(); ++i) {
-        const auto k = static_cast<std::int64_t>(i);
-        const double total = all[k].item<double>();
-        double value = kNaN;
-        if (dpo) {
-            value = total / s.size;
-            steps[i].metric_values.clear();
-            for (std::int64_t j = 0; j < 4; ++j)
-                steps[i].metric_values.push_back(m[k][j].item<double>());
-        } else {
-            const double n = m[k][0].item<double>();
-            value = n > 0 ? total / n : kNaN;
-        }
-        steps[i].loss_value = steps[i].shared_loss = value;
-    }
-}
-
-std::vector<int> LlmTrainer::metric_columns() const {
-    if (s_->o.llm.method != LlmMethod::Dpo) return {};
-    return {kDpoRewardChosen, kDpoRewardRejected, kDpoRewardMargin, kDpoRewardAccuracy};
-}
-
-std::string LlmTrainer::progress_suffix(const DeferredStep& d) const {
-    if (s_->o.llm.method != LlmMethod::Dpo || d.metric_values.size() < 4) return "";
-    std::ostringstream o;
-    o << "  reward acc " << std::fixed << std::setprecision(2) << d.metric_values[3];
-    return o.str();
-}
-
-bool LlmTrainer::evaluates() const {
-    return s_->split.val_data != nullptr && !s_->split.val.empty();
-}
-
-bool LlmTrainer::reports_perplexity() const {
-    return s_->o.llm.method != LlmMethod::Dpo;
-}
-
-std::pair<double, double> LlmTrainer::evaluate() {
-    // Collective. Validation item k goes to rank k % size (each counts once). Every rank runs the
-    // same number of forwards, ceil(ceil(n / size) / batch): under dist.zero=3 each forward
-    // all-gathers every unit, so a rank that ran fewer would leave the others waiting. A rank
-    // whose shard ran out forwards a stand-in batch (the first validation item) and discards it.
-    // SFT: summed token cross-entropy over all ranks / their label tokens (as the training loss);
-    // DPO: mean over pairs of the DPO loss against the adapters-off reference, and the share of
-    // pairs whose chosen reward exceeds the rejected one.
-    State& s = *s_;
-    const LlmOptions& l = s.o.llm;
-    const bool dpo = l.method == LlmMethod::Dpo;
-    auto& model = *s.m.model;
-    const std::vector<std::int64_t>& items = s.split.val;
-    const auto n = static_cast<std::int64_t>(items.size());
-    std::vector<std::int64_t> mine;
-    for (std::int64_t k = s.rank; k < n; k += s.size)
-        mine.push_back(items[static_cast<std::size_t>(k)]);
-    const std::int64_t batch = s.o.batch_size;
-    const std::int64_t per_rank = (n + s.size - 1) / s.size;
-    const std::int64_t batches = (per_rank + batch - 1) / batch;
-
-    torch::NoGradGuard no_grad;
-    model.eval();               // LoRA dropout off
-    double sums[3] = {0, 0, 0}; // loss sum, correct pairs (DPO), label tokens or pairs
-    for (std::int64_t b = 0; b < batches; ++b) {
-        const auto first =
-            std::min<std::int64_t>(b * batch, static_cast<std::int64_t>(mine.size()));
-        const auto last =
-            std::min<std::int64_t>(first + batch, static_cast<std::int64_t>(mine.size()));
-        const bool stand_in = first == last;
-        const std::vector<std::int64_t> idx =
-            stand_in ? std::vector<std::int64_t>{items.front()}
-                     : std::vector<std::int64_t>(mine.begin() + first, mine.begin() + last);
-        const data::TextBatch tb = s.collate_val(idx);
-        const torch::Tensor ids = tb.input_ids.to(s.o.device);
-        const torch::Tensor labels = tb.labels.to(s.o.device);
-        const torch::Tensor pos = tb.position_ids.to(s.o.device);
-        double loss_sum = 0, correct = 0, count = 0;
-        if (dpo) {
-            const std::int64_t pairs = ids.size(0) / 2;
-            torch::Tensor ref;
-            {
-                models::set_adapters_enabled(model, false);
-                AutocastScope autocast(s.o.precision, s.o.device);
-                ref = sequence_log_probs(model.forward(ids, pos), labels);
-                models::set_adapters_enabled(model, true);
-            }
-            AutocastScope autocast(s.o.precision, s.o.device);
-            const torch::Tensor logp = sequence_log_probs(model.forward(ids, pos), labels);
-            const DpoLoss d = dpo_loss(logp.narrow(0, 0, pairs), logp.narrow(0, pairs, pairs),
-                                       ref.narrow(0, 0, pairs), ref.narrow(0, pairs, pairs),
-                                       l.dpo_beta, l.dpo_label_smoothing);
-            loss_sum = d.loss.to(torch::kFloat64).item<double>() * static_cast<double>(pairs);
-            correct = d.reward_accuracy() * static_cast<double>(pairs);
-            count = static_cast<double>(pairs);
-        } else {
-            AutocastScope autocast(s.o.precision, s.o.device);
-            loss_sum = causal_lm_loss_sum(model.forward(ids, pos), labels)
-                           .to(torch::kFloat64)
-                           .item<double>();
-            count = static_cast<double>(tb.label_tokens);
-        }
-        if (stand_in) continue;
-        sums[0] += loss_sum;
-        sums[1] += correct;
-        sums[2] += count;
-    }
-    model.train();
-    std::vector<double> all(sums, sums + 3);
-    s.comm.allreduce_host(all, dist::ReduceOp::Sum);
-    if (all[2] == 0) return {kNaN, kNaN};
-    return {all[0] / all[2], dpo ? all[1] / all[2] : kNaN};
 }
 
 std::string LlmTrainer::save_checkpoint(Checkpointer& checkpointer, std::int64_t next_iteration) {
     State& s = *s_;
     const int cuda_index = s.cuda_index();
     return checkpointer.save(next_iteration, [&](torch::serialize::OutputArchive& out) {
-        // Trainable weights, optimizer and scaler are the same on every rank: rank 0 writes them.
-        // ZeRO's optimizer state is sharded: every rank writes its shard.
+        // Replicated state (the scaler; the kind's weights and optimizer) from rank 0, the kind's
+        // shards from every rank.
         if (s.rank == 0) {
-            torch::serialize::OutputArchive weights, scaler;
-            // dist.zero=3: the weights are sharded; every rank writes its shard below.
-            if (!s.fsdp) save_named_tensors(weights, *s.m.model, /*trainable_only=*/true);
+            torch::serialize::OutputArchive scaler;
             s.scaler->save(scaler);
-            out.write("weights", weights);
             out.write("scaler", scaler);
-            if (s.optimizer) {
-                torch::serialize::OutputArchive optimizer;
-                s.optimizer->save(optimizer);
-                out.write("optimizer", optimizer);
-            }
         }
-        if (s.zero) {
-            torch::serialize::OutputArchive shard;
-            s.zero->save(shard);
-            out.write("zero_shard", shard);
-        }
-        if (s.fsdp) {
-            torch::serialize::OutputArchive shard;
-            s.fsdp->save(shard);
-            out.write("fsdp_shard", shard);
-        }
+        s.parallel->save(out, s.rank);
         save_rng_state(out, cuda_index);
     });
 }
@@ -858,35 +388,16 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
     State& s = *s_;
     const int cuda_index = s.o.device.is_cuda() ? s.o.device.index() : -1;
     dist::agree_on_errors(s.world, [&] {
-        // Elastic resume (another rank count): replicated state from rank 0's file, the ZeRO and
-        // FSDP shards cut again from the saved ranks' shards that overlap this rank's; a rank the
-        // checkpoint did not have keeps its own RNG.
-        const bool elastic = m.world_size != s.size;
-        const bool has_mine = s.rank < m.world_size;
+        // Elastic resume (another rank count): replicated state from rank 0's file, shards cut
+        // again from the saved ranks' shards that overlap this rank's; a rank the checkpoint did
+        // not have keeps its own RNG.
         CheckpointShards shards(m, s.o.device);
-        torch::serialize::InputArchive& first = shards.rank(0);
-        torch::serialize::InputArchive* from = &first;
-        torch::serialize::InputArchive weights, scaler;
-        from->read("weights", weights);
-        from->read("scaler", scaler);
-        if (!s.fsdp) load_named_tensors(weights, *s.m.model, m.path, /*trainable_only=*/true);
+        torch::serialize::InputArchive scaler;
+        shards.rank(0).read("scaler", scaler);
         s.scaler->load(scaler);
-        if (s.optimizer) {
-            torch::serialize::InputArchive optimizer;
-            from->read("optimizer", optimizer);
-            s.optimizer->load(optimizer);
-        }
-        // ZeRO's and FSDP's shards: this rank's own, or cut again from another rank count's.
-        auto load_shards = [&](auto& sharded, const char* key) {
-            if (elastic) return sharded.load_resharded(shards);
-            torch::serialize::InputArchive part;
-            shards.rank(s.rank).read(key, part);
-            sharded.load(part);
-        };
-        if (s.zero) load_shards(*s.zero, "zero_shard");
-        if (s.fsdp) load_shards(*s.fsdp, "fsdp_shard");
-        if (has_mine) load_rng_state(shards.rank(s.rank), cuda_index);
-        s.start_iteration = read_int(first, "next_iteration");
+        s.parallel->load(shards, s.rank, /*elastic=*/m.world_size != s.size);
+        if (s.rank < m.world_size) load_rng_state(shards.rank(s.rank), cuda_index);
+        s.start_iteration = read_int(shards.rank(0), "next_iteration");
     });
     const LlmOptions& l = s.o.llm;
     if (l.method == LlmMethod::Qat && l.qat_start_step > 0 && s.start_iteration >= l.qat_start_step)
@@ -906,13 +417,10 @@ std::string LlmTrainer::save_adapters(const std::string& path) {
                 : std::filesystem::absolute(l.checkpoint).lexically_normal().string();
         models::save_peft_adapter(path, *s.m.model, l.lora, base);
     };
-    // dist.zero=3: the full adapters are gathered on every rank (collective), rank 0 writes.
-    if (s.fsdp)
-        s.fsdp->with_trainable_gathered([&] {
-            if (s.rank == 0) write();
-        });
-    else if (s.rank == 0)
-        write();
+    // Under sharding the full adapters are gathered on every rank (collective); rank 0 writes.
+    s.parallel->with_full_trainable([&] {
+        if (s.rank == 0) write();
+    });
     return path;
 }
 

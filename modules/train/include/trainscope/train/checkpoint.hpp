@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "trainscope/core/config.hpp"
+#include "trainscope/dist/parallelism.hpp"
 
 namespace trainscope::train {
 
@@ -109,17 +110,18 @@ class Checkpointer {
 // job reads only the old ranks whose shards its own overlaps. Shards are the contiguous pieces of a
 // flat tensor of `numel` elements that ZeRO and FSDP cut into ceil(numel / world) per rank (zeros
 // after the end).
-class CheckpointShards {
+class CheckpointShards final : public dist::ShardSource {
   public:
     CheckpointShards(const CheckpointManifest& m, torch::Device device);
-    int saved_world() const { return manifest_.world_size; }
+    int saved_world() const override { return manifest_.world_size; }
+    const std::string& where() const override { return manifest_.path; }
     // Old rank r's archive (read once).
-    torch::serialize::InputArchive& rank(int r);
+    torch::serialize::InputArchive& rank(int r) override;
     // This rank's shard for `world` ranks of the flat tensor `name` inside the sub-archive `sub`
     // (e.g. "zero_shard", "exp_avg"), assembled from the saved ranks' shards: [ceil(numel/world)],
     // zero-padded. A saved shard of the wrong size is an InputError naming the file.
     torch::Tensor reshard(const std::string& sub, const std::string& name, std::int64_t numel,
-                          int new_rank, int new_world);
+                          int new_rank, int new_world) override;
 
   private:
     CheckpointManifest manifest_;

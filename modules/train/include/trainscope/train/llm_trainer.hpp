@@ -1,9 +1,8 @@
 // LLM fine-tuning step (run.workload=llm), driven by the TrainingLoop: Llama with the configured
 // method applied (full, LoRA, QLoRA, DPO, QAT), data parallel over the run's Communicator through
-// the GradientSynchronizer (trainable parameters only: tiny for LoRA) or ZeRO-1/2 sharding for full
-// fine-tuning, gradient accumulation with torchtune's token normalisation, AdamW with cosine
-// warm-up. Every phase timed, every iteration recorded with its token counts and method-specific
-// values.
+// one dist::DataParallelism (DDP, ZeRO-1/2 or FSDP, chosen once by parallelize_llm), gradient
+// accumulation with torchtune's token normalisation, AdamW with cosine warm-up. Every phase timed,
+// every iteration recorded with its token counts and method-specific values.
 #pragma once
 
 #include <mpi.h>
@@ -20,6 +19,7 @@
 #include "trainscope/data/tokenizer.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/dist/parallelism.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/train/checkpoint.hpp"
@@ -48,6 +48,14 @@ struct LlmModel {
 // (qlora), fake quantisation (qat, + LoRA with llm.qat.lora), nothing (full).
 LlmModel build_llm_model(const LlmOptions& options, const models::LlamaConfig& config,
                          const PrecisionPolicy& policy, torch::Device device);
+
+// Parallelises the model once, as the configuration asks (dist.zero: 0 DDP with a local AdamW or
+// SGD, 1-2 ZeRO, 3 FSDP; rank 0's values everywhere). The one place that knows the kinds: the
+// trainer drives the result through dist::DataParallelism.
+std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& options, bool loss_scaling,
+                                                       dist::Communicator& comm, LlmModel& model,
+                                                       std::size_t bucket_bytes,
+                                                       std::size_t first_bucket_bytes);
 
 struct LlmTrainerOptions {
     LlmOptions llm;
@@ -83,7 +91,7 @@ class LlmTrainer final : public TrainStep {
     void set_schedule(const LrSchedule& schedule);
     // The workload's own /iterations columns (Recorder extra_columns).
     static std::vector<io::Column> extra_columns();
-    const dist::GradientSynchronizer* synchronizer() const; // null under ZeRO
+    const dist::GradientSynchronizer* synchronizer() const; // null unless DDP
     // Training FLOPs per token for MFU: forward 2N + backward 2N through all weights + 2
     // N_trainable for the weight gradients, plus attention (see llm_trainer.cpp).
     double flops_per_token() const;

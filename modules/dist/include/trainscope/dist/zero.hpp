@@ -17,10 +17,9 @@
 #include <vector>
 
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/parallelism.hpp"
 
-namespace trainscope::train {
-
-class CheckpointShards;
+namespace trainscope::dist {
 
 struct ZeroAdamW {
     double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
@@ -35,7 +34,7 @@ void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor
 class ZeroOptimizer {
   public:
     // parameters: same dtype and device. Broadcasts rank 0's values first (all ranks start equal).
-    ZeroOptimizer(dist::Communicator& comm, std::vector<torch::Tensor> parameters, int stage,
+    ZeroOptimizer(Communicator& comm, std::vector<torch::Tensor> parameters, int stage,
                   ZeroAdamW hyper);
     // Before the first backward of an iteration: zeroes the gradient buffer (stage 2: allocates
     // it) and points every parameter's .grad at its view.
@@ -48,7 +47,7 @@ class ZeroOptimizer {
     // The last reduce-scatter's handle, for accounting: Work::seconds() is the collective's own
     // duration (MPI: the blocking call's host time; NCCL: CUDA events on its stream), resolved
     // late (it blocks until the collective finished on the device). Null before the first.
-    std::shared_ptr<dist::Work> reduce_work() const { return reduce_work_; }
+    std::shared_ptr<Work> reduce_work() const { return reduce_work_; }
     void step(double lr);
     double allgather_seconds() const { return allgather_s_; }
     // After reduce_gradients: the float64 sum of this rank's gradient shard on the device (NaN/Inf
@@ -59,7 +58,7 @@ class ZeroOptimizer {
     void load(torch::serialize::InputArchive& in);
     // Elastic resume: this rank's shard of the moments cut from the shards that another rank
     // count saved (the flat layout is the parameters' order, whatever the rank count).
-    void load_resharded(CheckpointShards& saved);
+    void load_resharded(ShardSource& saved);
 
     int stage() const { return stage_; }
     std::int64_t numel() const { return numel_; }       // trainable elements (unpadded)
@@ -71,7 +70,7 @@ class ZeroOptimizer {
     double bytes_per_iteration() const; // reduce-scatter input + all-gather output payload
 
   private:
-    dist::Communicator& comm_;
+    Communicator& comm_;
     std::vector<torch::Tensor> params_;
     int stage_;
     ZeroAdamW hyper_;
@@ -80,7 +79,11 @@ class ZeroOptimizer {
     torch::Tensor flat_param_, flat_grad_, shard_grad_, exp_avg_, exp_avg_sq_;
     std::int64_t step_count_ = 0;
     double allgather_s_ = 0;
-    std::shared_ptr<dist::Work> reduce_work_;
+    std::shared_ptr<Work> reduce_work_;
 };
 
-} // namespace trainscope::train
+// ZeRO-1/2 as a DataParallelism (replicated weights, sharded optimizer state and gradients).
+std::unique_ptr<DataParallelism> make_zero(Communicator& comm, TrainableSet trainable, int stage,
+                                           ZeroAdamW hyper);
+
+} // namespace trainscope::dist

@@ -1,6 +1,4 @@
-#include "trainscope/train/fsdp.hpp"
-
-#include "trainscope/train/checkpoint.hpp"
+#include "trainscope/dist/fsdp.hpp"
 
 #include <c10/core/StorageImpl.h>
 
@@ -11,7 +9,7 @@
 
 #include "trainscope/core/error.hpp"
 
-namespace trainscope::train {
+namespace trainscope::dist {
 
 namespace {
 
@@ -53,20 +51,19 @@ struct FsdpModel::Unit {
     std::string name;
     std::vector<Group> groups;
     enum class State { Sharded, Gathering, Gathered } state = State::Sharded;
-    std::vector<std::shared_ptr<dist::Work>> gathers; // pending while Gathering
-    bool backward_pending = false; // forward ran with grad; after_backward not yet
+    std::vector<std::shared_ptr<Work>> gathers; // pending while Gathering
+    bool backward_pending = false;              // forward ran with grad; after_backward not yet
     bool trainable = false;
     double full_bytes = 0;
 };
 
 struct FsdpModel::PendingReduce {
-    std::shared_ptr<dist::Work> work;
+    std::shared_ptr<Work> work;
     torch::Tensor flat, out; // kept alive until the collective finished
     Group* group = nullptr;
 };
 
-FsdpModel::FsdpModel(dist::Communicator& comm, models::LlamaForCausalLMImpl& model,
-                     FsdpOptions options)
+FsdpModel::FsdpModel(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options)
     : comm_(comm), model_(model), o_(options), rank_(comm.rank()), world_(comm.size()) {
     torch::NoGradGuard no_grad;
     // The units' modules, in forward order, with the prefix of their tensors' names.
@@ -241,7 +238,7 @@ void FsdpModel::reduce_gradients(Unit& u) {
         r.out = torch::empty({g.shard}, g.local.options());
         r.flat = flat;
         r.group = &g;
-        r.work = comm_.reduce_scatter_async(flat, r.out, dist::ReduceOp::Sum);
+        r.work = comm_.reduce_scatter_async(flat, r.out, ReduceOp::Sum);
         comm_now_.reduce_scatter_bytes += static_cast<double>(r.out.nbytes());
         ++comm_now_.reduce_scatters;
         reduces_.push_back(std::move(r));
@@ -411,7 +408,7 @@ std::int64_t saved_step_count(torch::serialize::InputArchive& in, std::int64_t k
 }
 } // namespace
 
-void FsdpModel::load_resharded(CheckpointShards& saved) {
+void FsdpModel::load_resharded(ShardSource& saved) {
     torch::NoGradGuard no_grad;
     torch::serialize::InputArchive first;
     saved.rank(0).read("fsdp_shard", first);
@@ -507,4 +504,86 @@ double FsdpModel::largest_unit_bytes() const {
     return b;
 }
 
-} // namespace trainscope::train
+namespace {
+
+class FsdpParallelism final : public DataParallelism {
+  public:
+    FsdpParallelism(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options,
+                    std::vector<std::string> names)
+        : names_(std::move(names)), fsdp_(comm, model, options) {}
+
+    std::string name() const override { return "fsdp"; }
+    void begin_iteration() override { fsdp_.begin_iteration(); }
+    void after_backward() override { fsdp_.end_backward(); }
+    void wait_in_flight() override { fsdp_.wait_reduces(); }
+    void finish_gradients(double grad_scale) override { fsdp_.finish_gradients(grad_scale); }
+    std::vector<torch::Tensor> gradient_shard_sums() const override {
+        return {fsdp_.shard_gradient_sum()};
+    }
+    void set_lr(double lr) override { lr_ = lr; }
+    bool step(const OptimizerStep&) override {
+        fsdp_.step(lr_);
+        return true;
+    }
+    PendingParallelComm take_iteration_comm() override {
+        auto pending = std::make_shared<FsdpPendingComm>(fsdp_.take_iteration_comm());
+        PendingParallelComm p;
+        const FsdpIterationComm& c = pending->known;
+        p.known.bytes = c.allgather_bytes + c.reduce_scatter_bytes;
+        p.known.allgather_bytes = c.allgather_bytes;
+        p.known.reduce_scatter_bytes = c.reduce_scatter_bytes;
+        p.resolve = [known = p.known, pending] {
+            const FsdpIterationComm r = pending->resolve();
+            ParallelComm out = known;
+            out.collective_s = r.allgather_s + r.reduce_scatter_s;
+            out.allgather_s = r.allgather_s;
+            out.allgather_exposed_s = r.allgather_exposed_s;
+            out.reduce_scatter_s = r.reduce_scatter_s;
+            out.reduce_scatter_exposed_s = r.reduce_scatter_exposed_s;
+            return out;
+        };
+        return p;
+    }
+    HeldBytes held_bytes() const override {
+        HeldBytes h;
+        h.trainable = fsdp_.trainable_shard_bytes();
+        h.gradients = fsdp_.gradient_bytes();
+        h.optimizer_state = fsdp_.optimizer_state_bytes();
+        h.gathered = fsdp_.gathered_bytes();
+        return h;
+    }
+    void frozen_bytes(double& dense, double& nf4) const override {
+        dense = fsdp_.frozen_shard_bytes();
+        nf4 = fsdp_.nf4_shard_bytes();
+    }
+    void save(torch::serialize::OutputArchive& out, int) const override {
+        torch::serialize::OutputArchive shard;
+        fsdp_.save(shard);
+        out.write("fsdp_shard", shard);
+    }
+    void load(ShardSource& saved, int rank, bool elastic) override {
+        if (elastic) return fsdp_.load_resharded(saved);
+        torch::serialize::InputArchive shard;
+        saved.rank(rank).read("fsdp_shard", shard);
+        fsdp_.load(shard);
+    }
+    std::vector<torch::Tensor> full_trainable() override { return fsdp_.gather_trainable(names_); }
+    void with_full_trainable(const std::function<void()>& fn) override {
+        fsdp_.with_trainable_gathered(fn);
+    }
+
+  private:
+    std::vector<std::string> names_;
+    FsdpModel fsdp_;
+    double lr_ = 0;
+};
+
+} // namespace
+
+std::unique_ptr<DataParallelism> make_fsdp(Communicator& comm, models::LlamaForCausalLMImpl& model,
+                                           FsdpOptions options,
+                                           std::vector<std::string> trainable_names) {
+    return std::make_unique<FsdpParallelism>(comm, model, options, std::move(trainable_names));
+}
+
+} // namespace trainscope::dist

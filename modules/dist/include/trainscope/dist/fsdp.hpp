@@ -33,12 +33,11 @@
 #include <vector>
 
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/parallelism.hpp"
+#include "trainscope/dist/zero.hpp"
 #include "trainscope/models/llama.hpp"
-#include "trainscope/train/zero.hpp"
 
-namespace trainscope::train {
-
-class CheckpointShards;
+namespace trainscope::dist {
 
 struct FsdpOptions {
     bool reshard_after_forward = true;
@@ -63,7 +62,7 @@ struct FsdpIterationComm {
 // the training loop's resolution point.
 struct FsdpPendingComm {
     FsdpIterationComm known;
-    std::vector<std::shared_ptr<dist::Work>> gathers, reduces;
+    std::vector<std::shared_ptr<Work>> gathers, reduces;
     FsdpIterationComm resolve() const;
 };
 
@@ -71,7 +70,7 @@ class FsdpModel final : public models::UnitHooks {
   public:
     // Collective. Shards `model` (built identically on every rank; rank 0's values are broadcast
     // first) and installs itself as the model's unit hooks. The model must outlive this object.
-    FsdpModel(dist::Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options);
+    FsdpModel(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options);
     ~FsdpModel() override;
     FsdpModel(const FsdpModel&) = delete;
     FsdpModel& operator=(const FsdpModel&) = delete;
@@ -109,7 +108,7 @@ class FsdpModel final : public models::UnitHooks {
     void load(torch::serialize::InputArchive& in);
     // Elastic resume: every trainable group's parameter and moment shards cut again from the
     // shards another rank count saved (a group's flat layout does not depend on the rank count).
-    void load_resharded(CheckpointShards& saved);
+    void load_resharded(ShardSource& saved);
 
     // Bytes this rank holds outside gathered units (shards), by kind; and now gathered.
     double trainable_shard_bytes() const;
@@ -133,15 +132,21 @@ class FsdpModel final : public models::UnitHooks {
     bool keep_after_forward(int unit) const;
     double sum_groups(const std::function<double(const Group&)>& bytes) const;
 
-    dist::Communicator& comm_;
+    Communicator& comm_;
     models::LlamaForCausalLMImpl& model_;
     FsdpOptions o_;
     int rank_ = 0, world_ = 1;
     std::vector<std::unique_ptr<Unit>> units_;
     std::deque<PendingReduce> reduces_;
-    std::vector<std::shared_ptr<dist::Work>> gathers_done_, reduces_done_;
+    std::vector<std::shared_ptr<Work>> gathers_done_, reduces_done_;
     FsdpIterationComm comm_now_;
     std::int64_t step_count_ = 0;
 };
 
-} // namespace trainscope::train
+// FSDP as a DataParallelism. `trainable_names`: the model's trainable parameters in the order
+// full_trainable() returns them.
+std::unique_ptr<DataParallelism> make_fsdp(Communicator& comm, models::LlamaForCausalLMImpl& model,
+                                           FsdpOptions options,
+                                           std::vector<std::string> trainable_names);
+
+} // namespace trainscope::dist

@@ -1,13 +1,11 @@
-#include "trainscope/train/zero.hpp"
-
-#include "trainscope/train/checkpoint.hpp"
+#include "trainscope/dist/zero.hpp"
 
 #include <chrono>
 #include <cmath>
 
 #include "trainscope/core/error.hpp"
 
-namespace trainscope::train {
+namespace trainscope::dist {
 
 namespace {
 double since(std::chrono::steady_clock::time_point t0) {
@@ -28,8 +26,8 @@ void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor
     param.addcdiv_(exp_avg, denom, -lr / bias1);
 }
 
-ZeroOptimizer::ZeroOptimizer(dist::Communicator& comm, std::vector<torch::Tensor> parameters,
-                             int stage, ZeroAdamW hyper)
+ZeroOptimizer::ZeroOptimizer(Communicator& comm, std::vector<torch::Tensor> parameters, int stage,
+                             ZeroAdamW hyper)
     : comm_(comm), params_(std::move(parameters)), stage_(stage), hyper_(hyper) {
     if (stage_ != 1 && stage_ != 2)
         throw core::ConfigError("dist.zero=" + std::to_string(stage_) + ": use 1 or 2");
@@ -80,7 +78,7 @@ double ZeroOptimizer::reduce_gradients(double grad_scale) {
         throw core::InternalError("ZeroOptimizer::reduce_gradients without zero_grad()");
     torch::NoGradGuard no_grad;
     const auto t0 = std::chrono::steady_clock::now();
-    reduce_work_ = comm_.reduce_scatter_timed(flat_grad_, shard_grad_, dist::ReduceOp::Sum);
+    reduce_work_ = comm_.reduce_scatter_timed(flat_grad_, shard_grad_, ReduceOp::Sum);
     const double seconds = since(t0);
     shard_grad_.mul_(grad_scale / world_);
     if (stage_ == 2) { // only the shard survives the iteration
@@ -130,7 +128,7 @@ void ZeroOptimizer::load(torch::serialize::InputArchive& in) {
     step_count_ = steps.toInt();
 }
 
-void ZeroOptimizer::load_resharded(CheckpointShards& saved) {
+void ZeroOptimizer::load_resharded(ShardSource& saved) {
     torch::NoGradGuard no_grad;
     exp_avg_.copy_(saved.reshard("zero_shard", "exp_avg", numel_, rank_, world_));
     exp_avg_sq_.copy_(saved.reshard("zero_shard", "exp_avg_sq", numel_, rank_, world_));
@@ -155,4 +153,74 @@ double ZeroOptimizer::bytes_per_iteration() const {
     return static_cast<double>(flat_param_.nbytes()) * 2.0; // reduce-scatter in + all-gather out
 }
 
-} // namespace trainscope::train
+namespace {
+
+class ZeroParallelism final : public DataParallelism {
+  public:
+    ZeroParallelism(Communicator& comm, TrainableSet trainable, int stage, ZeroAdamW hyper)
+        : t_(std::move(trainable)), zero_(comm, t_.tensors, stage, hyper) {}
+
+    std::string name() const override { return "zero" + std::to_string(zero_.stage()); }
+    void begin_iteration() override { zero_.zero_grad(); }
+    void finish_gradients(double grad_scale) override {
+        host_s_ = zero_.reduce_gradients(grad_scale);
+    }
+    std::vector<torch::Tensor> gradient_shard_sums() const override {
+        return {zero_.shard_gradient_sum()};
+    }
+    void set_lr(double lr) override { lr_ = lr; }
+    bool step(const OptimizerStep&) override {
+        zero_.step(lr_);
+        return true;
+    }
+    PendingParallelComm take_iteration_comm() override {
+        PendingParallelComm p;
+        p.known.bytes = zero_.bytes_per_iteration();
+        p.known.collective_s = host_s_;
+        if (std::shared_ptr<Work> work = zero_.reduce_work()) {
+            p.known.collective_s = ParallelComm::kNaN;
+            p.resolve = [known = p.known, work] {
+                ParallelComm c = known;
+                c.collective_s = work->seconds();
+                return c;
+            };
+        }
+        return p;
+    }
+    HeldBytes held_bytes() const override {
+        HeldBytes h;
+        for (const auto& t : t_.tensors)
+            h.trainable += static_cast<double>(t.nbytes());
+        h.gradients = zero_.gradient_bytes();
+        h.optimizer_state = zero_.optimizer_state_bytes();
+        return h;
+    }
+    void save(torch::serialize::OutputArchive& out, int rank) const override {
+        if (rank == 0) save_weights(out, t_);
+        torch::serialize::OutputArchive shard;
+        zero_.save(shard);
+        out.write("zero_shard", shard);
+    }
+    void load(ShardSource& saved, int rank, bool elastic) override {
+        load_weights(saved, t_);
+        if (elastic) return zero_.load_resharded(saved);
+        torch::serialize::InputArchive shard;
+        saved.rank(rank).read("zero_shard", shard);
+        zero_.load(shard);
+    }
+    std::vector<torch::Tensor> full_trainable() override { return cpu_clones(t_.tensors); }
+
+  private:
+    TrainableSet t_;
+    ZeroOptimizer zero_;
+    double lr_ = 0, host_s_ = 0;
+};
+
+} // namespace
+
+std::unique_ptr<DataParallelism> make_zero(Communicator& comm, TrainableSet trainable, int stage,
+                                           ZeroAdamW hyper) {
+    return std::make_unique<ZeroParallelism>(comm, std::move(trainable), stage, hyper);
+}
+
+} // namespace trainscope::dist

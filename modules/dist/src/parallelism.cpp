@@ -1,0 +1,150 @@
+#include "trainscope/dist/parallelism.hpp"
+
+#include "trainscope/core/error.hpp"
+#include "trainscope/dist/gradient_synchronizer.hpp"
+
+namespace trainscope::dist {
+namespace {
+
+double bytes_of(const torch::Tensor& t) {
+    return t.defined() ? static_cast<double>(t.nbytes()) : 0.0;
+}
+
+// DDP: every rank holds the full model and optimizer; the synchronizer's bucket allreduces
+// (armed before the last micro-batch's backward) average the gradients while backward runs.
+class DdpParallelism final : public DataParallelism {
+  public:
+    DdpParallelism(Communicator& comm, TrainableSet trainable,
+                   std::unique_ptr<torch::optim::Optimizer> optimizer, std::size_t bucket_bytes,
+                   std::size_t first_bucket_bytes)
+        : t_(std::move(trainable)), optimizer_(std::move(optimizer)),
+          sync_(comm, t_.tensors, bucket_bytes, first_bucket_bytes) {
+        sync_.broadcast_parameters(0);
+    }
+
+    std::string name() const override { return "ddp"; }
+    void before_last_backward() override { sync_.begin_iteration(); }
+    void finish_gradients(double grad_scale) override {
+        sync_.finish();
+        if (grad_scale == 1.0) return;
+        torch::NoGradGuard no_grad;
+        for (auto& t : t_.tensors)
+            if (t.grad().defined()) t.mutable_grad().mul_(grad_scale);
+    }
+    std::vector<torch::Tensor> full_gradient_parameters() const override { return t_.tensors; }
+
+    void set_lr(double lr) override {
+        for (auto& group : optimizer_->param_groups())
+            group.options().set_lr(lr);
+    }
+    bool step(const OptimizerStep& via) override {
+        const bool stepped = via(*optimizer_);
+        optimizer_->zero_grad(/*set_to_none=*/false);
+        return stepped;
+    }
+    void skip_step() override { optimizer_->zero_grad(/*set_to_none=*/false); }
+
+    PendingParallelComm take_iteration_comm() override {
+        PendingParallelComm p;
+        auto pending = std::make_shared<PendingIterationComm>(sync_.last_iteration_pending());
+        p.known.bytes = pending->bytes();
+        p.known.bucket_s.assign(pending->works.size(), ParallelComm::kNaN);
+        p.resolve = [known = p.known, pending] {
+            ParallelComm c = known;
+            const IterationComm r = pending->resolve();
+            c.collective_s = r.collective_s;
+            c.bucket_s = r.bucket_s;
+            return c;
+        };
+        return p;
+    }
+    HeldBytes held_bytes() const override {
+        HeldBytes h;
+        for (const auto& t : t_.tensors) {
+            h.trainable += bytes_of(t);
+            h.gradients += bytes_of(t.grad());
+        }
+        for (const auto& [key, st] : optimizer_->state())
+            if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(st.get()))
+                h.optimizer_state += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq());
+            else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(st.get()))
+                h.optimizer_state += bytes_of(g->momentum_buffer());
+        return h;
+    }
+
+    void save(torch::serialize::OutputArchive& out, int rank) const override {
+        if (rank != 0) return; // replicated: rank 0's copy is everyone's
+        save_weights(out, t_);
+        torch::serialize::OutputArchive optimizer;
+        optimizer_->save(optimizer);
+        out.write("optimizer", optimizer);
+    }
+    void load(ShardSource& saved, int, bool) override {
+        load_weights(saved, t_);
+        torch::serialize::InputArchive optimizer;
+        saved.rank(0).read("optimizer", optimizer);
+        optimizer_->load(optimizer);
+    }
+
+    std::vector<torch::Tensor> full_trainable() override { return cpu_clones(t_.tensors); }
+    const GradientSynchronizer* synchronizer() const override { return &sync_; }
+
+  private:
+    TrainableSet t_;
+    std::unique_ptr<torch::optim::Optimizer> optimizer_;
+    GradientSynchronizer sync_;
+};
+
+} // namespace
+
+void save_tensors(torch::serialize::OutputArchive& out, const std::vector<std::string>& names,
+                  const std::vector<torch::Tensor>& tensors, bool buffers) {
+    for (std::size_t i = 0; i < names.size(); ++i)
+        out.write(names[i], tensors[i], /*is_buffer=*/buffers);
+}
+
+void load_tensors(torch::serialize::InputArchive& in, const std::vector<std::string>& names,
+                  std::vector<torch::Tensor>& tensors, const std::string& where, bool buffers) {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        torch::Tensor saved;
+        if (!in.try_read(names[i], saved, buffers))
+            throw core::InputError("checkpoint " + where + " has no tensor '" + names[i] +
+                                   "': it was written for another model");
+        torch::Tensor& t = tensors[i];
+        if (!saved.sizes().equals(t.sizes()))
+            throw core::InputError("checkpoint " + where + ": tensor '" + names[i] +
+                                   "' has shape " + c10::str(saved.sizes()) + ", the model's is " +
+                                   c10::str(t.sizes()));
+        t.copy_(saved); // in place: views (ZeRO's flat buffers) and strides stay as they are
+    }
+}
+
+void save_weights(torch::serialize::OutputArchive& out, const TrainableSet& trainable) {
+    torch::serialize::OutputArchive weights;
+    save_tensors(weights, trainable.names, trainable.tensors);
+    out.write("weights", weights);
+}
+
+void load_weights(ShardSource& saved, TrainableSet& trainable) {
+    torch::serialize::InputArchive weights;
+    saved.rank(0).read("weights", weights);
+    load_tensors(weights, trainable.names, trainable.tensors, saved.where());
+}
+
+std::vector<torch::Tensor> cpu_clones(const std::vector<torch::Tensor>& tensors) {
+    std::vector<torch::Tensor> out;
+    for (const auto& t : tensors)
+        out.push_back(t.detach().to(torch::kCPU).clone());
+    return out;
+}
+
+std::unique_ptr<DataParallelism> make_ddp(Communicator& comm, TrainableSet trainable,
+                                          std::unique_ptr<torch::optim::Optimizer> optimizer,
+                                          std::size_t bucket_bytes,
+                                          std::size_t first_bucket_bytes) {
+    return std::make_unique<DdpParallelism>(comm, std::move(trainable), std::move(optimizer),
+                                            bucket_bytes, first_bucket_bytes);
+}
+
+} // namespace trainscope::dist
