@@ -2,6 +2,8 @@
 // DESIGN.md's data flow; the TrainingLoop keeps the loss on the device until it resolves it.
 #include "trainscope/train/classification_trainer.hpp"
 
+#include "cv_execution.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -21,7 +23,6 @@
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/profiler_window.hpp"
-#include "trainscope/train/data_parallel.hpp"
 #include "trainscope/train/host_sync.hpp"
 
 #if TRAINSCOPE_HAVE_CUDA
@@ -70,13 +71,9 @@ struct ClassificationTrainer::State {
     int rank = 0, size = 1;
     std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<GradScaler> scaler;
-    std::unique_ptr<DataParallel> dp; // run.strategy=dp over several devices
-    PipelineStage stage{nullptr};     // run.strategy=pipeline: this rank's layers
-    std::unique_ptr<PipelineEngine> engine;
-    // Data parallelism: gradients and batch-norm buffers are averaged over `dpcomm`, the training
-    // data sharded over dp_size shards (world, or the pipeline's replicas).
-    dist::Communicator* dpcomm = nullptr;
-    int dp_rank = 0, dp_size = 1;
+    // How the model runs (run.strategy); gradients and batch-norm buffers are averaged over its
+    // data_comm().
+    std::unique_ptr<CvExecution> exec;
     std::unique_ptr<dist::GradientSynchronizer> sync;
     std::vector<torch::Tensor> params;
     std::vector<torch::Tensor> float_buffers; // batch-norm running statistics
@@ -92,20 +89,15 @@ struct ClassificationTrainer::State {
     // resolved and dropped by resolve_accounting.
     std::map<std::int64_t, dist::PendingIterationComm> deferred_comm;
 
-    // Replicated state (model, optimizer, scaler) lives in one rank's checkpoint file: rank 0, or
-    // under the pipeline the rank of this stage in replica 0 (ranks are stage-major).
-    int state_source_rank() const { return engine ? o.pipeline->stage : 0; }
+    // Replicated state (model, optimizer, scaler) lives in one rank's checkpoint file.
+    int state_source_rank() const { return exec->state_source_rank(); }
     int cuda_index() const { return o.device.is_cuda() ? o.device.index() : -1; }
 
     State(const TrainerOptions& opt, models::MobileNetV2 m, const data::DatasetSplits& d,
           data::AdaptedTransform t, dist::Communicator& c, MPI_Comm w)
         : o(opt), model(std::move(m)), data(d), transform(t), comm(c), world(w) {}
 
-    void set_train(bool on) {
-        model->train(on);
-        if (dp) dp->train(on);
-        if (stage) stage->train(on);
-    }
+    void set_train(bool on) { exec->set_train(on); }
 
     // A host batch as the network's input: on the device, in the parameters' dtype, NHWC when
     // channels_last.
@@ -147,26 +139,20 @@ struct ClassificationTrainer::State {
 #endif
 
     data::DistributedSampler make_sampler() const {
-        const auto n = static_cast<std::size_t>(data.size(data::Split::Train));
-        // ddp: every rank walks the whole training set, each in its own order (seed + rank), as
-        // the studies' DDP baseline without a DistributedSampler; ddp-ds: disjoint 1/N shards.
-        // pipeline: disjoint shards per replica (every stage of a replica sees the same batches).
-        if (o.strategy == Strategy::DdpDs || o.strategy == Strategy::Pipeline)
-            return data::DistributedSampler(n, dp_rank, dp_size, /*shuffle=*/true, o.seed,
-                                            o.drop_last);
-        return data::DistributedSampler(n, 0, 1, /*shuffle=*/true, o.seed + rank, o.drop_last);
+        return exec->sampler(static_cast<std::size_t>(data.size(data::Split::Train)), o.seed,
+                             o.drop_last);
     }
 
     // Like DDP's broadcast_buffers: every rank starts each forward with rank 0's batch-norm
     // statistics, so evaluation on any rank sees the same model. One flat broadcast.
     void sync_buffers() {
-        if (dp_size == 1 || float_buffers.empty()) return;
+        if (exec->data_size() == 1 || float_buffers.empty()) return;
         torch::NoGradGuard g;
         std::vector<torch::Tensor> flat;
         for (auto& b : float_buffers)
             flat.push_back(b.reshape(-1));
         torch::Tensor all = torch::cat(flat);
-        dpcomm->broadcast(all, 0);
+        exec->data_comm().broadcast(all, 0);
         std::int64_t off = 0;
         for (auto& b : float_buffers) {
             b.copy_(all.narrow(0, off, b.numel()).view_as(b));
@@ -184,9 +170,6 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     State& s = *s_;
     MPI_Comm_rank(world, &s.rank);
     MPI_Comm_size(world, &s.size);
-    s.dpcomm = &comm;
-    s.dp_rank = s.rank;
-    s.dp_size = s.size;
     s.model->to(s.o.device, s.o.dtype);
     if (s.o.channels_last) {
         // NHWC: 4-D weights (convolutions) in channels-last strides; the inputs follow in run().
@@ -194,26 +177,14 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
         for (auto& p : s.model->parameters())
             if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
     }
-    torch::nn::Module& net = *s.model;
     s.peak = prof::PhasePeak(s.cuda_index(), s.o.accounting);
-    if (s.o.strategy == Strategy::Pipeline) {
-        if (!s.o.pipeline)
-            throw core::InternalError("ClassificationTrainer: pipeline without its groups");
-        const PipelineGroups& g = *s.o.pipeline;
-        s.stage = PipelineStage(s.model, s.o.pipeline_plan, g.stage); // shares the model's layers
-        s.engine = std::make_unique<PipelineEngine>(s.stage, s.o.pipeline_plan, *g.pipe,
-                                                    s.o.microbatches, s.o.batch_size);
-        s.dpcomm = g.dp.get();
-        s.dp_rank = g.replica;
-        s.dp_size = g.replicas;
-    }
-    torch::nn::Module& trained = s.stage ? static_cast<torch::nn::Module&>(*s.stage) : net;
+    s.exec = make_cv_execution(s.o, s.model, comm, s.rank, s.size);
+    torch::nn::Module& trained = s.exec->trained();
     for (auto& b : trained.buffers())
         if (b.is_floating_point()) s.float_buffers.push_back(b);
-    // Augmentation seeds (image folders): one stream per data shard; ddp ranks read the same
-    // samples in their own order, so they also augment them differently.
-    const std::uint64_t aug_seed =
-        s.o.seed + (s.o.strategy == Strategy::Ddp ? static_cast<std::uint64_t>(s.rank) : 0);
+    // Augmentation seeds (image folders): one stream per data shard, or per rank where ranks
+    // read the same samples in their own order.
+    const std::uint64_t aug_seed = s.exec->augmentation_seed(s.o.seed);
     s.train_source =
         data::make_batch_source(s.data, data::Split::Train, s.transform, s.o.preprocess, aug_seed);
     s.test_source =
@@ -231,19 +202,12 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
         s.optimizer = std::make_unique<torch::optim::AdamW>(
             params, torch::optim::AdamWOptions(s.o.lr).weight_decay(s.o.weight_decay));
 
-    if (s.o.strategy == Strategy::Dp && s.o.dp_devices.size() > 1) {
-        if (!s.o.make_replica)
-            throw core::InternalError("ClassificationTrainer: dp over several devices needs "
-                                      "TrainerOptions::make_replica");
-        s.dp = std::make_unique<DataParallel>(s.model, s.o.make_replica, s.o.dp_devices, s.o.dtype,
-                                              s.o.channels_last);
-    }
     GradScaler::Options scaler_options;
     scaler_options.enabled = s.o.precision.loss_scaling;
     s.scaler = std::make_unique<GradScaler>(scaler_options, s.o.device);
 
     s.sync = std::make_unique<dist::GradientSynchronizer>(
-        *s.dpcomm, params, static_cast<std::size_t>(s.o.bucket_bytes),
+        s.exec->data_comm(), params, static_cast<std::size_t>(s.o.bucket_bytes),
         static_cast<std::size_t>(s.o.first_bucket_bytes));
     s.sync->broadcast_parameters(0);
     s.sync_buffers();
@@ -294,7 +258,7 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
         if (has_mine) load_rng_state(mine, s.cuda_index());
         s.start_iteration = read_int(*from, "next_iteration");
     });
-    if (s.dp) s.dp->refresh();
+    s.exec->after_update();
 }
 
 std::int64_t ClassificationTrainer::iterations_per_epoch() const {
@@ -368,45 +332,16 @@ StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer&
     }
     // Allocator peak of each phase: the CUDA caching allocator's, or on CPU the host tensor
     // counter's. Both counters are host-side, so reading them does not synchronise.
-    torch::Tensor loss;
-    if (s.engine) {
-        // GPipe: all micro-batch forwards, then all backwards. The data-parallel allreduce starts
-        // only once every point-to-point operation of the step was issued (one order of the two
-        // communicators on every rank, see pipeline.cpp): the synchronizer is armed after the
-        // step and finish() launches all buckets.
-        s.sync_buffers();
-        timer.start(prof::Phase::Forward);
-        bool in_backward = false;
-        loss = s.engine->step(x, y, 0, [&] {
-            timer.stop(prof::Phase::Forward);
-            timer.start(prof::Phase::Backward);
-            in_backward = true;
-        });
-        if (!in_backward)
-            timer.stop(prof::Phase::Forward);
-        else
-            timer.stop(prof::Phase::Backward);
-        s.sync->begin_iteration();
-    } else {
-        {
-            prof::PhaseScope p(timer, prof::Phase::Forward);
-            s.peak.begin();
-            s.sync_buffers();
-            AutocastScope autocast(s.o.precision, s.o.device);
-            torch::Tensor logits = s.dp ? s.dp->forward(x) : s.model->forward(x); // [B, K]
-            loss = torch::nn::functional::cross_entropy(logits, y);
-            if (control) inject_fault(*control, iteration, loss);
-            s.peak.end(r.forward_peak);
-        }
-        {
-            prof::PhaseScope p(timer, prof::Phase::Backward);
-            s.peak.begin();
-            s.sync->begin_iteration();
-            s.scaler->scale(loss).backward();
-            if (s.dp) s.dp->reduce_gradients();
-            s.peak.end(r.backward_peak);
-        }
-    }
+    CvStepHooks hooks{timer,
+                      s.peak,
+                      r,
+                      [&] { s.sync_buffers(); },
+                      [&] { s.sync->begin_iteration(); },
+                      [&](torch::Tensor& loss) {
+                          if (control) inject_fault(*control, iteration, loss);
+                      },
+                      [&](const torch::Tensor& loss) { return s.scaler->scale(loss); }};
+    const torch::Tensor loss = s.exec->forward_backward(x, y, hooks);
     // r.loss_scale (fp16-mixed): the scale this backward used, read with the scaler's verdict in
     // prepare_apply.
     {
@@ -454,7 +389,7 @@ bool ClassificationTrainer::apply(bool skip, double& optimizer_peak) {
         s.optimizer->step();
     }
     s.optimizer->zero_grad(/*set_to_none=*/false);
-    if (s.dp) s.dp->refresh();
+    s.exec->after_update();
     s.peak.end(optimizer_peak);
     s.loss = torch::Tensor();
     return stepped;
@@ -495,13 +430,8 @@ void ClassificationTrainer::resolve(std::vector<DeferredStep>& steps) {
         losses.push_back(d.loss.reshape({1}));
     const torch::Tensor mine =
         read_to_host(torch::cat(losses)); // [n]: one host read for all of them
-    torch::Tensor shared = mine;
-    if (s.engine) {
-        // The loss exists on the last stage only: every stage shows and averages that one.
-        shared = torch::cat(losses).clone();
-        s.o.pipeline->pipe->broadcast(shared, s.o.pipeline->stages - 1);
-        shared = read_to_host(shared);
-    }
+    torch::Tensor shared = s.exec->shared_losses(torch::cat(losses));
+    if (!shared.defined()) shared = mine;
     for (std::size_t i = 0; i < steps.size(); ++i) {
         const auto k = static_cast<std::int64_t>(i);
         steps[i].loss_value = mine[k].item<double>();
@@ -517,7 +447,7 @@ std::pair<double, double> ClassificationTrainer::evaluate() {
     // Exact shard without padding: rank r takes every size-th sample from r, so each test image
     // counts once however many ranks there are.
     std::vector<std::int64_t> mine;
-    for (std::int64_t i = s.dp_rank; i < n; i += s.dp_size)
+    for (std::int64_t i = s.exec->data_rank(); i < n; i += s.exec->data_size())
         mine.push_back(i);
     data::Loader loader(s.test_source, mine, /*epoch=*/0, s.o.eval_batch_size, s.o.workers,
                         s.o.prefetch, s.o.pin_memory, /*drop_last=*/false);
@@ -525,14 +455,8 @@ std::pair<double, double> ClassificationTrainer::evaluate() {
     while (auto batch = loader.next()) {
         auto [x, y] = s.input(*batch);
         AutocastScope autocast(s.o.precision, s.o.device);
-        torch::Tensor logits;
-        if (s.engine) {
-            // Every stage of a replica walks the same batches; the last one scores them.
-            logits = s.engine->forward_only(x, batch->size);
-            if (!logits.defined()) continue;
-        } else {
-            logits = s.model->forward(x);
-        }
+        torch::Tensor logits = s.exec->eval_logits(x, batch->size);
+        if (!logits.defined()) continue; // a pipeline stage before the last
         if (logits.scalar_type() == torch::kHalf || logits.scalar_type() == torch::kBFloat16)
             logits = logits.to(torch::kFloat32);
         sums[0] +=
