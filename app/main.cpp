@@ -44,11 +44,13 @@ int main(int argc, char** argv) {
         dist::agree_on_errors(MPI_COMM_WORLD,
                               [&] { cli = core::CommandLine::parse(options, argc, argv); });
         if (cli.help || cli.version || cli.print_config) {
+            core::Config shown = cli.config; // with the workload's defaults, as a run resolves it
+            if (cli.print_config) train::apply_workload_defaults(shown);
             if (topo.rank == 0)
                 std::cout << (cli.help      ? core::CommandLine::usage(options)
                               : cli.version ? core::build_info().describe() + "mpi_library: " +
                                                   dist::mpi_library_version() + "\n"
-                                            : cli.config.to_ini(/*with_origins=*/true));
+                                            : shown.to_ini(/*with_origins=*/true));
             return 0;
         }
 

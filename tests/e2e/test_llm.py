@@ -292,3 +292,35 @@ def test_bad_llm_input_is_refused_on_every_rank(run_ts, tmp_path):
     assert proc.returncode == 2
     both_ranks_said(proc, "dist.prefetch (set at command line)", "run.workload=llm")
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_workload_defaults_are_recorded_as_run(run_ts, tmp_path):
+    """An LLM run that leaves train.optimizer, train.lr, train.weight_decay and run.precision
+    unset trains with torchtune's values (AdamW 3e-4, 0.01, bf16), and /config, /config/ini and
+    --print-config say so: the recorded INI reruns the same job (it said the CV defaults, SGD 0.05
+    fp32, before)."""
+    unset = ("optimizer", "lr", "weight_decay", "precision")
+    lines = (LLM / "full-tiny.ini").read_text().splitlines()
+    ini = tmp_path / "defaults.ini"
+    ini.write_text("\n".join(l for l in lines if l.split("=")[0].strip() not in unset) + "\n")
+    out = tmp_path / "defaults.h5"
+    proc = run_ts(1, "--config", ini, f"--output.file={out}", "--log.every=0",
+                  "--train.max_iters=2", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "run.workload=llm defaults (torchtune) for options left unset: train.optimizer=adamw, " \
+           "train.lr=3e-4, train.weight_decay=0.01, run.precision=bf16" in proc.stdout + proc.stderr
+    with h5py.File(out, "r") as f:
+        cfg = f["config"].attrs
+        assert text(cfg["train.optimizer"]) == "adamw"
+        assert float(cfg["train.lr"]) == pytest.approx(3e-4)
+        assert float(cfg["train.weight_decay"]) == pytest.approx(0.01)
+        assert text(cfg["run.precision"]) == "bf16"
+        recorded = f["config/ini"].asstr()[()]
+        lr = f["iterations/lr"][0, :]  # the schedule's base is 3e-4, not the CV's 0.05
+        assert np.all(lr > 0) and lr.max() <= 3e-4 * (1 + 1e-9)
+    for line in ("optimizer = adamw", "lr = 3e-4", "weight_decay = 0.01", "precision = bf16"):
+        assert line in recorded.splitlines(), recorded
+    # An option given keeps its value; --print-config shows the same resolution as the run.
+    shown = run_ts(1, "--config", ini, "--train.lr=0.002", "--print-config")
+    assert shown.returncode == 0, shown.stderr
+    assert "lr = 0.002" in shown.stdout and "optimizer = adamw" in shown.stdout

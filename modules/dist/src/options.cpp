@@ -29,6 +29,25 @@ void declare_options(core::OptionRegistry& registry) {
                        "cap in MiB of the first gradient bucket reduced (the last parameters; as "
                        "DDP's 1 MiB first bucket), at most dist.bucket_mb; must be > 0",
                        0.0, 1048576.0);
+    // Sharding (ZeRO / FSDP) of LLM fine-tuning, read by read_sharding.
+    registry.add_choice(
+        "dist.zero", "0", {"0", "1", "2", "3"},
+        "ZeRO sharding over the data-parallel ranks: 1 = optimizer state sharded "
+        "(full-weight training: reduce-scatter gradients, step the shard, all-gather "
+        "parameters); 2 = gradients sharded too; 3 = parameters sharded too (FSDP as "
+        "torchtune's distributed recipes run it, every llm.method: one flat shard per "
+        "decoder layer, the embedding and the head, all-gathered before a unit's forward "
+        "and backward, gradients reduce-scattered per unit)");
+    registry.add_bool(
+        "dist.reshard_after_forward", true,
+        "dist.zero=3: free a unit's gathered parameters after its forward and all-gather "
+        "them again for its backward (FSDP's reshard_after_forward); false keeps them from "
+        "forward to backward (less communication, more memory)");
+    registry.add_bool(
+        "dist.prefetch", true,
+        "dist.zero=3: issue the next unit's all-gather before the current unit computes "
+        "(forward and backward), so communication overlaps compute; false gathers each "
+        "unit when it is needed");
     // run.workload=comm: the communication benchmark (dist/comm_benchmark.hpp).
     registry.add_float("dist.timeout", 600,
                        "seconds a rank may wait for its peers (MPI and NCCL collectives and "
@@ -48,6 +67,23 @@ void declare_options(core::OptionRegistry& registry) {
                         "comm benchmark: comma-separated collectives to measure");
     registry.add_choice("comm.dtype", "float32", {"float32", "float64", "bfloat16", "float16"},
                         "comm benchmark: element type (the MPI backend reduces float32/float64)");
+}
+
+const char* ShardingOptions::changed_key() const {
+    const ShardingOptions defaults;
+    if (zero != defaults.zero) return "dist.zero";
+    if (reshard_after_forward != defaults.reshard_after_forward)
+        return "dist.reshard_after_forward";
+    if (prefetch != defaults.prefetch) return "dist.prefetch";
+    return nullptr;
+}
+
+ShardingOptions read_sharding(const core::Config& config) {
+    ShardingOptions o;
+    o.zero = static_cast<ZeroStage>(std::stoi(config.get_string("dist.zero"))); // a checked choice
+    o.reshard_after_forward = config.get_bool("dist.reshard_after_forward");
+    o.prefetch = config.get_bool("dist.prefetch");
+    return o;
 }
 
 std::string granted_gpus(const std::map<std::string, std::string>& env) {

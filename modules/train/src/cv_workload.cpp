@@ -228,12 +228,6 @@ void CvWorkload::build() {
                                 static_cast<double>(channels_ * image_size * image_size) * elem) *
                                static_cast<double>(layout.batch_per_rank);
 
-    t.schedule.kind = c.get_string("train.schedule");
-    t.schedule.base_lr = t.lr;
-    t.schedule.warmup_iters = c.get_int("train.warmup_iters");
-    t.schedule.gamma = c.get_float("train.gamma");
-    t.schedule.min_lr = c.get_float("train.min_lr");
-
     t.make_replica = [mopt] { return models::MobileNetV2(mopt); };
     data::AdaptedTransform transform{static_cast<int>(channels_), static_cast<int>(image_size),
                                      data_.train.mean, data_.train.std};
@@ -241,10 +235,7 @@ void CvWorkload::build() {
         std::make_unique<ClassificationTrainer>(t, model, data_, transform, *comm_, env_.world);
     iterations_per_epoch_ = trainer_->iterations_per_epoch();
     total_iterations_ = trainer_->total_iterations();
-    t.schedule.total_iters = total_iterations_;
-    t.schedule.step_iters =
-        c.get_int("train.step_epochs") * std::max<std::int64_t>(1, iterations_per_epoch_);
-    trainer_->set_schedule(t.schedule);
+    trainer_->set_schedule(schedule_from_config(c, total_iterations_, iterations_per_epoch_));
     if (env_.resumed) trainer_->restore(*env_.resumed);
 }
 

@@ -103,7 +103,8 @@ std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o, bool
                                                        std::size_t bucket_bytes,
                                                        std::size_t first_bucket_bytes) {
     dist::TrainableSet trainable{m.trainable_names, m.trainable};
-    if (o.zero == 0) {
+    const dist::ZeroStage zero = o.sharding.zero;
+    if (zero == dist::ZeroStage::None) {
         std::unique_ptr<torch::optim::Optimizer> optimizer;
         if (o.optimizer == "adamw")
             optimizer = std::make_unique<torch::optim::AdamW>(
@@ -120,10 +121,11 @@ std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o, bool
     dist::ZeroAdamW h;
     h.lr = o.lr;
     h.weight_decay = o.weight_decay;
-    if (o.zero < 3) return dist::make_zero(comm, std::move(trainable), o.zero, h);
+    if (zero != dist::ZeroStage::Parameters)
+        return dist::make_zero(comm, std::move(trainable), dist::to_int(zero), h);
     dist::FsdpOptions fo;
-    fo.reshard_after_forward = o.reshard_after_forward;
-    fo.prefetch = o.prefetch;
+    fo.reshard_after_forward = o.sharding.reshard_after_forward;
+    fo.prefetch = o.sharding.prefetch;
     fo.adamw = h;
     auto fsdp = dist::make_fsdp(comm, *m.model, fo, m.trainable_names);
     ::malloc_trim(0); // the full weights built on every rank are gone

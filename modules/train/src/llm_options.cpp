@@ -99,21 +99,6 @@ void declare_llm_options(core::OptionRegistry& r) {
                  "PEFT adapter directory for the trained LoRA adapters (adapter_model.safetensors "
                  "+ adapter_config.json): auto = beside the run file (<output.file>.adapter), none "
                  "= not saved, or a directory path");
-    r.add_choice("dist.zero", "0", {"0", "1", "2", "3"},
-                 "ZeRO sharding over the data-parallel ranks: 1 = optimizer state sharded "
-                 "(full-weight training: reduce-scatter gradients, step the shard, all-gather "
-                 "parameters); 2 = gradients sharded too; 3 = parameters sharded too (FSDP as "
-                 "torchtune's distributed recipes run it, every llm.method: one flat shard per "
-                 "decoder layer, the embedding and the head, all-gathered before a unit's forward "
-                 "and backward, gradients reduce-scattered per unit)");
-    r.add_bool("dist.reshard_after_forward", true,
-               "dist.zero=3: free a unit's gathered parameters after its forward and all-gather "
-               "them again for its backward (FSDP's reshard_after_forward); false keeps them from "
-               "forward to backward (less communication, more memory)");
-    r.add_bool("dist.prefetch", true,
-               "dist.zero=3: issue the next unit's all-gather before the current unit computes "
-               "(forward and backward), so communication overlaps compute; false gathers each "
-               "unit when it is needed");
 }
 
 LlmMethod parse_llm_method(const std::string& name) {
@@ -253,16 +238,15 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
     o.qat_lora = c.get_bool("llm.qat.lora");
     o.activation_checkpointing = c.get_bool("llm.activation_checkpointing");
     o.gradient_accumulation = c.get_int("llm.gradient_accumulation");
-    o.zero = static_cast<int>(std::stoi(c.get_string("dist.zero")));
-    if ((o.zero == 1 || o.zero == 2) && uses_lora(o))
-        throw core::ConfigError("dist.zero=" + std::to_string(o.zero) +
+    o.sharding = dist::read_sharding(c);
+    const int zero = dist::to_int(o.sharding.zero);
+    if ((zero == 1 || zero == 2) && uses_lora(o))
+        throw core::ConfigError("dist.zero=" + std::to_string(zero) +
                                 " shards the optimizer state of full-weight training; llm.method=" +
                                 to_string(o.method) +
                                 (o.method == LlmMethod::Qat ? " with llm.qat.lora=true" : "") +
                                 " trains only LoRA adapters (small): set dist.zero=0, or "
                                 "dist.zero=3 to shard the frozen base weights too");
-    o.reshard_after_forward = c.get_bool("dist.reshard_after_forward");
-    o.prefetch = c.get_bool("dist.prefetch");
     const std::string save = c.get_string("llm.save_adapters");
     if (save == "auto")
         o.save_adapters = adapter_dir_beside(c.get_string("output.file"));
@@ -276,29 +260,19 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         check_adapter_dir(o.save_adapters, save, c.get_bool("output.overwrite"),
                           c.get_string("output.file"));
 
-    // torchtune's defaults where the image-classification defaults were left in place.
-    auto take = [&](const char* key, auto& field, auto value, const std::string& shown) {
-        if (c.is_default(key)) {
-            field = value;
-            o.defaults_applied.push_back(std::string(key) + "=" + shown);
-        }
-    };
     o.optimizer = c.get_string("train.optimizer");
     o.lr = c.get_float("train.lr");
     o.weight_decay = c.get_float("train.weight_decay");
     o.schedule = c.get_string("train.schedule");
     o.precision = c.get_string("run.precision");
-    take("train.optimizer", o.optimizer, std::string("adamw"), "adamw");
-    take("train.lr", o.lr, 3e-4, "3e-4");
-    take("train.weight_decay", o.weight_decay, 0.01, "0.01");
-    take("train.schedule", o.schedule, std::string("cosine"), "cosine");
-    take("run.precision", o.precision, std::string("bf16"), "bf16");
+    // torchtune's defaults for what was left unset came with the configuration
+    // (apply_workload_defaults).
     // The sharded optimizers (ZeRO-1/2, FSDP) implement AdamW and step without a loss scaler.
-    if (o.zero > 0 && o.optimizer != "adamw")
-        throw core::ConfigError("dist.zero=" + std::to_string(o.zero) +
+    if (zero > 0 && o.optimizer != "adamw")
+        throw core::ConfigError("dist.zero=" + std::to_string(zero) +
                                 " implements AdamW: set train.optimizer=adamw");
-    if (o.zero > 0 && o.precision == "fp16-mixed")
-        throw core::ConfigError("dist.zero=" + std::to_string(o.zero) +
+    if (zero > 0 && o.precision == "fp16-mixed")
+        throw core::ConfigError("dist.zero=" + std::to_string(zero) +
                                 " has no loss scaler for run.precision=fp16-mixed: use "
                                 "bf16-mixed (as torchtune's recipes) or fp32, or dist.zero=0");
     return o;

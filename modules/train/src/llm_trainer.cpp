@@ -40,8 +40,8 @@ namespace trainscope::train {
 LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
                        const data::TextDataset& data, const data::Tokenizer& tokenizer,
                        dist::Communicator& comm, MPI_Comm world, LlmSplit split)
-    : s_(std::make_unique<State>(
-          State{options, std::move(model), data, tokenizer, comm, world, std::move(split)})) {
+    : s_(std::make_unique<State>(options, std::move(model), data, tokenizer, comm, world,
+                                 std::move(split))) {
     s_->peak = prof::PhasePeak(s_->cuda_index(), s_->o.accounting);
     State& s = *s_;
     s.rank = comm.rank();

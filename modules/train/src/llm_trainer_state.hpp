@@ -56,6 +56,10 @@ struct LlmTrainer::State {
     MPI_Comm world;
     LlmSplit split;
     int rank = 0, size = 1;
+    State(const LlmTrainerOptions& options, LlmModel model, const data::TextDataset& d,
+          const data::Tokenizer& t, dist::Communicator& c, MPI_Comm w, LlmSplit s)
+        : o(options), m(std::move(model)), data(d), tokenizer(t), comm(c), world(w),
+          split(std::move(s)) {}
     std::vector<data::PackedSample> packs;           // llm.packed (of the training samples)
     std::unique_ptr<dist::DataParallelism> parallel; // DDP, ZeRO-1/2 or FSDP
     std::unique_ptr<GradScaler> scaler;

@@ -207,13 +207,6 @@ void LlmWorkload::build() {
     const core::Config& c = env_.cfg;
     const BatchLayout& layout = env_.layout;
     const PrecisionPolicy& policy = env_.policy;
-    if (!l_.defaults_applied.empty()) {
-        std::string list;
-        for (const auto& d : l_.defaults_applied)
-            list += (list.empty() ? "" : ", ") + d;
-        core::log::info() << "LLM fine-tuning defaults (torchtune) for options left unset: "
-                          << list;
-    }
     dist::agree_on_errors(env_.world, [&] {
         tokenizer_ = data::load_tokenizer(l_.tokenizer);
         llama_ = resolve_llama_config(l_, tokenizer_->vocab_size());
@@ -244,8 +237,8 @@ void LlmWorkload::build() {
     mi.activation_checkpointing = l_.activation_checkpointing;
     mi.packed = l_.packed;
     // Stage 3 rows with this run's dist.reshard_after_forward and dist.prefetch.
-    mi.reshard_after_forward = l_.reshard_after_forward;
-    mi.prefetch = l_.prefetch;
+    mi.reshard_after_forward = l_.sharding.reshard_after_forward;
+    mi.prefetch = l_.sharding.prefetch;
     std::vector<std::pair<LlmMethod, int>> rows; // (method, dist.zero)
     for (LlmMethod m :
          {LlmMethod::Full, LlmMethod::Lora, LlmMethod::Qlora, LlmMethod::Dpo, LlmMethod::Qat}) {
@@ -254,9 +247,10 @@ void LlmWorkload::build() {
     }
     // The configured run is one of the rows, or appended last (e.g. QAT under dist.zero=1):
     // its index either way.
-    auto found = std::find(rows.begin(), rows.end(), std::make_pair(l_.method, l_.zero));
+    auto found = std::find(rows.begin(), rows.end(),
+                           std::make_pair(l_.method, dist::to_int(l_.sharding.zero)));
     const int this_run = static_cast<int>(found - rows.begin());
-    if (found == rows.end()) rows.emplace_back(l_.method, l_.zero);
+    if (found == rows.end()) rows.emplace_back(l_.method, dist::to_int(l_.sharding.zero));
     std::vector<LlmMemoryPlan> plans;
     for (const auto& [m, z] : rows) {
         mi.method = m;
@@ -272,7 +266,7 @@ void LlmWorkload::build() {
     std::ostringstream o;
     o << "trainscope plan (dry run: nothing is trained or written)\n"
       << "  workload      llm, method " << to_string(l_.method) << ", precision " << env_.precision
-      << ", dist.zero " << l_.zero << "\n"
+      << ", dist.zero " << dist::to_int(l_.sharding.zero) << "\n"
       << ranks_text();
     o << "  model         Llama " << llama_.name << ": " << llama_.num_hidden_layers
       << " layers, hidden " << llama_.hidden_size << ", FFN " << llama_.intermediate_size
@@ -310,8 +304,8 @@ void LlmWorkload::build() {
       << format_memory_plans(plans, device_bytes, this_run)
       << "  zero 3        weights, grads, optim: this rank's 1/" << layout.world_size
       << " shards; gathered: the units in flight ("
-      << (l_.reshard_after_forward
-              ? (l_.prefetch ? "2 x the largest, dist.prefetch" : "the largest unit")
+      << (l_.sharding.reshard_after_forward
+              ? (l_.sharding.prefetch ? "2 x the largest, dist.prefetch" : "the largest unit")
               : "the whole model, dist.reshard_after_forward=false")
       << "); unitgrad: one unit's gradient before its reduce-scatter\n"
       << "  this run      ~" << mib(mine.total_bytes()) << " per rank\n";
@@ -344,16 +338,8 @@ void LlmWorkload::build() {
         trainer_ = std::make_unique<LlmTrainer>(t, std::move(model), *text_, *tokenizer_, *comm_,
                                                 env_.world, validation);
     });
-    LrSchedule sched;
-    sched.kind = l_.schedule;
-    sched.base_lr = l_.lr;
-    sched.warmup_iters = c.get_int("train.warmup_iters");
-    sched.gamma = c.get_float("train.gamma");
-    sched.min_lr = c.get_float("train.min_lr");
-    sched.total_iters = trainer_->total_iterations();
-    sched.step_iters = c.get_int("train.step_epochs") *
-                       std::max<std::int64_t>(1, trainer_->iterations_per_epoch());
-    trainer_->set_schedule(sched);
+    trainer_->set_schedule(
+        schedule_from_config(c, trainer_->total_iterations(), trainer_->iterations_per_epoch()));
     if (env_.resumed) trainer_->restore(*env_.resumed);
 }
 
@@ -381,7 +367,7 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"train_samples", train_samples()},
         {"val_samples", static_cast<std::int64_t>(split_.val.size())},
         {"val_source", val_description_.empty() ? std::string("none") : val_description_},
-        {"zero", std::int64_t{l_.zero}},
+        {"zero", std::int64_t{dist::to_int(l_.sharding.zero)}},
         {"activation_checkpointing", std::int64_t{l_.activation_checkpointing}},
         {"memory_estimate_bytes", memory_.total_bytes()},
         {"memory_plan_weight_bytes",

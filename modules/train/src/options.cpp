@@ -26,7 +26,8 @@ void declare_options(core::OptionRegistry& r) {
         "run.precision", "fp32", {"fp64", "fp32", "tf32", "fp16-mixed", "bf16-mixed", "bf16"},
         "fp64/fp32: plain; tf32: fp32 with TF32 tensor-core matmul and convolution (CUDA); "
         "fp16-mixed: fp32 weights, fp16 autocast and dynamic loss scaling; bf16-mixed: "
-        "fp32 weights, bf16 autocast; bf16: bf16 weights and compute");
+        "fp32 weights, bf16 autocast; bf16: bf16 weights and compute (run.workload=llm: bf16 "
+        "unless set)");
     r.add_bool("run.deterministic", false,
                "deterministic algorithms (cuDNN/cuBLAS included; sets "
                "CUBLAS_WORKSPACE_CONFIG=:4096:8 unless already set). CPU: an operation without a "
@@ -71,11 +72,15 @@ void declare_options(core::OptionRegistry& r) {
               0);
     r.add_int("train.eval_batch_size", 256, "samples per rank per evaluation batch", 1, 1 << 20);
     r.add_bool("train.eval", true, "evaluate test-set loss and accuracy after every epoch");
-    r.add_choice("train.optimizer", "sgd", {"sgd", "adamw"}, "optimizer");
-    r.add_float("train.lr", 0.05, "base learning rate", 0.0, 100.0);
+    r.add_choice("train.optimizer", "sgd", {"sgd", "adamw"},
+                 "optimizer (run.workload=llm: adamw unless set)");
+    r.add_float("train.lr", 0.05, "base learning rate (run.workload=llm: 3e-4 unless set)", 0.0,
+                100.0);
     r.add_float("train.momentum", 0.9, "SGD momentum", 0.0, 1.0);
     r.add_bool("train.nesterov", false, "SGD with Nesterov momentum");
-    r.add_float("train.weight_decay", 4e-5, "weight decay (SGD: L2; AdamW: decoupled)", 0.0, 1.0);
+    r.add_float("train.weight_decay", 4e-5,
+                "weight decay (SGD: L2; AdamW: decoupled; run.workload=llm: 0.01 unless set)", 0.0,
+                1.0);
     r.add_choice("train.schedule", "cosine", {"constant", "step", "cosine"},
                  "learning-rate schedule after warm-up, per iteration");
     r.add_int("train.warmup_iters", 0, "iterations of linear learning-rate warm-up", 0);
@@ -108,6 +113,35 @@ void declare_options(core::OptionRegistry& r) {
     r.add_int("log.every", 20, "rank 0 prints progress every this many iterations (0 = never)", 0);
     r.add_choice("log.level", "info", {"debug", "info", "warn", "error"},
                  "least severe level shown");
+}
+
+namespace {
+
+struct WorkloadDefault {
+    const char* workload;
+    const char* key;
+    const char* value;
+};
+
+// torchtune's LoRA/full fine-tuning recipes for what the CV defaults would get wrong.
+constexpr WorkloadDefault kWorkloadDefaults[] = {
+    {"llm", "train.optimizer", "adamw"},
+    {"llm", "train.lr", "3e-4"},
+    {"llm", "train.weight_decay", "0.01"},
+    {"llm", "run.precision", "bf16"},
+};
+
+} // namespace
+
+std::vector<std::string> apply_workload_defaults(core::Config& config) {
+    std::vector<std::string> applied;
+    const std::string workload = config.get_string("run.workload");
+    for (const WorkloadDefault& d : kWorkloadDefaults)
+        if (workload == d.workload && config.is_default(d.key)) {
+            config.set(d.key, d.value);
+            applied.push_back(std::string(d.key) + "=" + d.value);
+        }
+    return applied;
 }
 
 core::OptionRegistry all_options() {

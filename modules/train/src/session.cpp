@@ -22,6 +22,7 @@
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/checkpoint.hpp"
+#include "trainscope/train/options.hpp"
 #include "trainscope/train/run_control.hpp"
 #include "trainscope/train/workload.hpp"
 
@@ -66,6 +67,14 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
     s.resume = cli.resume;
     core::Config& c = env.cfg;
     core::log::set_level(core::log::parse_level(c.get_string("log.level")));
+    // The workload's own defaults first: what reads the options, and /config, see what runs.
+    if (const std::vector<std::string> applied = apply_workload_defaults(c); !applied.empty()) {
+        std::string list;
+        for (const auto& d : applied)
+            list += (list.empty() ? "" : ", ") + d;
+        core::log::info() << "run.workload=" << c.get_string("run.workload")
+                          << " defaults (torchtune) for options left unset: " << list;
+    }
 
     dist::agree_on_errors(world, [&] {
         RunControlOptions::from_config(c);  // checkpoint.every and the run.* fault options

@@ -9,6 +9,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/options.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/prof/telemetry.hpp"
@@ -99,12 +100,7 @@ std::unique_ptr<Workload> make_workload(const RunEnvironment& env) {
     // ignored, so they are refused.
     if (kind != WorkloadKind::Llm) {
         const auto& c = env.cfg;
-        const char* changed = c.get_string("dist.zero") != "0" ? "dist.zero"
-                              : !c.get_bool("dist.reshard_after_forward")
-                                  ? "dist.reshard_after_forward"
-                              : !c.get_bool("dist.prefetch") ? "dist.prefetch"
-                                                             : nullptr;
-        if (changed)
+        if (const char* changed = dist::read_sharding(c).changed_key())
             throw core::ConfigError(std::string(changed) + " (set at " + c.origin(changed) +
                                     ") shards LLM fine-tuning (ZeRO / FSDP) and has no effect on "
                                     "run.workload=" +

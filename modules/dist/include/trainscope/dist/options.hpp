@@ -1,5 +1,6 @@
 // Options owned by the dist module (run.device, dist.backend, dist.bucket_mb,
-// dist.first_bucket_mb; comm.* of the communication benchmark, read by
+// dist.first_bucket_mb, the sharding options dist.zero, dist.reshard_after_forward and
+// dist.prefetch; comm.* of the communication benchmark, read by
 // CommBenchmarkOptions::from_config) and their resolution into concrete choices: "auto" becomes
 // cpu/cuda and mpi/nccl, impossible combinations are ConfigErrors naming both keys.
 #pragma once
@@ -15,6 +16,24 @@
 namespace trainscope::dist {
 
 void declare_options(core::OptionRegistry& registry);
+
+// dist.zero: how much of the training state data parallelism shards (ZeRO's stages; stage 3 is
+// FSDP). The enum's values are the option's numbers.
+enum class ZeroStage { None = 0, OptimizerState = 1, Gradients = 2, Parameters = 3 };
+inline int to_int(ZeroStage z) {
+    return static_cast<int>(z);
+}
+
+// The sharding options, read once (read_sharding).
+struct ShardingOptions {
+    ZeroStage zero = ZeroStage::None;
+    // dist.zero=3: free a unit's gathered weights after its forward (FSDP's
+    // reshard_after_forward); gather the next unit's while the current one computes.
+    bool reshard_after_forward = true, prefetch = true;
+    // The first sharding key whose value differs from its default, or nullptr.
+    const char* changed_key() const;
+};
+ShardingOptions read_sharding(const core::Config& config);
 
 struct DistOptions {
     std::string device;               // "cpu" | "cuda"

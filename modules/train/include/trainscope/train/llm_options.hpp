@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trainscope/data/text_dataset.hpp"
+#include "trainscope/dist/options.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/lora.hpp"
 
@@ -43,9 +44,7 @@ struct LlmOptions {
     bool qat_lora = false;
     bool activation_checkpointing = false;
     std::int64_t gradient_accumulation = 1;
-    int zero = 0;
-    // dist.zero=3 (FSDP): reshard after each unit's forward; prefetch the next unit's all-gather.
-    bool reshard_after_forward = true, prefetch = true;
+    dist::ShardingOptions sharding;        // dist.zero, dist.reshard_after_forward, dist.prefetch
     std::string save_adapters;             // PEFT adapter directory ("" = none)
     bool adapters_beside_run_file = false; // llm.save_adapters=auto: <run file>.adapter
     // train.* as resolved for the LLM run (torchtune defaults where the user left them).
@@ -53,7 +52,6 @@ struct LlmOptions {
     double lr = 3e-4, weight_decay = 0.01;
     std::string schedule = "cosine";
     std::string precision = "bf16";
-    std::vector<std::string> defaults_applied; // "train.lr=0.0003", ... for the log
 
     // Reads and cross-checks llm.* (ConfigError naming the option on any inconsistency).
     static LlmOptions from_config(const core::Config& config);

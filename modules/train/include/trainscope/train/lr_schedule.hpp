@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "trainscope/core/config.hpp"
+
 namespace trainscope::train {
 
 struct LrSchedule {
@@ -18,5 +20,11 @@ struct LrSchedule {
 
     double at(std::int64_t iteration) const; // iteration counts from 0
 };
+
+// The schedule the train.* options describe (train.schedule, train.lr, train.warmup_iters,
+// train.gamma, train.min_lr, train.step_epochs) over a run of total_iters iterations in epochs of
+// per_epoch: the one place both workloads build it.
+LrSchedule schedule_from_config(const core::Config& config, std::int64_t total_iters,
+                                std::int64_t per_epoch);
 
 } // namespace trainscope::train
