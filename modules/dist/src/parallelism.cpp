@@ -6,10 +6,6 @@
 namespace trainscope::dist {
 namespace {
 
-double bytes_of(const torch::Tensor& t) {
-    return t.defined() ? static_cast<double>(t.nbytes()) : 0.0;
-}
-
 // DDP: every rank holds the full model and optimizer; the synchronizer's bucket allreduces
 // (armed before the last micro-batch's backward) average the gradients while backward runs.
 class DdpParallelism final : public DataParallelism {
@@ -64,11 +60,7 @@ class DdpParallelism final : public DataParallelism {
             h.trainable += bytes_of(t);
             h.gradients += bytes_of(t.grad());
         }
-        for (const auto& [key, st] : optimizer_->state())
-            if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(st.get()))
-                h.optimizer_state += bytes_of(w->exp_avg()) + bytes_of(w->exp_avg_sq());
-            else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(st.get()))
-                h.optimizer_state += bytes_of(g->momentum_buffer());
+        h.optimizer_state = optimizer_state_bytes(*optimizer_);
         return h;
     }
 
@@ -96,6 +88,17 @@ class DdpParallelism final : public DataParallelism {
 };
 
 } // namespace
+
+double optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
+    double bytes = 0;
+    for (const auto& [key, state] : optimizer.state())
+        if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get()))
+            bytes += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) +
+                     bytes_of(adamw->max_exp_avg_sq());
+        else if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get()))
+            bytes += bytes_of(sgd->momentum_buffer());
+    return bytes;
+}
 
 void save_tensors(torch::serialize::OutputArchive& out, const std::vector<std::string>& names,
                   const std::vector<torch::Tensor>& tensors, bool buffers) {

@@ -488,30 +488,39 @@ torch::Tensor CheckpointShards::reshard(const std::string& sub, const std::strin
     return out;
 }
 
-void save_named_tensors(torch::serialize::OutputArchive& out, const torch::nn::Module& module,
-                        bool trainable_only) {
-    for (const auto& p : module.named_parameters(/*recurse=*/true))
-        if (!trainable_only || p.value().requires_grad())
-            out.write(p.key(), p.value(), /*is_buffer=*/false);
-    if (trainable_only) return;
-    for (const auto& b : module.named_buffers(/*recurse=*/true))
-        out.write(b.key(), b.value(), /*is_buffer=*/true);
-}
+namespace {
 
-void load_named_tensors(torch::serialize::InputArchive& in, torch::nn::Module& module,
-                        const std::string& where, bool trainable_only) {
+// A module's parameters (only those that require grad when trainable_only) and, unless
+// trainable_only, its buffers, by name. The tensors share the module's storage.
+std::pair<dist::TrainableSet, dist::TrainableSet> named_tensors(const torch::nn::Module& module,
+                                                                bool trainable_only) {
     dist::TrainableSet params, buffers;
-    for (auto& p : module.named_parameters(/*recurse=*/true))
+    for (const auto& p : module.named_parameters(/*recurse=*/true))
         if (!trainable_only || p.value().requires_grad()) {
             params.names.push_back(p.key());
             params.tensors.push_back(p.value());
         }
+    if (!trainable_only)
+        for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+            buffers.names.push_back(b.key());
+            buffers.tensors.push_back(b.value());
+        }
+    return {std::move(params), std::move(buffers)};
+}
+
+} // namespace
+
+void save_named_tensors(torch::serialize::OutputArchive& out, const torch::nn::Module& module,
+                        bool trainable_only) {
+    const auto [params, buffers] = named_tensors(module, trainable_only);
+    dist::save_tensors(out, params.names, params.tensors);
+    dist::save_tensors(out, buffers.names, buffers.tensors, /*buffers=*/true);
+}
+
+void load_named_tensors(torch::serialize::InputArchive& in, torch::nn::Module& module,
+                        const std::string& where, bool trainable_only) {
+    auto [params, buffers] = named_tensors(module, trainable_only);
     dist::load_tensors(in, params.names, params.tensors, where);
-    if (trainable_only) return;
-    for (auto& b : module.named_buffers(/*recurse=*/true)) {
-        buffers.names.push_back(b.key());
-        buffers.tensors.push_back(b.value());
-    }
     dist::load_tensors(in, buffers.names, buffers.tensors, where, /*buffers=*/true);
 }
 

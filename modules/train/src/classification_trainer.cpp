@@ -42,18 +42,10 @@ struct StateBytes {
 StateBytes state_bytes(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& opt) {
     StateBytes b;
     for (const auto& p : params) {
-        b.parameters += static_cast<double>(p.nbytes());
-        if (p.grad().defined()) b.gradients += static_cast<double>(p.grad().nbytes());
+        b.parameters += dist::bytes_of(p);
+        b.gradients += dist::bytes_of(p.grad());
     }
-    for (const auto& [key, state] : opt.state()) {
-        if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(state.get())) {
-            if (sgd->momentum_buffer().defined())
-                b.optimizer += static_cast<double>(sgd->momentum_buffer().nbytes());
-        } else if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(state.get())) {
-            for (const auto& t : {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()})
-                if (t.defined()) b.optimizer += static_cast<double>(t.nbytes());
-        }
-    }
+    b.optimizer = dist::optimizer_state_bytes(opt);
     return b;
 }
 

@@ -43,9 +43,7 @@ enum Extra {
     kExtraCount
 };
 
-inline double bytes_of(const torch::Tensor& t) {
-    return t.defined() ? static_cast<double>(t.nbytes()) : 0.0;
-}
+using dist::bytes_of;
 
 struct LlmTrainer::State {
     LlmTrainerOptions o;

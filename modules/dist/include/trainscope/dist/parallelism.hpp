@@ -125,6 +125,13 @@ class DataParallelism {
     virtual const GradientSynchronizer* synchronizer() const { return nullptr; }
 };
 
+// Bytes of a tensor (0 when undefined), and of an optimizer's per-parameter state (AdamW moments,
+// SGD momentum buffers).
+inline double bytes_of(const torch::Tensor& t) {
+    return t.defined() ? static_cast<double>(t.nbytes()) : 0.0;
+}
+double optimizer_state_bytes(torch::optim::Optimizer& optimizer);
+
 // Named tensors in checkpoints: written under their names, loaded in place (views and strides
 // stay) with a missing tensor or a shape mismatch named as an InputError on `where`.
 void save_tensors(torch::serialize::OutputArchive& out, const std::vector<std::string>& names,
