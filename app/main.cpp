@@ -2,6 +2,7 @@
 // counter and per-rank profile into one parallel HDF5 file. Reads top to bottom:
 // bootstrap → configuration → build the workload → run → write → finalize.
 #include <iostream>
+#include <string_view>
 
 #include "trainscope/core/build_info.hpp"
 #include "trainscope/core/config.hpp"
@@ -9,6 +10,7 @@
 #include "trainscope/core/log.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/dist/topology.hpp"
+#include "trainscope/io/schema.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/options.hpp"
 #include "trainscope/train/run_control.hpp"
@@ -23,6 +25,13 @@ int main(int argc, char** argv) {
     // model) is kept, not fatal: training stops, checkpointed, after its first iteration. A
     // co-allocation executor or a scheduler may resize or pre-empt a job at any moment.
     train::stop_signals::install();
+    // --print-schema: the run file's schema table as JSON (scripts/gen_schema turns it into the
+    // readers' Python module and docs/run_file_schema.md); needs neither MPI nor a configuration.
+    for (int i = 1; i < argc; ++i)
+        if (std::string_view(argv[i]) == "--print-schema") {
+            std::cout << io::schema::to_json();
+            return 0;
+        }
     // Bootstrap: MPI, this rank's place in the world, log prefix "[rank r/N host]". The MPI thread
     // level depends on the workload, so the command line is read once quietly before MPI starts
     // (errors are reported properly below, on every rank).

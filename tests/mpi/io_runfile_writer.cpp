@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
 
     try {
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, /*overwrite=*/true,
-                                        {{"workload", std::string("io_runfile_writer")}});
+                                        {{"workload", std::string("io_runfile_writer")}},
+                                        io::SchemaCheck::off);
         file.set_attributes("/config", {{"train.lr", 0.1}, {"train.epochs", std::int64_t{2}}});
         file.write_string_dataset("/config/ini", "[train]\nlr = 0.1\nepochs = 2\n");
         char host[256] = {0};

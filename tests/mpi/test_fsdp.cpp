@@ -75,8 +75,6 @@ Result train(const Case& c, int zero, int steps = 3) {
     l.sharding.zero = static_cast<trainscope::dist::ZeroStage>(zero);
     l.sharding.prefetch = c.prefetch;
     l.sharding.reshard_after_forward = c.reshard;
-    l.lr = 1e-2;
-    l.weight_decay = 0.01;
     l.precision = "fp64";
     const bool dpo = c.method == tt::LlmMethod::Dpo;
     l.dataset.path = kData + (dpo ? "preference.jsonl" : "instruct.jsonl");
@@ -95,9 +93,11 @@ Result train(const Case& c, int zero, int steps = 3) {
 
     tt::LlmTrainerOptions t;
     t.llm = l;
+    t.optimizer.kind = "adamw"; // what dist.zero > 0 implements
+    t.optimizer.lr = 1e-2;
+    t.optimizer.weight_decay = 0.01;
     t.precision = policy;
     t.batch_size = 2;
-    t.max_iters = steps;
     t.workers = 1;
     t.prefetch = 1;
     tt::LlmTrainer trainer(t, std::move(model), data, *tok, *comm, MPI_COMM_WORLD);

@@ -8,6 +8,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/io/options.hpp"
 #include "trainscope/io/run_file.hpp"
+#include "trainscope/io/schema.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -207,7 +209,8 @@ TEST_F(RunFileTest, WritesAttributesStringsRanksAndSeriesFromEveryRank) {
                                         {{"workload", "cv"},
                                          {"num_nodes", std::int64_t{1}},
                                          {"lr0", 0.05},
-                                         {"decided_by", r == 0 ? "rank 0" : "another rank"}});
+                                         {"decided_by", r == 0 ? "rank 0" : "another rank"}},
+                                        io::SchemaCheck::off);
         EXPECT_EQ(file.path(), path);
         // Values are rank 0's even where other ranks pass different ones.
         file.set_attributes("/config", {{"train.batch_size", std::int64_t{r == 0 ? 64 : 999}},
@@ -450,7 +453,7 @@ TEST_F(RunFileTest, UnwritableDirectoryIsNamedWithTheOsError) {
 
 TEST_F(RunFileTest, HdfFailuresBecomeOutputErrorsWithoutPrintingTheErrorStack) {
     const std::string path = dir_ + "/run.h5";
-    auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+    auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
     file.write_string_dataset("/notes", "a dataset, not a group");
 
     // Capture stderr while HDF5 fails: nothing may be printed, the exception carries it all.
@@ -481,7 +484,8 @@ TEST_F(RunFileTest, HdfFailuresBecomeOutputErrorsWithoutPrintingTheErrorStack) {
 }
 
 TEST_F(RunFileTest, MisuseIsAnInternalError) {
-    auto file = io::RunFile::create(MPI_COMM_WORLD, dir_ + "/run.h5", false);
+    auto file =
+        io::RunFile::create(MPI_COMM_WORLD, dir_ + "/run.h5", false, {}, io::SchemaCheck::off);
     file.declare_series("iterations", {{"a", "s"}, {"b", "s"}});
     EXPECT_THROW(file.append("iterations", {1.0}), core::InternalError);
     EXPECT_THROW(file.append("epochs", {1.0}), core::InternalError);
@@ -496,7 +500,7 @@ TEST_F(RunFileTest, DestructorWritesBufferedRowsAndCloses) {
     const std::string path = dir_ + "/run.h5";
     const int r = world_rank();
     {
-        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
         file.declare_series("telemetry/cpu", {{"util", "percent"}});
         for (int i = 0; i <= r; ++i)
             file.append("telemetry/cpu", {r + 0.5 * i});
@@ -522,7 +526,7 @@ TEST_F(RunFileTest, RaggedTableUsesRankOffsetsAndIndexes) {
     const int r = world_rank(), n = world_size();
     auto count = [](int k) { return k == 1 ? 0 : k + 2; }; // rank 1 has nothing
     {
-        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
         std::vector<double> mine;
         for (int j = 0; j < count(r); ++j)
             mine.push_back(100.0 * r + j);
@@ -560,7 +564,7 @@ TEST_F(RunFileTest, RaggedStringsAndPerRankValues) {
                (j == 0 ? "\xc2\xb5s" : "");
     };
     {
-        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
         std::vector<std::string> mine;
         for (int j = 0; j < r; ++j)
             mine.push_back(text(r, j));
@@ -617,7 +621,7 @@ TEST_F(RunFileTest, VectorHoldsRankZerosValues) {
     const std::string path = dir_ + "/run.h5";
     const int r = world_rank();
     {
-        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
         // Other ranks pass different (even longer) vectors: only rank 0's count and values count.
         std::vector<double> mine =
             r == 0 ? std::vector<double>{8, 16, 32} : std::vector<double>(5, -1.0 * r);
@@ -646,6 +650,114 @@ TEST(IoOptions, DeclaresOutputSection) {
     EXPECT_EQ(config.get_int("output.flush_every"), 50);
     EXPECT_THROW(core::Config::from_values(registry, {{"output.flush_every", "0"}}),
                  core::ConfigError);
+}
+
+// The schema table (modules/io/src/schema_table.cpp) is the one description of the run file: every
+// attribute, column and field belongs to an object the table declares, nothing is declared twice,
+// datasets and columns carry units and attributes a type, and paths are in normal form.
+TEST(SchemaTable, IsConsistent) {
+    namespace schema = io::schema;
+    std::set<std::string> seen;
+    for (const schema::Entry& e : schema::table()) {
+        const std::string where = std::string(schema::to_string(e.kind)) + " " +
+                                  std::string(e.path) + (e.name.empty() ? "" : "@") +
+                                  std::string(e.name);
+        EXPECT_TRUE(seen.insert(where).second) << "declared twice: " << where;
+        EXPECT_EQ(schema::normalize(e.path), e.path) << where;
+        EXPECT_FALSE(e.meaning.empty()) << where << " has no meaning";
+        EXPECT_EQ(std::string(e.meaning).find('\n'), std::string::npos) << where;
+        EXPECT_EQ(std::string(e.meaning).find('|'), std::string::npos) << where;
+        switch (e.kind) {
+        case schema::Kind::attribute:
+        case schema::Kind::field:
+            EXPECT_FALSE(e.name.empty()) << where;
+            EXPECT_FALSE(e.type.empty()) << where << " has no type";
+            EXPECT_NE(schema::find_object(e.path), nullptr) << where << ": no such object";
+            break;
+        case schema::Kind::column:
+            EXPECT_FALSE(e.name.empty()) << where;
+            EXPECT_FALSE(e.units.empty()) << where << " has no units";
+            EXPECT_NE(schema::find_object(e.path, {schema::Kind::series, schema::Kind::table}),
+                      nullptr)
+                << where << ": not a column of a series or table";
+            break;
+        case schema::Kind::group:
+        case schema::Kind::series:
+        case schema::Kind::table:
+            EXPECT_TRUE(e.name.empty() && e.units.empty()) << where;
+            break;
+        default: // datasets
+            EXPECT_TRUE(e.name.empty()) << where;
+            EXPECT_FALSE(e.units.empty()) << where << " has no units";
+        }
+    }
+    // Placeholders match one name; filled paths resolve to the template's entry.
+    const schema::Entry* bytes =
+        schema::find_object(schema::with_part(schema::kCommOpBytes, "allreduce"));
+    ASSERT_NE(bytes, nullptr);
+    EXPECT_EQ(bytes->path, schema::kCommOpBytes);
+    EXPECT_EQ(schema::find_object("/comm/all/reduce/bytes"), nullptr);
+    EXPECT_NE(schema::find_member(schema::Kind::column, schema::kCommBuckets, "bucket_12_s"),
+              nullptr);
+    EXPECT_EQ(schema::find_member(schema::Kind::column, schema::kCommBuckets, "bucket__s"),
+              nullptr);
+    EXPECT_EQ(schema::child("profile/top_ops/", "count"), "/profile/top_ops/count");
+    // An exact spelling wins over a placeholder: /comm/buckets is not a /comm/{op}.
+    EXPECT_EQ(schema::find_member(schema::Kind::attribute, "/comm/buckets", "busbw_factor"),
+              nullptr);
+    EXPECT_NE(schema::find_member(schema::Kind::attribute, "/comm/allreduce", "busbw_factor"),
+              nullptr);
+    EXPECT_EQ(schema::find_member(schema::Kind::attribute, schema::kSummary, "median_step_s")->name,
+              "median_step_s");
+}
+
+// A strict file (the application's) refuses, on every rank and before touching the file, what the
+// table does not declare, so the page generated from the table cannot fall behind the writers.
+TEST_F(RunFileTest, StrictFilesRefuseWhatTheSchemaTableDoesNotDeclare) {
+    namespace schema = io::schema;
+    const std::string path = dir_ + "/run.h5";
+    auto expect_refused = [](auto&& write, const std::string& says) {
+        try {
+            write();
+            ADD_FAILURE() << "accepted; expected a refusal naming " << says;
+        } catch (const core::InternalError& e) {
+            const std::string m = e.what();
+            EXPECT_NE(m.find(says), std::string::npos) << m;
+            EXPECT_NE(m.find("schema_table.cpp"), std::string::npos) << m;
+        }
+    };
+    EXPECT_THROW(io::RunFile::create(MPI_COMM_WORLD, dir_ + "/bad.h5", false, {{"lr0", 0.1}}),
+                 core::InternalError);
+    EXPECT_FALSE(fs::exists(dir_ + "/bad.h5"));
+    auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {{"workload", "cv"}});
+    expect_refused(
+        [&] {
+            file.set_attributes(schema::kPlan, {{"not_planned", std::int64_t{1}}});
+        },
+        "'not_planned' of /plan");
+    expect_refused(
+        [&] {
+            file.declare_series(schema::kIterations, {{"step_s", "ms"}});
+        },
+        "units 'ms'");
+    expect_refused(
+        [&] {
+            file.declare_series(schema::kIterations, {{"stepp_s", "s"}});
+        },
+        "'stepp_s' of /iterations");
+    expect_refused([&] { file.write_per_rank("/profile/made_up_s", 1.0, "s"); },
+                   "/profile/made_up_s");
+    expect_refused([&] { file.write_vector("/comm/allreduce/bytes", {1.0}, "1"); }, "units '1'");
+    // What the table declares is written, placeholders filled.
+    file.set_attributes(schema::kPlan, {{"global_batch", std::int64_t{64}}});
+    file.declare_series(schema::kIterations, {{"iteration", "1"}, {"step_s", "s"}});
+    file.write_vector(schema::with_part(schema::kCommOpBytes, "allreduce"), {8.0}, "B");
+    file.close();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) {
+        Reader f(path);
+        EXPECT_EQ(f.str_attr("/comm/allreduce/bytes", "units"), "B");
+    }
 }
 
 } // namespace

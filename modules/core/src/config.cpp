@@ -428,7 +428,7 @@ std::string Config::to_ini(bool with_origins) const {
 
 std::string CommandLine::usage(const OptionRegistry& registry) {
     return "usage: trainscope [--config FILE.ini]... [--section.key=value]... [--dry-run]\n"
-           "                  [--resume] [--print-config] [--help] [--version]\n\n"
+           "                  [--resume] [--print-config] [--print-schema] [--help] [--version]\n\n"
            "  --config FILE     INI file (UTF-8) with [section] key = value lines; repeatable,\n"
            "                    later files win; a key set twice in one file is an error;\n"
            "                    --section.key=value on the command line wins over every file;\n"
@@ -440,6 +440,8 @@ std::string CommandLine::usage(const OptionRegistry& registry) {
            "                    see checkpoint.*)\n"
            "  --print-config    print the resolved configuration as INI, each value with its\n"
            "                    origin (default, FILE:LINE or command line), and exit\n"
+           "  --print-schema    print the run file's schema table (every group, dataset, column\n"
+           "                    and attribute with units and meaning) as JSON, and exit\n"
            "  --version         print versions of trainscope and its dependencies\n"
            "\nOptions by section:\n" +
            registry.help_text();

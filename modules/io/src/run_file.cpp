@@ -11,6 +11,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/mpi_util.hpp"
+#include "trainscope/io/schema.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -29,7 +30,8 @@
 
 namespace trainscope::io {
 
-using namespace detail; // Handle and the support routines (run_file_support.hpp)
+using namespace detail;  // Handle and the support routines (run_file_support.hpp)
+using schema::normalize; // "/a/b/" or "a/b" -> "/a/b"; "" -> "/"
 namespace fs = std::filesystem;
 
 std::string utc_now_iso8601() {
@@ -66,6 +68,52 @@ struct RunFile::Impl {
     Handle lapl, gapl, dapl, aapl;
     std::vector<Series> series;
     std::map<std::string, std::size_t> series_index; // normalized group -> position in `series`
+    SchemaCheck check = SchemaCheck::strict;
+
+    // Under SchemaCheck::strict: `object` (normalized) must be in the schema table as one of
+    // `kinds`, with `units` when given. Every rank calls it with the same arguments.
+    void check_object(const std::string& object, std::initializer_list<schema::Kind> kinds,
+                      const std::string& units) const {
+        if (check == SchemaCheck::off) return;
+        const schema::Entry* e = schema::find_object(object, kinds);
+        if (!e) {
+            std::string wanted;
+            for (schema::Kind k : kinds)
+                wanted += std::string(wanted.empty() ? "" : " or ") + schema::to_string(k);
+            throw core::InternalError("run file '" + path + "': " + object + " (" + wanted +
+                                      ") is not in the schema table: declare it in "
+                                      "modules/io/src/schema_table.cpp and run scripts/gen_schema");
+        }
+        if (!units.empty() && e->units != units)
+            throw core::InternalError("run file '" + path + "': " + object +
+                                      " written with units '" + units +
+                                      "', the schema table says '" + std::string(e->units) +
+                                      "' (modules/io/src/schema_table.cpp)");
+    }
+
+    // Under SchemaCheck::strict: the ragged dataset `object` is a column of a table.
+    void check_table_column(const std::string& object, const std::string& units) const {
+        const std::string table = parent_of(object);
+        check_object(table, {schema::Kind::table}, "");
+        check_member(schema::Kind::column, table, object.substr(table.size() + 1), units);
+    }
+
+    // Under SchemaCheck::strict: attribute/column/field `name` of `object` is in the table.
+    void check_member(schema::Kind kind, const std::string& object, const std::string& name,
+                      const std::string& units) const {
+        if (check == SchemaCheck::off) return;
+        const schema::Entry* e = schema::find_member(kind, object, name);
+        if (!e)
+            throw core::InternalError("run file '" + path + "': " + schema::to_string(kind) + " '" +
+                                      name + "' of " + object +
+                                      " is not in the schema table: declare it in "
+                                      "modules/io/src/schema_table.cpp and run scripts/gen_schema");
+        if (!units.empty() && e->units != units)
+            throw core::InternalError("run file '" + path + "': " + schema::to_string(kind) + " '" +
+                                      name + "' of " + object + " written with units '" + units +
+                                      "', the schema table says '" + std::string(e->units) +
+                                      "' (modules/io/src/schema_table.cpp)");
+    }
 
     ~Impl() {
         // Reached with the file open only when a rank unwinds an exception: HDF5 closes the file
@@ -238,11 +286,11 @@ struct RunFile::Impl {
 
     void flush_file() { H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), path, "/"); }
 
-    Series& find_series(const std::string& group, const char* what) {
+    Series& find_series(std::string_view group, const char* what) {
         const auto it = series_index.find(normalize(group));
         if (it == series_index.end())
-            throw core::InternalError(std::string("RunFile::") + what + ": series group '" + group +
-                                      "' was not declared in '" + path + "'");
+            throw core::InternalError(std::string("RunFile::") + what + ": series group '" +
+                                      std::string(group) + "' was not declared in '" + path + "'");
         return series[it->second];
     }
 };
@@ -276,13 +324,16 @@ RunFile::~RunFile() {
 }
 
 RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
-                        const std::vector<Attribute>& root_attrs) {
+                        const std::vector<Attribute>& root_attrs, SchemaCheck check) {
     detail::silence_hdf5_error_printing();
     auto impl = std::make_unique<Impl>();
+    impl->check = check;
+    impl->path = path;
+    for (const Attribute& a : root_attrs) // before anything is created: the same on every rank
+        impl->check_member(schema::Kind::attribute, "/", a.name, "");
     mpi_check(MPI_Comm_dup(comm, &impl->comm), "MPI_Comm_dup");
     MPI_Comm_rank(impl->comm, &impl->rank);
     MPI_Comm_size(impl->comm, &impl->size);
-    impl->path = path;
 
     // Rank 0 decides whether the path is usable; every rank raises the same error.
     std::string verdict = impl->rank == 0 ? check_output_path(path, overwrite) : std::string();
@@ -339,21 +390,25 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
     return run_file;
 }
 
-void RunFile::set_attributes(const std::string& group_path, const std::vector<Attribute>& attrs) {
+void RunFile::set_attributes(std::string_view group_path, const std::vector<Attribute>& attrs) {
     Impl& m = checked("set_attributes");
     std::string packed = m.rank == 0 ? pack(attrs) : std::string();
     bcast_string(m.comm, packed);
     const std::string group_name = normalize(group_path);
+    const std::vector<Attribute> shared = unpack(packed);
+    for (const Attribute& a : shared)
+        m.check_member(schema::Kind::attribute, group_name, a.name, "");
     Handle group = m.ensure_group(group_name);
-    for (const auto& a : unpack(packed))
+    for (const auto& a : shared)
         m.write_attribute(group, group_name, a);
 }
 
-void RunFile::write_string_dataset(const std::string& dataset_path, const std::string& text) {
+void RunFile::write_string_dataset(std::string_view dataset_path, const std::string& text) {
     Impl& m = checked("write_string_dataset");
     std::string shared = text;
     bcast_string(m.comm, shared);
     const std::string object = normalize(dataset_path);
+    m.check_object(object, {schema::Kind::text}, "text");
     Handle parent = m.ensure_group(parent_of(object));
     m.unlink_if_exists(object);
 
@@ -377,7 +432,8 @@ void RunFile::write_string_dataset(const std::string& dataset_path, const std::s
 
 void RunFile::write_ranks(const RankRow& mine) {
     Impl& m = checked("write_ranks");
-    const std::string object = "/ranks";
+    const std::string object(schema::kRanks);
+    m.check_object(object, {schema::Kind::compound}, "1");
     const std::array<const std::string*, 5> texts = {
         &mine.hostname, &mine.device, &mine.device_name, &mine.pci_bus_id, &mine.cpu_affinity};
     // Fixed-length string fields as wide as the longest value on any rank.
@@ -460,13 +516,13 @@ void RunFile::write_ranks(const RankRow& mine) {
     m.write_units(ds, object, "1");
 }
 
-void RunFile::declare_series(const std::string& group, const std::vector<Column>& columns,
+void RunFile::declare_series(std::string_view group, const std::vector<Column>& columns,
                              std::size_t chunk_rows) {
     Impl& m = checked("declare_series");
     const std::string name = normalize(group);
     if (name == "/" || columns.empty() || chunk_rows == 0)
         throw core::InternalError(
-            "RunFile::declare_series('" + group +
+            "RunFile::declare_series('" + name +
             "'): needs a group name, at least one column and chunk_rows >= 1");
     if (m.series_index.count(name))
         throw core::InternalError("RunFile::declare_series: series '" + name +
@@ -483,6 +539,9 @@ void RunFile::declare_series(const std::string& group, const std::vector<Column>
                                           "'): duplicate column '" + c.name + "'");
         signature += "," + c.name + "[" + c.units + "]";
     }
+    m.check_object(name, {schema::Kind::series}, "");
+    for (const Column& c : columns)
+        m.check_member(schema::Kind::column, name, c.name, c.units);
     // Every rank must create the same datasets: compare a hash of the declaration.
     const std::uint64_t h = std::hash<std::string>{}(signature);
     std::uint64_t mine[2] = {h, ~h}, most[2] = {0, 0};
@@ -523,7 +582,7 @@ void RunFile::declare_series(const std::string& group, const std::vector<Column>
     m.series.push_back(std::move(s));
 }
 
-void RunFile::append(const std::string& group, const std::vector<double>& row) {
+void RunFile::append(std::string_view group, const std::vector<double>& row) {
     Series& s = checked("append").find_series(group, "append");
     if (row.size() != s.columns.size())
         throw core::InternalError("RunFile::append('" + s.group + "'): row has " +
@@ -533,12 +592,12 @@ void RunFile::append(const std::string& group, const std::vector<double>& row) {
         s.pending[c].push_back(row[c]);
 }
 
-std::size_t RunFile::rows(const std::string& group) const {
+std::size_t RunFile::rows(std::string_view group) const {
     const Series& s = checked("rows").find_series(group, "rows");
     return static_cast<std::size_t>(s.written + s.pending[0].size());
 }
 
-std::size_t RunFile::columns(const std::string& group) const {
+std::size_t RunFile::columns(std::string_view group) const {
     return checked("columns").find_series(group, "columns").columns.size();
 }
 
@@ -621,10 +680,11 @@ void RunFile::Impl::write_ragged_index(const std::string& object,
              "1");
 }
 
-void RunFile::write_ragged(const std::string& dataset_path, const std::vector<double>& mine,
+void RunFile::write_ragged(std::string_view dataset_path, const std::vector<double>& mine,
                            const std::string& units) {
     Impl& m = checked("write_ragged");
     const std::string object = normalize(dataset_path);
+    m.check_table_column(object, units);
     const auto [offsets, counts] = m.ragged_layout(mine.size());
     const hsize_t total = static_cast<hsize_t>(offsets.back() + counts.back());
     m.ensure_group(parent_of(object));
@@ -633,10 +693,11 @@ void RunFile::write_ragged(const std::string& dataset_path, const std::vector<do
     m.write_ragged_index(object, offsets, counts);
 }
 
-void RunFile::write_ragged_strings(const std::string& dataset_path,
+void RunFile::write_ragged_strings(std::string_view dataset_path,
                                    const std::vector<std::string>& mine) {
     Impl& m = checked("write_ragged_strings");
     const std::string object = normalize(dataset_path);
+    m.check_table_column(object, "text");
     const auto [offsets, counts] = m.ragged_layout(mine.size());
     const hsize_t total = static_cast<hsize_t>(offsets.back() + counts.back());
     // One fixed width for the whole dataset: the longest string on any rank (at least 1 byte).
@@ -656,19 +717,20 @@ void RunFile::write_ragged_strings(const std::string& dataset_path,
     m.write_ragged_index(object, offsets, counts);
 }
 
-void RunFile::write_per_rank(const std::string& dataset_path, double mine,
-                             const std::string& units) {
+void RunFile::write_per_rank(std::string_view dataset_path, double mine, const std::string& units) {
     Impl& m = checked("write_per_rank");
     const std::string object = normalize(dataset_path);
+    m.check_object(object, {schema::Kind::per_rank}, units);
     m.ensure_group(parent_of(object));
     m.write_1d(object, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, static_cast<hsize_t>(m.size),
                static_cast<hsize_t>(m.rank), 1, &mine, units);
 }
 
-void RunFile::write_vector(const std::string& dataset_path, const std::vector<double>& values,
+void RunFile::write_vector(std::string_view dataset_path, const std::vector<double>& values,
                            const std::string& units) {
     Impl& m = checked("write_vector");
     const std::string object = normalize(dataset_path);
+    m.check_object(object, {schema::Kind::vector}, units);
     // Every rank must create the dataset with the same extent: rank 0's length decides.
     std::uint64_t n = values.size();
     mpi_check(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, m.comm), "MPI_Bcast");

@@ -88,21 +88,6 @@ std::vector<Attribute> unpack(const std::string& in) {
     return attrs;
 }
 
-// "/a/b/" or "a/b" -> "/a/b"; "" -> "/".
-std::string normalize(const std::string& path) {
-    std::string out = "/";
-    std::size_t pos = 0;
-    while (pos < path.size()) {
-        const std::size_t end = std::min(path.find('/', pos), path.size());
-        if (end > pos) {
-            if (out.size() > 1) out += '/';
-            out += path.substr(pos, end - pos);
-        }
-        pos = end + 1;
-    }
-    return out;
-}
-
 std::string parent_of(const std::string& normalized) {
     const std::size_t slash = normalized.rfind('/');
     return slash == 0 ? "/" : normalized.substr(0, slash);

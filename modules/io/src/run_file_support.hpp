@@ -33,9 +33,6 @@ std::string pack(const std::vector<Attribute>& attrs);
 
 std::vector<Attribute> unpack(const std::string& in);
 
-// "/a/b/" or "a/b" -> "/a/b"; "" -> "/".
-std::string normalize(const std::string& path);
-
 std::string parent_of(const std::string& normalized);
 
 // Rank 0's check before any rank touches the file: "" when `path` may be created.

@@ -184,15 +184,16 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
 
     s.params = trained.parameters();
     const std::vector<torch::Tensor>& params = s.params;
-    if (s.o.optimizer == "sgd")
+    const OptimizerConfig& opt = s.o.optimizer;
+    if (opt.kind == "sgd")
         s.optimizer =
-            std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(s.o.lr)
-                                                            .momentum(s.o.momentum)
-                                                            .weight_decay(s.o.weight_decay)
-                                                            .nesterov(s.o.nesterov));
+            std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(opt.lr)
+                                                            .momentum(opt.momentum)
+                                                            .weight_decay(opt.weight_decay)
+                                                            .nesterov(opt.nesterov));
     else
         s.optimizer = std::make_unique<torch::optim::AdamW>(
-            params, torch::optim::AdamWOptions(s.o.lr).weight_decay(s.o.weight_decay));
+            params, torch::optim::AdamWOptions(opt.lr).weight_decay(opt.weight_decay));
 
     GradScaler::Options scaler_options;
     scaler_options.enabled = s.o.precision.loss_scaling;
@@ -255,23 +256,6 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
 
 std::int64_t ClassificationTrainer::iterations_per_epoch() const {
     return s_->per_epoch;
-}
-
-void ClassificationTrainer::set_schedule(const LrSchedule& schedule) {
-    s_->o.schedule = schedule;
-}
-
-const LrSchedule& ClassificationTrainer::schedule() const {
-    return s_->o.schedule;
-}
-
-std::int64_t ClassificationTrainer::total_iterations() const {
-    const std::int64_t all = s_->per_epoch * s_->o.epochs;
-    return s_->o.max_iters > 0 ? std::min(all, s_->o.max_iters) : all;
-}
-
-std::int64_t ClassificationTrainer::epochs() const {
-    return s_->o.epochs;
 }
 
 std::int64_t ClassificationTrainer::start_iteration() const {

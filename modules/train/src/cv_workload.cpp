@@ -54,7 +54,8 @@ class CvWorkload final : public Workload {
                                     "not run.strategy=" +
                                     std::string(to_string(env.strategy)) +
                                     ": set cv.sync_bn=false");
-        channels_ = data::data_options(c).channels;
+        data_options_ = data::data_options(c);
+        channels_ = data_options_.channels;
     }
 
     WorkloadKind kind() const override { return WorkloadKind::Cv; }
@@ -116,6 +117,7 @@ class CvWorkload final : public Workload {
 
   private:
     PipelineOptions pipeline_;
+    data::DataOptions data_options_; // data.* and the input geometry, read once
     std::int64_t channels_ = 1;
     std::vector<torch::Device> dp_devices_; // run.strategy=dp
     data::DatasetSplits data_;
@@ -140,25 +142,20 @@ void CvWorkload::build() {
     t.precision = env_.policy;
     t.dtype = env_.policy.param_dtype;
     t.channels_last = c.get_bool("cv.channels_last");
-    t.preprocess = data::data_options(c).preprocess;
-    t.accounting = c.get_bool("profile.accounting");
+    const TrainConfig& train = env_.train;
+    t.preprocess = data_options_.preprocess;
+    t.accounting = train.accounting;
     t.dp_devices = dp_devices_;
     t.device = env_.device.device;
-    t.epochs = c.get_int("train.epochs");
-    t.max_iters = c.get_int("train.max_iters");
     t.batch_size = layout.batch_per_rank;
-    t.eval_batch_size = c.get_int("train.eval_batch_size");
-    t.eval = c.get_bool("train.eval");
-    t.optimizer = c.get_string("train.optimizer");
-    t.lr = c.get_float("train.lr");
-    t.momentum = c.get_float("train.momentum");
-    t.nesterov = c.get_bool("train.nesterov");
-    t.weight_decay = c.get_float("train.weight_decay");
-    t.drop_last = c.get_bool("data.drop_last");
-    t.pin_memory = c.get_bool("data.pin_memory") && t.device.is_cuda();
-    t.seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
-    t.workers = static_cast<int>(c.get_int("data.workers"));
-    t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
+    t.eval_batch_size = train.eval_batch_size;
+    t.eval = train.eval;
+    t.optimizer = train.optimizer;
+    t.drop_last = data_options_.drop_last;
+    t.pin_memory = data_options_.pin_memory && t.device.is_cuda();
+    t.seed = train.seed;
+    t.workers = data_options_.workers;
+    t.prefetch = data_options_.prefetch;
     t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
     t.first_bucket_bytes = static_cast<double>(env_.dist.first_bucket_cap_bytes);
 
@@ -192,8 +189,8 @@ void CvWorkload::build() {
             new PipelineGroups(make_pipeline_groups(env_.world, layout.stages, env_.dist.backend,
                                                     env_.device.device, env_.dist.timeout_s)));
 
-    const auto image_size = c.get_int("cv.image_size");
-    torch::manual_seed(c.get_int("run.seed"));
+    const std::int64_t image_size = data_options_.image_size;
+    torch::manual_seed(static_cast<std::int64_t>(env_.train.seed));
     auto mopt = models::mobilenet_options_from_config(c, num_classes_, channels_);
     if (c.get_bool("cv.sync_bn")) {
         // Cross-rank batch statistics through the run's communicator (it outlives the trainer).
@@ -209,14 +206,16 @@ void CvWorkload::build() {
             t.microbatches = pipeline_.microbatches;
         });
         pipeline_split_ = describe(t.pipeline_plan);
-        torch::manual_seed(c.get_int("run.seed")); // planning must not shift the initialisation
+        // Planning must not shift the initialisation.
+        torch::manual_seed(static_cast<std::int64_t>(env_.train.seed));
     }
     models::MobileNetV2 model(mopt);
     parameters_ = models::count_parameters(*model);
     const auto cost = models::mobilenet_v2_cost(mopt, image_size);
     macs_per_sample_ = cost.macs;
     const double elem = static_cast<double>(c10::elementSize(t.dtype));
-    const double opt_states = t.optimizer == "adamw" ? 2.0 : (t.momentum > 0 ? 1.0 : 0.0);
+    const double opt_states =
+        t.optimizer.kind == "adamw" ? 2.0 : (t.optimizer.momentum > 0 ? 1.0 : 0.0);
     memory_.weight_bytes = static_cast<double>(parameters_) * elem;
     memory_.gradient_bytes = memory_.weight_bytes;
     memory_.optimizer_state_bytes = opt_states * memory_.weight_bytes;
@@ -234,15 +233,14 @@ void CvWorkload::build() {
     trainer_ =
         std::make_unique<ClassificationTrainer>(t, model, data_, transform, *comm_, env_.world);
     iterations_per_epoch_ = trainer_->iterations_per_epoch();
-    total_iterations_ = trainer_->total_iterations();
-    trainer_->set_schedule(schedule_from_config(c, total_iterations_, iterations_per_epoch_));
+    total_iterations_ = env_.train.length.total_iterations(iterations_per_epoch_);
     if (env_.resumed) trainer_->restore(*env_.resumed);
 }
 
 std::string CvWorkload::plan_text() const {
     const BatchLayout& l = env_.layout;
     const bool pipe = env_.strategy == Strategy::Pipeline;
-    const auto image_size = env_.cfg.get_int("cv.image_size");
+    const std::int64_t image_size = data_options_.image_size;
     std::ostringstream o;
     o << "trainscope plan (dry run: nothing is trained or written)\n"
       << "  workload      cv, strategy " << to_string(env_.strategy) << ", precision "
@@ -253,8 +251,8 @@ std::string CvWorkload::plan_text() const {
       << "  batch         " << l.batch_per_rank << (pipe ? " per replica x " : " per rank x ")
       << l.replicas << " = " << l.global_batch() << " per iteration; " << samples_per_shard_
       << (pipe ? " samples per replica per epoch\n" : " samples per rank per epoch\n")
-      << "  length        " << iterations_per_epoch_ << " iterations per epoch x " << t_.epochs
-      << " epoch(s) -> " << total_iterations_ << " iterations\n"
+      << "  length        " << iterations_per_epoch_ << " iterations per epoch x "
+      << env_.train.length.epochs << " epoch(s) -> " << total_iterations_ << " iterations\n"
       << "  model         MobileNetV2, " << num_classes_ << " classes, " << parameters_
       << " parameters, " << std::fixed << std::setprecision(1) << macs_per_sample_ / 1e6
       << " MMAC per sample (forward)\n"
@@ -296,7 +294,12 @@ std::vector<io::Attribute> CvWorkload::plan_attributes() const {
         {"memory_plan_weight_bytes", memory_.weight_bytes},
         {"memory_plan_gradient_bytes", memory_.gradient_bytes},
         {"memory_plan_optimizer_state_bytes", memory_.optimizer_state_bytes},
-        {"memory_plan_activation_bytes", memory_.activation_bytes}};
+        {"memory_plan_activation_bytes", memory_.activation_bytes},
+        // Every rank of the data-parallel group holds the whole state (the CV workload has no
+        // ZeRO); recorded like the LLM's so readers scale both the same way.
+        {"memory_plan_weight_shards", std::int64_t{1}},
+        {"memory_plan_gradient_shards", std::int64_t{1}},
+        {"memory_plan_optimizer_state_shards", std::int64_t{1}}};
     if (env_.strategy == Strategy::Pipeline) {
         std::string cuts;
         for (const auto& st : t_.pipeline_plan.stages)

@@ -26,6 +26,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "trainscope/dist/options.hpp"
 #include "trainscope/models/nf4.hpp"
 
 namespace trainscope::train {
@@ -259,8 +260,10 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     }
     const double t = static_cast<double>(p.trainable_parameters);
     p.trainable_weight_bytes = t * e_param;
-    p.gradient_bytes = t * e_param / (in.zero >= 2 ? world : 1.0);
-    p.optimizer_state_bytes = 2.0 * t * e_param / (in.zero >= 1 ? world : 1.0);
+    const dist::StateShards shards =
+        dist::state_shards(static_cast<dist::ZeroStage>(in.zero), in.world_size);
+    p.gradient_bytes = t * e_param / static_cast<double>(shards.gradient);
+    p.optimizer_state_bytes = 2.0 * t * e_param / static_cast<double>(shards.optimizer_state);
 
     p.activation_bytes = activation_bytes(in);
     const double sequences =

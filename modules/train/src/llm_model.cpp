@@ -98,29 +98,30 @@ LlmSplit split_validation(std::int64_t n, std::int64_t n_val, std::uint64_t seed
     return out;
 }
 
-std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o, bool loss_scaling,
-                                                       dist::Communicator& comm, LlmModel& m,
-                                                       std::size_t bucket_bytes,
+std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o,
+                                                       const OptimizerConfig& opt,
+                                                       bool loss_scaling, dist::Communicator& comm,
+                                                       LlmModel& m, std::size_t bucket_bytes,
                                                        std::size_t first_bucket_bytes) {
     dist::TrainableSet trainable{m.trainable_names, m.trainable};
     const dist::ZeroStage zero = o.sharding.zero;
     if (zero == dist::ZeroStage::None) {
         std::unique_ptr<torch::optim::Optimizer> optimizer;
-        if (o.optimizer == "adamw")
+        if (opt.kind == "adamw")
             optimizer = std::make_unique<torch::optim::AdamW>(
-                m.trainable, torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+                m.trainable, torch::optim::AdamWOptions(opt.lr).weight_decay(opt.weight_decay));
         else
             optimizer = std::make_unique<torch::optim::SGD>(
-                m.trainable, torch::optim::SGDOptions(o.lr).weight_decay(o.weight_decay));
+                m.trainable, torch::optim::SGDOptions(opt.lr).weight_decay(opt.weight_decay));
         return dist::make_ddp(comm, std::move(trainable), std::move(optimizer), bucket_bytes,
                               first_bucket_bytes);
     }
     // LlmOptions::from_config refused other optimizers and fp16-mixed's loss scaling.
-    if (o.optimizer != "adamw" || loss_scaling)
+    if (opt.kind != "adamw" || loss_scaling)
         throw core::InternalError("dist.zero > 0 without AdamW or with loss scaling");
     dist::ZeroAdamW h;
-    h.lr = o.lr;
-    h.weight_decay = o.weight_decay;
+    h.lr = opt.lr;
+    h.weight_decay = opt.weight_decay;
     if (zero != dist::ZeroStage::Parameters)
         return dist::make_zero(comm, std::move(trainable), dist::to_int(zero), h);
     dist::FsdpOptions fo;

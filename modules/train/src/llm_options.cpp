@@ -131,7 +131,7 @@ bool uses_lora(const LlmOptions& o) {
            o.method == LlmMethod::Dpo || (o.method == LlmMethod::Qat && o.qat_lora);
 }
 
-LlmOptions LlmOptions::from_config(const core::Config& c) {
+LlmOptions LlmOptions::from_config(const core::Config& c, const TrainConfig& train) {
     namespace fs = std::filesystem;
     LlmOptions o;
     o.model = c.get_string("llm.model");
@@ -260,15 +260,11 @@ LlmOptions LlmOptions::from_config(const core::Config& c) {
         check_adapter_dir(o.save_adapters, save, c.get_bool("output.overwrite"),
                           c.get_string("output.file"));
 
-    o.optimizer = c.get_string("train.optimizer");
-    o.lr = c.get_float("train.lr");
-    o.weight_decay = c.get_float("train.weight_decay");
-    o.schedule = c.get_string("train.schedule");
     o.precision = c.get_string("run.precision");
     // torchtune's defaults for what was left unset came with the configuration
     // (apply_workload_defaults).
     // The sharded optimizers (ZeRO-1/2, FSDP) implement AdamW and step without a loss scaler.
-    if (zero > 0 && o.optimizer != "adamw")
+    if (zero > 0 && train.optimizer.kind != "adamw")
         throw core::ConfigError("dist.zero=" + std::to_string(zero) +
                                 " implements AdamW: set train.optimizer=adamw");
     if (zero > 0 && o.precision == "fp16-mixed")

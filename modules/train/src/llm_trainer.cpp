@@ -62,7 +62,7 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
     for (const auto& b : s.m.model->named_buffers())
         s.nf4_bytes += bytes_of(b.value());
 
-    s.parallel = parallelize_llm(l, s.o.precision.loss_scaling, comm, s.m,
+    s.parallel = parallelize_llm(l, s.o.optimizer, s.o.precision.loss_scaling, comm, s.m,
                                  static_cast<std::size_t>(s.o.bucket_bytes),
                                  static_cast<std::size_t>(s.o.first_bucket_bytes));
     // Per rank: what the kind holds of the frozen tensors (FSDP: the shards).
@@ -86,21 +86,8 @@ LlmTrainer::~LlmTrainer() = default;
 std::int64_t LlmTrainer::iterations_per_epoch() const {
     return s_->per_epoch;
 }
-std::int64_t LlmTrainer::total_iterations() const {
-    const std::int64_t all = s_->per_epoch * s_->o.epochs;
-    return s_->o.max_iters > 0 ? std::min(all, s_->o.max_iters) : all;
-}
-std::int64_t LlmTrainer::epochs() const {
-    return s_->o.epochs;
-}
 std::int64_t LlmTrainer::start_iteration() const {
     return s_->start_iteration;
-}
-void LlmTrainer::set_schedule(const LrSchedule& schedule) {
-    s_->o.schedule = schedule;
-}
-const LrSchedule& LlmTrainer::schedule() const {
-    return s_->o.schedule;
 }
 const dist::GradientSynchronizer* LlmTrainer::synchronizer() const {
     return s_->parallel->synchronizer();

@@ -18,6 +18,7 @@
 #include "trainscope/data/tokenizer.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/io/schema.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/llm_memory.hpp"
 #include "trainscope/train/llm_options.hpp"
@@ -25,12 +26,14 @@
 #include "workloads_internal.hpp"
 
 namespace trainscope::train {
+
+namespace schema = io::schema;
 namespace {
 
 class LlmWorkload final : public Workload {
   public:
     explicit LlmWorkload(const RunEnvironment& env)
-        : Workload(env), l_(LlmOptions::from_config(env.cfg)) {
+        : Workload(env), l_(LlmOptions::from_config(env.cfg, env.train)) {
         if (env.strategy != Strategy::DdpDs)
             throw core::ConfigError("run.strategy=" + std::string(to_string(env.strategy)) +
                                     " is for run.workload=cv; LLM fine-tuning is data "
@@ -71,8 +74,9 @@ class LlmWorkload final : public Workload {
     }
     std::string start_message(const std::string& file) const override {
         return "fine-tuning (" + std::string(to_string(l_.method)) + ") " +
-               std::to_string(trainer_->total_iterations()) + " iterations on " +
-               std::to_string(env_.topo.world_size) + " rank(s), " +
+               std::to_string(
+                   env_.train.length.total_iterations(trainer_->iterations_per_epoch())) +
+               " iterations on " + std::to_string(env_.topo.world_size) + " rank(s), " +
                std::to_string(env_.layout.global_batch()) + " sequences per step, writing " + file;
     }
     void after_training(io::RunFile& file) override {
@@ -83,10 +87,10 @@ class LlmWorkload final : public Workload {
                               [&] { adapters = trainer_->save_adapters(l_.save_adapters); });
         // The held-out samples (dataset line / element indices), for re-evaluating elsewhere.
         if (l_.val_fraction > 0)
-            file.write_vector("/plan/val_indices",
+            file.write_vector(schema::kPlanValIndices,
                               std::vector<double>(split_.val.begin(), split_.val.end()), "1");
         if (adapters.empty()) return;
-        file.set_attributes("/plan", {{"adapters_dir", adapters}});
+        file.set_attributes(schema::kPlan, {{"adapters_dir", adapters}});
         core::log::info() << "LoRA adapters written to " << adapters
                           << "/ (PEFT: PeftModel.from_pretrained(model, dir))";
     }
@@ -211,7 +215,7 @@ void LlmWorkload::build() {
         tokenizer_ = data::load_tokenizer(l_.tokenizer);
         llama_ = resolve_llama_config(l_, tokenizer_->vocab_size());
         text_ = std::make_unique<data::TextDataset>(l_.dataset, *tokenizer_);
-        split_validation_set(c.get_int("run.seed"));
+        split_validation_set(static_cast<std::int64_t>(env_.train.seed));
         check_trained_tokens();
         comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
                                         env_.dist.timeout_s);
@@ -286,8 +290,9 @@ void LlmWorkload::build() {
       << "  batch         " << layout.batch_per_rank << " sequences per rank x "
       << l_.gradient_accumulation << " micro-batches x " << layout.world_size
       << " ranks = " << layout.global_batch() << " per optimizer step\n"
-      << "  optimizer     " << l_.optimizer << " lr " << l_.lr << " weight_decay "
-      << l_.weight_decay << ", schedule " << l_.schedule << "\n";
+      << "  optimizer     " << env_.train.optimizer.kind << " lr " << env_.train.optimizer.lr
+      << " weight_decay " << env_.train.optimizer.weight_decay << ", schedule "
+      << env_.train.schedule.kind << "\n";
     if (uses_lora(l_)) {
         std::string t;
         for (const auto& x : l_.lora.targets)
@@ -313,7 +318,7 @@ void LlmWorkload::build() {
     if (env_.dry_run) return;
 
     // The model (on every rank the same seed, then rank 0's values broadcast by the trainer).
-    torch::manual_seed(c.get_int("run.seed"));
+    torch::manual_seed(static_cast<std::int64_t>(env_.train.seed));
     LlmModel model;
     dist::agree_on_errors(env_.world,
                           [&] { model = build_llm_model(l_, llama_, policy, env_.device.device); });
@@ -322,24 +327,21 @@ void LlmWorkload::build() {
     t.llm = l_;
     t.precision = policy;
     t.device = env_.device.device;
-    t.epochs = c.get_int("train.epochs");
-    t.max_iters = c.get_int("train.max_iters");
+    t.optimizer = env_.train.optimizer;
     t.batch_size = layout.batch_per_rank;
-    t.seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+    t.seed = env_.train.seed;
     t.workers = static_cast<int>(c.get_int("data.workers"));
     t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
     t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
     t.first_bucket_bytes = static_cast<double>(env_.dist.first_bucket_cap_bytes);
-    t.accounting = c.get_bool("profile.accounting");
+    t.accounting = env_.train.accounting;
     // train.eval=false: the held-out samples stay out of training, unevaluated.
     LlmSplit validation = split_;
-    if (!c.get_bool("train.eval")) validation.val_data = nullptr;
+    if (!env_.train.eval) validation.val_data = nullptr;
     dist::agree_on_errors(env_.world, [&] {
         trainer_ = std::make_unique<LlmTrainer>(t, std::move(model), *text_, *tokenizer_, *comm_,
                                                 env_.world, validation);
     });
-    trainer_->set_schedule(
-        schedule_from_config(c, trainer_->total_iterations(), trainer_->iterations_per_epoch()));
     if (env_.resumed) trainer_->restore(*env_.resumed);
 }
 
@@ -381,13 +383,18 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"memory_plan_logits_bytes", memory_.logits_bytes},
         {"memory_plan_gathered_weight_bytes", memory_.gathered_weight_bytes},
         {"memory_plan_unit_gradient_bytes", memory_.unit_gradient_bytes}};
+    const dist::StateShards shards = dist::state_shards(l_.sharding.zero, env_.layout.world_size);
+    a.insert(a.end(), {{"memory_plan_weight_shards", shards.weight},
+                       {"memory_plan_gradient_shards", shards.gradient},
+                       {"memory_plan_optimizer_state_shards", shards.optimizer_state}});
     if (trainer_) {
         const LlmModel& m = trainer_->model();
         std::string kinds;
         for (const auto& [k, n] : m.projections)
             kinds += (kinds.empty() ? "" : ",") + k + ":" + std::to_string(n);
         a.push_back({"iterations_per_epoch", trainer_->iterations_per_epoch()});
-        a.push_back({"total_iterations", trainer_->total_iterations()});
+        a.push_back({"total_iterations",
+                     env_.train.length.total_iterations(trainer_->iterations_per_epoch())});
         a.push_back({"parameters", m.parameters});
         a.push_back({"trainable_parameters", m.trainable_parameters});
         a.push_back({"projections", kinds});

@@ -6,16 +6,16 @@
 
 namespace trainscope::train {
 
-LrSchedule schedule_from_config(const core::Config& c, std::int64_t total_iters,
-                                std::int64_t per_epoch) {
+LrSchedule make_schedule(const ScheduleConfig& c, double base_lr, std::int64_t total_iters,
+                         std::int64_t per_epoch) {
     LrSchedule s;
-    s.kind = c.get_string("train.schedule");
-    s.base_lr = c.get_float("train.lr");
-    s.warmup_iters = c.get_int("train.warmup_iters");
-    s.gamma = c.get_float("train.gamma");
-    s.min_lr = c.get_float("train.min_lr");
+    s.kind = c.kind;
+    s.base_lr = base_lr;
+    s.warmup_iters = c.warmup_iters;
+    s.gamma = c.gamma;
+    s.min_lr = c.min_lr;
     s.total_iters = total_iters;
-    s.step_iters = c.get_int("train.step_epochs") * std::max<std::int64_t>(1, per_epoch);
+    s.step_iters = c.step_epochs * std::max<std::int64_t>(1, per_epoch);
     return s;
 }
 

@@ -1,6 +1,8 @@
 // run.*, train.*, profile.warmup_iters and log.* options, and the registry of all modules' options.
 #include "trainscope/train/options.hpp"
 
+#include <algorithm>
+
 #include "trainscope/data/options.hpp"
 #include "trainscope/dist/options.hpp"
 #include "trainscope/io/options.hpp"
@@ -156,6 +158,32 @@ core::OptionRegistry all_options() {
     declare_pipeline_options(r);
     declare_llm_options(r);
     return r;
+}
+
+std::int64_t RunLength::total_iterations(std::int64_t per_epoch) const {
+    const std::int64_t all = per_epoch * epochs;
+    return max_iters > 0 ? std::min(all, max_iters) : all;
+}
+
+TrainConfig read_train_config(const core::Config& c) {
+    TrainConfig t;
+    t.length.epochs = c.get_int("train.epochs");
+    t.length.max_iters = c.get_int("train.max_iters");
+    t.optimizer.kind = c.get_string("train.optimizer");
+    t.optimizer.lr = c.get_float("train.lr");
+    t.optimizer.momentum = c.get_float("train.momentum");
+    t.optimizer.nesterov = c.get_bool("train.nesterov");
+    t.optimizer.weight_decay = c.get_float("train.weight_decay");
+    t.schedule.kind = c.get_string("train.schedule");
+    t.schedule.warmup_iters = c.get_int("train.warmup_iters");
+    t.schedule.gamma = c.get_float("train.gamma");
+    t.schedule.min_lr = c.get_float("train.min_lr");
+    t.schedule.step_epochs = c.get_int("train.step_epochs");
+    t.eval = c.get_bool("train.eval");
+    t.eval_batch_size = c.get_int("train.eval_batch_size");
+    t.seed = static_cast<std::uint64_t>(c.get_int("run.seed"));
+    t.accounting = c.get_bool("profile.accounting");
+    return t;
 }
 
 } // namespace trainscope::train

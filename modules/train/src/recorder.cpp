@@ -8,10 +8,13 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/io/schema.hpp"
 #include "trainscope/prof/statistics.hpp"
 #include "trainscope/train/run_file_tables.hpp"
 
 namespace trainscope::train {
+
+namespace schema = io::schema;
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -90,8 +93,8 @@ Recorder::Recorder(io::RunFile& file, MPI_Comm comm, prof::PhaseTimer& timer, in
       warmup_iters_(warmup_iters), extra_count_(extra_columns.size()) {
     std::vector<io::Column> columns = iteration_columns();
     columns.insert(columns.end(), extra_columns.begin(), extra_columns.end());
-    file_.declare_series("iterations", columns);
-    file_.declare_series("epochs", epoch_columns());
+    file_.declare_series(schema::kIterations, columns);
+    file_.declare_series(schema::kEpochs, epoch_columns());
 }
 
 void Recorder::record_iteration(const IterationValues& v) {
@@ -114,8 +117,9 @@ void Recorder::declare_buckets(const std::vector<std::size_t>& bytes) {
     std::vector<io::Column> columns;
     for (std::size_t k = 0; k < buckets_; ++k)
         columns.push_back({"bucket_" + std::to_string(k) + "_s", "s"});
-    file_.declare_series("/comm/buckets", columns);
-    file_.write_vector("/comm/buckets/bytes", std::vector<double>(bytes.begin(), bytes.end()), "B");
+    file_.declare_series(schema::kCommBuckets, columns);
+    file_.write_vector(schema::kCommBucketsBytes, std::vector<double>(bytes.begin(), bytes.end()),
+                       "B");
 }
 
 void Recorder::set_loss(std::int64_t iteration, double loss) {
@@ -136,8 +140,9 @@ IterationValues* Recorder::pending_values(std::int64_t iteration) {
 }
 
 void Recorder::record_epoch(const EpochValues& v) {
-    file_.append("epochs", {static_cast<double>(v.epoch), v.epoch_s, v.train_loss, v.val_loss,
-                            v.val_accuracy, v.samples, v.val_perplexity, v.eval_s});
+    file_.append(schema::kEpochs,
+                 {static_cast<double>(v.epoch), v.epoch_s, v.train_loss, v.val_loss, v.val_accuracy,
+                  v.samples, v.val_perplexity, v.eval_s});
     last_epoch_ = v;
     have_epoch_ = true;
 }
@@ -190,11 +195,11 @@ void Recorder::flush() {
                                v.tokens,
                                v.label_tokens});
         row.insert(row.end(), v.extra.begin(), v.extra.end());
-        file_.append("iterations", row);
+        file_.append(schema::kIterations, row);
         if (buckets_ > 0 && !v.bucket_s.empty()) {
             std::vector<double> buckets = v.bucket_s;
             buckets.resize(buckets_, kNaN); // fewer buckets than the rank with the most
-            file_.append("/comm/buckets", buckets);
+            file_.append(schema::kCommBuckets, buckets);
         }
         nonfinite_skipped_ += v.nonfinite_skipped;
         peak_rss_ = std::max(peak_rss_, m.host_peak_rss_bytes);
@@ -396,7 +401,7 @@ void Recorder::finish(const RunInfo& info) {
     double syncs_max = std::isnan(syncs) ? -1 : syncs;
     MPI_Allreduce(MPI_IN_PLACE, &syncs_max, 1, MPI_DOUBLE, MPI_MAX, comm_);
     s.push_back({"host_syncs_per_iteration", syncs_max < 0 ? kNaN : syncs_max});
-    file_.set_attributes("/summary", s);
+    file_.set_attributes(schema::kSummary, s);
     if (rank == 0) core::log::info() << "summary\n" << stats::format_summary_table(report);
 }
 

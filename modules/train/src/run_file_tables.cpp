@@ -6,14 +6,15 @@
 
 #include "trainscope/dist/bandwidth.hpp"
 #include "trainscope/dist/comm_benchmark.hpp"
+#include "trainscope/io/schema.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/prof/telemetry.hpp"
 
 namespace trainscope::train {
 
-namespace {
+namespace schema = io::schema;
 
-constexpr const char* kTelemetry = "telemetry";
+namespace {
 
 std::string json_string(const std::string& text) {
     std::string out = "\"";
@@ -28,7 +29,7 @@ std::string json_string(const std::string& text) {
 void write_profile_tables(io::RunFile& file, const prof::ProfileOptions& options,
                           const prof::ProfileSummary& mine, int world_size) {
     if (!options.enabled) {
-        file.set_attributes("/profile", {{"enabled", std::int64_t{0}}});
+        file.set_attributes(schema::kProfile, {{"enabled", std::int64_t{0}}});
         return;
     }
     // Attributes carry rank 0's values; ranks run the same iterations, so status agrees (the
@@ -39,7 +40,7 @@ void write_profile_tables(io::RunFile& file, const prof::ProfileOptions& options
             traces += (r ? ", " : "") + json_string(prof::trace_path_for(file.path(), r));
     traces += "]";
     file.set_attributes(
-        "/profile",
+        schema::kProfile,
         {{"enabled", std::int64_t{1}},
          {"start_iter", options.start_iter},
          {"iters", options.iters},
@@ -51,12 +52,13 @@ void write_profile_tables(io::RunFile& file, const prof::ProfileOptions& options
          {"threads", std::string("operators of the thread that runs the training loop (and "
                                  "autograd's device threads); data-loader workers are not "
                                  "profiled")}});
-    file.write_per_rank("/profile/window_s", mine.window_s, "s");
-    file.write_per_rank("/profile/iterations", static_cast<double>(mine.iterations), "iterations");
-    file.write_per_rank("/profile/host_sync_calls", static_cast<double>(mine.host_sync_calls),
+    file.write_per_rank(schema::kProfileWindowS, mine.window_s, "s");
+    file.write_per_rank(schema::kProfileIterations, static_cast<double>(mine.iterations),
+                        "iterations");
+    file.write_per_rank(schema::kProfileHostSyncCalls, static_cast<double>(mine.host_sync_calls),
                         "calls");
 
-    auto write_table = [&](const std::string& group, const auto& rows, bool with_self,
+    auto write_table = [&](std::string_view group, const auto& rows, bool with_self,
                            bool with_min_max) {
         std::vector<std::string> names;
         std::vector<double> count, total, self, min, max;
@@ -70,30 +72,30 @@ void write_profile_tables(io::RunFile& file, const prof::ProfileOptions& options
                 max.push_back(row.max_s);
             }
         }
-        file.write_ragged_strings(group + "/name", names);
-        file.write_ragged(group + "/count", count, "events");
-        file.write_ragged(group + "/total_s", total, "s");
-        if (with_self) file.write_ragged(group + "/self_s", self, "s");
+        file.write_ragged_strings(schema::child(group, "name"), names);
+        file.write_ragged(schema::child(group, "count"), count, "events");
+        file.write_ragged(schema::child(group, "total_s"), total, "s");
+        if (with_self) file.write_ragged(schema::child(group, "self_s"), self, "s");
         if (with_min_max) {
-            file.write_ragged(group + "/min_s", min, "s");
-            file.write_ragged(group + "/max_s", max, "s");
+            file.write_ragged(schema::child(group, "min_s"), min, "s");
+            file.write_ragged(schema::child(group, "max_s"), max, "s");
         }
     };
-    write_table("/profile/categories", mine.categories, false, true);
-    write_table("/profile/top_ops", mine.top_ops, true, false);
-    write_table("/profile/top_kernels", mine.top_kernels, false, false);
+    write_table(schema::kProfileCategories, mine.categories, false, true);
+    write_table(schema::kProfileTopOps, mine.top_ops, true, false);
+    write_table(schema::kProfileTopKernels, mine.top_kernels, false, false);
 
     const prof::TemporalBreakdown& b = mine.breakdown;
-    file.write_per_rank("/profile/breakdown/gpu_kernels", static_cast<double>(b.gpu_kernels),
+    file.write_per_rank(schema::kProfileBreakdownGpuKernels, static_cast<double>(b.gpu_kernels),
                         "kernels");
-    file.write_per_rank("/profile/breakdown/compute_s", b.compute_s, "s");
-    file.write_per_rank("/profile/breakdown/communication_s", b.communication_s, "s");
-    file.write_per_rank("/profile/breakdown/memory_s", b.memory_s, "s");
-    file.write_per_rank("/profile/breakdown/idle_s", b.idle_s, "s");
-    file.write_per_rank("/profile/breakdown/span_s", b.span_s, "s");
-    file.write_per_rank("/profile/breakdown/overlap_ratio", b.overlap_ratio, "1");
+    file.write_per_rank(schema::kProfileBreakdownComputeS, b.compute_s, "s");
+    file.write_per_rank(schema::kProfileBreakdownCommunicationS, b.communication_s, "s");
+    file.write_per_rank(schema::kProfileBreakdownMemoryS, b.memory_s, "s");
+    file.write_per_rank(schema::kProfileBreakdownIdleS, b.idle_s, "s");
+    file.write_per_rank(schema::kProfileBreakdownSpanS, b.span_s, "s");
+    file.write_per_rank(schema::kProfileBreakdownOverlapRatio, b.overlap_ratio, "1");
     file.set_attributes(
-        "/profile/breakdown",
+        schema::kProfileBreakdown,
         {{"gpu_kernels", b.gpu_kernels}, // rank 0's; per rank in the dataset gpu_kernels
          {"definition",
           std::string("Holistic Trace Analysis temporal breakdown over the device intervals of the "
@@ -109,13 +111,13 @@ void declare_telemetry(io::RunFile& file, const prof::TelemetrySampler& sampler)
     for (const prof::TelemetryColumn& c : prof::TelemetrySampler::columns())
         columns.push_back({c.name, c.units});
     // Samples are few (2 per second by default): small chunks keep a short run's file small.
-    file.declare_series(kTelemetry, columns, 256);
+    file.declare_series(schema::kTelemetry, columns, 256);
 }
 
 void append_telemetry(io::RunFile& file, prof::TelemetrySampler& sampler) {
     if (!sampler.enabled()) return;
     for (const prof::TelemetrySample& s : sampler.take_new_samples())
-        file.append(kTelemetry, prof::TelemetrySampler::values(s));
+        file.append(schema::kTelemetry, prof::TelemetrySampler::values(s));
 }
 
 void write_telemetry(io::RunFile& file, prof::TelemetrySampler& sampler, MPI_Comm comm) {
@@ -123,7 +125,7 @@ void write_telemetry(io::RunFile& file, prof::TelemetrySampler& sampler, MPI_Com
     append_telemetry(file, sampler);
     const prof::TelemetryStatus st = sampler.status(comm);
     file.set_attributes(
-        "/telemetry",
+        schema::kTelemetry,
         {{"gpu_available", static_cast<std::int64_t>(st.gpu_available ? 1 : 0)},
          {"gpu_available_ranks", static_cast<std::int64_t>(st.gpu_available_ranks)},
          {"reason", st.reason},
@@ -143,19 +145,20 @@ void write_comm_benchmark(io::RunFile& file, const dist::CommBenchmarkOptions& o
                           const std::vector<dist::CommResult>& results, const std::string& backend,
                           int world_size) {
     file.set_attributes(
-        "/comm", {{"backend", backend},
-                  {"world_size", std::int64_t{world_size}},
-                  {"dtype", dist::comm_dtype_name(o.dtype)},
-                  {"warmup", std::int64_t{o.warmup}},
-                  {"iters", std::int64_t{o.iters}},
-                  {"time", std::string("seconds per operation: each rank's mean over the timed "
-                                       "iterations, averaged over ranks (time_max_s: slowest "
-                                       "rank)")},
-                  {"bytes", std::string("whole array as nccl-tests count it: allreduce and "
-                                        "broadcast the buffer, allgather the output, "
-                                        "reduce_scatter the input")}});
+        schema::kComm,
+        {{"backend", backend},
+         {"world_size", std::int64_t{world_size}},
+         {"dtype", dist::comm_dtype_name(o.dtype)},
+         {"warmup", std::int64_t{o.warmup}},
+         {"iters", std::int64_t{o.iters}},
+         {"time", std::string("seconds per operation: each rank's mean over the timed "
+                              "iterations, averaged over ranks (time_max_s: slowest "
+                              "rank)")},
+         {"bytes", std::string("whole array as nccl-tests count it: allreduce and "
+                               "broadcast the buffer, allgather the output, "
+                               "reduce_scatter the input")}});
     for (dist::Collective op : o.ops) {
-        const std::string group = std::string("/comm/") + dist::to_string(op);
+        const std::string part = dist::to_string(op);
         std::vector<double> bytes, count, time, time_max, algbw, busbw;
         for (const dist::CommResult& r : results) {
             if (r.op != op) continue;
@@ -166,13 +169,14 @@ void write_comm_benchmark(io::RunFile& file, const dist::CommBenchmarkOptions& o
             algbw.push_back(r.algbw_GBps);
             busbw.push_back(r.busbw_GBps);
         }
-        file.write_vector(group + "/bytes", bytes, "B");
-        file.write_vector(group + "/count", count, "1");
-        file.write_vector(group + "/time_s", time, "s");
-        file.write_vector(group + "/time_max_s", time_max, "s");
-        file.write_vector(group + "/algbw_GBps", algbw, "GB/s");
-        file.write_vector(group + "/busbw_GBps", busbw, "GB/s");
-        file.set_attributes(group, {{"busbw_factor", dist::busbw_factor(op, world_size)}});
+        file.write_vector(schema::with_part(schema::kCommOpBytes, part), bytes, "B");
+        file.write_vector(schema::with_part(schema::kCommOpCount, part), count, "1");
+        file.write_vector(schema::with_part(schema::kCommOpTimeS, part), time, "s");
+        file.write_vector(schema::with_part(schema::kCommOpTimeMaxS, part), time_max, "s");
+        file.write_vector(schema::with_part(schema::kCommOpAlgbwGBps, part), algbw, "GB/s");
+        file.write_vector(schema::with_part(schema::kCommOpBusbwGBps, part), busbw, "GB/s");
+        file.set_attributes(schema::with_part(schema::kCommOp, part),
+                            {{"busbw_factor", dist::busbw_factor(op, world_size)}});
     }
 }
 

@@ -20,6 +20,7 @@
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/io/run_file.hpp"
+#include "trainscope/io/schema.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/options.hpp"
@@ -27,6 +28,8 @@
 #include "trainscope/train/workload.hpp"
 
 namespace trainscope::train {
+
+namespace schema = io::schema;
 namespace {
 
 // run.threads=0: a rank bound to a CPU set (srun --cpu-bind, mpirun --bind-to) gets that set's
@@ -83,6 +86,7 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
             throw core::ConfigError("--resume and --dry-run together: a dry run trains nothing; "
                                     "drop one of them");
         env.strategy = parse_strategy(c.get_string("run.strategy"));
+        env.train = read_train_config(c);
         s.workload = make_workload(env);
         env.layout =
             BatchLayout::resolve(c, topo.world_size, s.workload->pipeline_stages(),
@@ -245,14 +249,14 @@ void Session::open_run_file() {
     std::vector<io::Attribute> config;
     for (const auto& [k, v] : c.items())
         config.push_back({k, v});
-    s.file->set_attributes("/config", config);
-    s.file->write_string_dataset("/config/ini", c.to_ini());
+    s.file->set_attributes(schema::kConfig, config);
+    s.file->write_string_dataset(schema::kConfigIni, c.to_ini());
 
     std::vector<io::Attribute> build;
     for (const auto& [k, v] : core::build_info().items())
         build.push_back({k, v});
     build.push_back({"mpi_library", dist::mpi_library_version()});
-    s.file->set_attributes("/build", build);
+    s.file->set_attributes(schema::kBuild, build);
 
     const dist::DeviceBinding& d = s.env.device;
     io::RunFile::RankRow row;
@@ -288,7 +292,7 @@ void Session::open_run_file() {
 void Session::prepare() {
     State& s = *s_;
     s.workload->build();
-    if (s.file) s.file->set_attributes("/plan", s.workload->plan_attributes());
+    if (s.file) s.file->set_attributes(schema::kPlan, s.workload->plan_attributes());
 }
 
 void Session::run() {
@@ -300,7 +304,7 @@ void Session::run() {
 void Session::close_run_file(const std::string& status, const std::string& error) {
     State& s = *s_;
     if (!s.file) return;
-    if (!error.empty()) s.file->set_attributes("/", {{"error", error}});
+    if (!error.empty()) s.file->set_attributes(schema::kRoot, {{"error", error}});
     s.file->set_status(status);
     s.file->close();
     s.file.reset();

@@ -42,8 +42,12 @@ TrainingLoop::TrainingLoop(const LoopOptions& options, TrainStep& step, dist::Co
                            prof::PhaseTimer& timer, Recorder* recorder,
                            prof::ProfilerWindow* window, RunControl* control,
                            Checkpointer* checkpointer)
-    : o_(options), step_(step), comm_(comm), timer_(timer), recorder_(recorder), window_(window),
-      control_(control), checkpointer_(checkpointer) {}
+    : o_(options), step_(step),
+      total_(options.length.total_iterations(step.iterations_per_epoch())),
+      schedule_(
+          make_schedule(options.schedule, options.base_lr, total_, step.iterations_per_epoch())),
+      comm_(comm), timer_(timer), recorder_(recorder), window_(window), control_(control),
+      checkpointer_(checkpointer) {}
 
 void TrainingLoop::resolve_pending() {
     if (pending_.empty()) return;
@@ -114,14 +118,14 @@ void TrainingLoop::progress_line(std::int64_t iteration, std::int64_t epoch) {
     const auto now = Clock::now();
     const double dt = std::chrono::duration<double>(now - t_log_).count();
     const double elapsed = std::chrono::duration<double>(now - t_begin_).count();
-    const std::int64_t total = step_.total_iterations();
+    const std::int64_t total = total_;
     const double done = static_cast<double>(iteration - first_iteration_);
     const double eta = done > 0 ? elapsed / done * static_cast<double>(total - iteration) : kNaN;
     std::ostringstream line;
-    line << "iter " << iteration << "/" << total << "  epoch " << epoch + 1 << "/" << step_.epochs()
-         << "  loss " << std::fixed << std::setprecision(4) << last_resolved_.shared_loss << "  lr "
-         << std::scientific << std::setprecision(2) << step_.schedule().at(iteration - 1)
-         << std::fixed << std::setprecision(1) << "  "
+    line << "iter " << iteration << "/" << total << "  epoch " << epoch + 1 << "/"
+         << o_.length.epochs << "  loss " << std::fixed << std::setprecision(4)
+         << last_resolved_.shared_loss << "  lr " << std::scientific << std::setprecision(2)
+         << schedule_.at(iteration - 1) << std::fixed << std::setprecision(1) << "  "
          << (dt > 0 ? counts[0] / o_.ranks_per_replica / dt : 0.0) << " samples/s";
     if (!std::isnan(counts[1]))
         line << std::setprecision(0) << "  " << counts[1] / dt << " tokens/s";
@@ -146,7 +150,7 @@ void TrainingLoop::checkpoint(std::int64_t next_iteration) {
 }
 
 void TrainingLoop::run() {
-    const std::int64_t total = step_.total_iterations();
+    const std::int64_t total = total_;
     const std::int64_t per_epoch = step_.iterations_per_epoch();
     std::int64_t iteration = step_.start_iteration();
     first_iteration_ = iteration;
@@ -154,7 +158,7 @@ void TrainingLoop::run() {
     const std::int64_t first_epoch = per_epoch > 0 ? iteration / per_epoch : 0;
     const bool checkpointing = checkpointer_ && checkpointer_->enabled();
     for (std::int64_t epoch = first_epoch;
-         epoch < step_.epochs() && iteration < total && !interrupted_; ++epoch) {
+         epoch < o_.length.epochs && iteration < total && !interrupted_; ++epoch) {
         const auto t_epoch = Clock::now();
         current_epoch_ = epoch;
         epoch_loss_sum_ = 0;
@@ -179,7 +183,7 @@ void TrainingLoop::run() {
                 if (control_) control_->idle();
                 break;
             }
-            const double lr = step_.schedule().at(iteration);
+            const double lr = schedule_.at(iteration);
             step_.set_lr(lr);
             StepResult r = step_.step(iteration, timer_, control_);
 
@@ -276,7 +280,7 @@ void TrainingLoop::run() {
             ev.eval_s = std::chrono::duration<double>(Clock::now() - t_eval).count();
             if (step_.reports_perplexity()) ev.val_perplexity = std::exp(ev.val_loss);
             std::ostringstream line;
-            line << "epoch " << epoch + 1 << "/" << step_.epochs() << "  train_loss "
+            line << "epoch " << epoch + 1 << "/" << o_.length.epochs << "  train_loss "
                  << ev.train_loss << "  val_loss " << ev.val_loss;
             if (!std::isnan(ev.val_perplexity)) line << "  val_perplexity " << ev.val_perplexity;
             if (!std::isnan(ev.val_accuracy))

@@ -132,7 +132,8 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
     prof::ProfilerWindow window(prof::ProfileOptions::from_config(env_.cfg), env_.topo.rank,
                                 env_.topo.world_size, cuda, env_.dist.backend);
     const std::int64_t warmup = env_.cfg.get_int("profile.warmup_iters");
-    const std::int64_t to_run = step->total_iterations() - step->start_iteration();
+    const std::int64_t to_run =
+        env_.train.length.total_iterations(step->iterations_per_epoch()) - step->start_iteration();
     if (warmup >= to_run && env_.topo.rank == 0)
         core::log::warn() << "profile.warmup_iters=" << warmup << " but this run trains " << to_run
                           << " iteration(s): every iteration is warm-up, so /summary "
@@ -149,8 +150,11 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
     LoopOptions lo;
     lo.log_every = static_cast<int>(env_.cfg.get_int("log.every"));
     lo.ranks_per_replica = ranks_per_replica();
-    lo.accounting = env_.cfg.get_bool("profile.accounting");
+    lo.accounting = env_.train.accounting;
     lo.cuda_index = cuda_index;
+    lo.length = env_.train.length;
+    lo.schedule = env_.train.schedule;
+    lo.base_lr = env_.train.optimizer.lr;
     TrainingLoop loop(lo, *step, comm, timer, &recorder, &window, &control, checkpointer);
     core::log::info() << start_message(file.path());
     telemetry.start();

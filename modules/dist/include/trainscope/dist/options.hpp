@@ -5,6 +5,8 @@
 // cpu/cuda and mpi/nccl, impossible combinations are ConfigErrors naming both keys.
 #pragma once
 
+#include <cstdint>
+
 #include <cstddef>
 #include <map>
 #include <string>
@@ -22,6 +24,19 @@ void declare_options(core::OptionRegistry& registry);
 enum class ZeroStage { None = 0, OptimizerState = 1, Gradients = 2, Parameters = 3 };
 inline int to_int(ZeroStage z) {
     return static_cast<int>(z);
+}
+
+// Over how many ranks each part of the model state is divided under `zero` with `data_parallel`
+// ranks (1: every rank holds all of it): ZeRO-1 shards the optimizer state, ZeRO-2 also the
+// gradients, ZeRO-3 (FSDP) also the weights. /plan records these so that readers (the advisor)
+// scale the memory plan to other rank counts without re-deriving the rules.
+struct StateShards {
+    std::int64_t weight = 1, gradient = 1, optimizer_state = 1;
+};
+inline StateShards state_shards(ZeroStage z, int data_parallel) {
+    const std::int64_t n = data_parallel > 1 ? data_parallel : 1;
+    return {z >= ZeroStage::Parameters ? n : 1, z >= ZeroStage::Gradients ? n : 1,
+            z >= ZeroStage::OptimizerState ? n : 1};
 }
 
 // The sharding options, read once (read_sharding).

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -27,6 +28,12 @@ struct Column {
     std::string name;
     std::string units;
 };
+
+// Whether a RunFile holds the application's run file, whose every group, dataset, column and
+// attribute must be declared in the schema table (schema.hpp) with the same units, or any layout
+// (io's own tests of the HDF5 mechanics). A write the table does not declare throws InternalError
+// on every rank (the arguments of collective calls agree across ranks) before touching the file.
+enum class SchemaCheck { strict, off };
 
 class RunFile {
   public:
@@ -48,7 +55,8 @@ class RunFile {
     // (marked collective) on every rank. Writes root attributes schema, status="running",
     // created_utc, world_size, then root_attrs (rank 0's values; they may override world_size).
     static RunFile create(MPI_Comm comm, const std::string& path, bool overwrite,
-                          const std::vector<Attribute>& root_attrs = {});
+                          const std::vector<Attribute>& root_attrs = {},
+                          SchemaCheck check = SchemaCheck::strict);
 
     RunFile(RunFile&&) noexcept;
     RunFile& operator=(RunFile&&) noexcept;
@@ -60,11 +68,11 @@ class RunFile {
 
     // Collective. Writes attributes on group_path ("/" for the root), creating the group and its
     // parents if needed and replacing attributes of the same name. Rank 0's values are used.
-    void set_attributes(const std::string& group_path, const std::vector<Attribute>& attrs);
+    void set_attributes(std::string_view group_path, const std::vector<Attribute>& attrs);
 
     // Collective. Scalar fixed-length UTF-8 string dataset (units "text") holding rank 0's text,
     // e.g. /config/ini. Replaces an existing dataset of that path.
-    void write_string_dataset(const std::string& path, const std::string& text);
+    void write_string_dataset(std::string_view path, const std::string& text);
 
     // Collective. /ranks: compound table [world_size], row r written by rank r.
     void write_ranks(const RankRow& mine);
@@ -72,15 +80,15 @@ class RunFile {
     // Collective, once per group. Each column becomes dataset /<group>/<column> of shape
     // [world_size, n] (float64, chunked [1, chunk_rows], extendable along n, fill NaN, attribute
     // units). Every rank must declare the same columns in the same order.
-    void declare_series(const std::string& group, const std::vector<Column>& columns,
+    void declare_series(std::string_view group, const std::vector<Column>& columns,
                         std::size_t chunk_rows = 1024);
 
     // Local. Buffers one row (values in column order) until the next flush().
-    void append(const std::string& group, const std::vector<double>& row);
+    void append(std::string_view group, const std::vector<double>& row);
     // Local. Rows of `group` appended by this rank so far (flushed + buffered).
-    std::size_t rows(const std::string& group) const;
+    std::size_t rows(std::string_view group) const;
     // Local. Columns `group` was declared with.
-    std::size_t columns(const std::string& group) const;
+    std::size_t columns(std::string_view group) const;
     // Local. The communicator the file was created on: the ranks that must agree on every
     // collective call (e.g. on a series' columns).
     MPI_Comm comm() const;
@@ -97,18 +105,18 @@ class RunFile {
 
     // Collective. Variable-length per-rank data: one global 1-D float64 dataset `path` holding
     // every rank's values in rank order, plus `<path>_offset` / `<path>_count` int64 [world_size].
-    void write_ragged(const std::string& path, const std::vector<double>& mine,
+    void write_ragged(std::string_view path, const std::vector<double>& mine,
                       const std::string& units);
     // Collective. The same layout for text (e.g. operator names): `path` is a 1-D fixed-length
     // UTF-8 string dataset (NUL-padded to the longest string on any rank, units "text").
-    void write_ragged_strings(const std::string& path, const std::vector<std::string>& mine);
+    void write_ragged_strings(std::string_view path, const std::vector<std::string>& mine);
     // Collective. One value per rank: float64 dataset `path` of shape [world_size], element r
     // written by rank r, attribute units.
-    void write_per_rank(const std::string& path, double mine, const std::string& units);
+    void write_per_rank(std::string_view path, double mine, const std::string& units);
 
     // Collective. A plain 1-D float64 dataset `path` [values.size()] holding rank 0's values
     // (e.g. the /comm benchmark tables), attribute units. Replaces an existing dataset.
-    void write_vector(const std::string& path, const std::vector<double>& values,
+    void write_vector(std::string_view path, const std::vector<double>& values,
                       const std::string& units);
 
     // Collective and idempotent: flushes buffered rows and closes the file.

@@ -17,7 +17,7 @@
 #include "trainscope/dist/gradient_synchronizer.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/checkpoint.hpp"
-#include "trainscope/train/lr_schedule.hpp"
+#include "trainscope/train/options.hpp"
 #include "trainscope/train/pipeline.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
@@ -47,11 +47,9 @@ struct TrainerOptions {
     std::shared_ptr<PipelineGroups> pipeline;
     PipelinePlan pipeline_plan;
     int microbatches = 1;
-    std::int64_t epochs = 1, max_iters = 0, batch_size = 64, eval_batch_size = 256;
-    std::string optimizer = "sgd";
-    double lr = 0.05, momentum = 0.9, weight_decay = 4e-5;
-    bool nesterov = false, eval = true, drop_last = true, pin_memory = false;
-    LrSchedule schedule;
+    std::int64_t batch_size = 64, eval_batch_size = 256;
+    OptimizerConfig optimizer;
+    bool eval = true, drop_last = true, pin_memory = false;
     std::uint64_t seed = 42;
     int workers = 1, prefetch = 2;
     double bucket_bytes = 25.0 * 1024 * 1024;
@@ -64,8 +62,6 @@ class ClassificationTrainer final : public TrainStep {
                           const data::DatasetSplits& data, data::AdaptedTransform transform,
                           dist::Communicator& comm, MPI_Comm world);
     ~ClassificationTrainer() override;
-    // The schedule needs the run length, known only once the trainer has sized the epoch.
-    void set_schedule(const LrSchedule& schedule);
     const dist::GradientSynchronizer& synchronizer() const;
     // Collective: loads checkpoint m (model, optimizer, loss scaler, RNG); the loop then starts at
     // its next_iteration, at the same place in the same epoch's sample order.
@@ -73,10 +69,7 @@ class ClassificationTrainer final : public TrainStep {
 
     // TrainStep
     std::int64_t iterations_per_epoch() const override;
-    std::int64_t total_iterations() const override;
-    std::int64_t epochs() const override;
     std::int64_t start_iteration() const override;
-    const LrSchedule& schedule() const override;
     void begin_epoch(std::int64_t epoch, std::int64_t skip) override;
     bool next_batch() override;
     void set_lr(double lr) override;

@@ -12,6 +12,7 @@
 #include "trainscope/dist/options.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/lora.hpp"
+#include "trainscope/train/options.hpp"
 
 namespace trainscope::core {
 class Config;
@@ -47,14 +48,12 @@ struct LlmOptions {
     dist::ShardingOptions sharding;        // dist.zero, dist.reshard_after_forward, dist.prefetch
     std::string save_adapters;             // PEFT adapter directory ("" = none)
     bool adapters_beside_run_file = false; // llm.save_adapters=auto: <run file>.adapter
-    // train.* as resolved for the LLM run (torchtune defaults where the user left them).
-    std::string optimizer = "adamw";
-    double lr = 3e-4, weight_decay = 0.01;
-    std::string schedule = "cosine";
+    // run.precision as resolved for the LLM run (bf16, torchtune's, unless set).
     std::string precision = "bf16";
 
-    // Reads and cross-checks llm.* (ConfigError naming the option on any inconsistency).
-    static LlmOptions from_config(const core::Config& config);
+    // Reads and cross-checks llm.* against the run's train.* (`train`, read once by the Session):
+    // ConfigError naming the option on any inconsistency.
+    static LlmOptions from_config(const core::Config& config, const TrainConfig& train);
 };
 
 // Whether `method` trains LoRA adapters (lora, qlora, dpo, qat with llm.qat.lora).

@@ -24,7 +24,7 @@
 #include "trainscope/models/llama.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/llm_options.hpp"
-#include "trainscope/train/lr_schedule.hpp"
+#include "trainscope/train/options.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
 #include "trainscope/train/run_control.hpp"
@@ -52,22 +52,23 @@ LlmModel build_llm_model(const LlmOptions& options, const models::LlamaConfig& c
 // Parallelises the model once, as the configuration asks (dist.zero: 0 DDP with a local AdamW or
 // SGD, 1-2 ZeRO, 3 FSDP; rank 0's values everywhere). The one place that knows the kinds: the
 // trainer drives the result through dist::DataParallelism.
-std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& options, bool loss_scaling,
-                                                       dist::Communicator& comm, LlmModel& model,
-                                                       std::size_t bucket_bytes,
+std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& options,
+                                                       const OptimizerConfig& optimizer,
+                                                       bool loss_scaling, dist::Communicator& comm,
+                                                       LlmModel& model, std::size_t bucket_bytes,
                                                        std::size_t first_bucket_bytes);
 
 struct LlmTrainerOptions {
     LlmOptions llm;
     PrecisionPolicy precision;
     torch::Device device{torch::kCPU};
-    std::int64_t epochs = 1, max_iters = 0, batch_size = 2; // batch: sequences per micro-batch
+    OptimizerConfig optimizer;   // train.optimizer, train.lr, train.weight_decay
+    std::int64_t batch_size = 2; // sequences per micro-batch
     std::uint64_t seed = 42;
     int workers = 1, prefetch = 2; // collation threads and iterations built ahead (data.*)
     double bucket_bytes = 25.0 * 1024 * 1024;
     double first_bucket_bytes = 1.0 * 1024 * 1024;
     bool accounting = true;
-    LrSchedule schedule;
 };
 
 // The held-out validation set (llm.val_fraction or llm.val_dataset.path) and the training items.
@@ -88,7 +89,6 @@ class LlmTrainer final : public TrainStep {
                const data::Tokenizer& tokenizer, dist::Communicator& comm, MPI_Comm world,
                LlmSplit split = {});
     ~LlmTrainer() override;
-    void set_schedule(const LrSchedule& schedule);
     // The workload's own /iterations columns (Recorder extra_columns).
     static std::vector<io::Column> extra_columns();
     const dist::GradientSynchronizer* synchronizer() const; // null unless DDP
@@ -110,10 +110,7 @@ class LlmTrainer final : public TrainStep {
 
     // TrainStep
     std::int64_t iterations_per_epoch() const override;
-    std::int64_t total_iterations() const override;
-    std::int64_t epochs() const override;
     std::int64_t start_iteration() const override;
-    const LrSchedule& schedule() const override;
     void begin_epoch(std::int64_t epoch, std::int64_t skip) override;
     bool next_batch() override;
     void set_lr(double lr) override;

@@ -5,8 +5,6 @@
 #include <cstdint>
 #include <string>
 
-#include "trainscope/core/config.hpp"
-
 namespace trainscope::train {
 
 struct LrSchedule {
@@ -21,10 +19,19 @@ struct LrSchedule {
     double at(std::int64_t iteration) const; // iteration counts from 0
 };
 
-// The schedule the train.* options describe (train.schedule, train.lr, train.warmup_iters,
-// train.gamma, train.min_lr, train.step_epochs) over a run of total_iters iterations in epochs of
-// per_epoch: the one place both workloads build it.
-LrSchedule schedule_from_config(const core::Config& config, std::int64_t total_iters,
-                                std::int64_t per_epoch);
+// What train.schedule, train.warmup_iters, train.gamma, train.min_lr and train.step_epochs say,
+// before the run length is known (TrainConfig::schedule).
+struct ScheduleConfig {
+    std::string kind = "constant";
+    std::int64_t warmup_iters = 0;
+    double gamma = 0.1;
+    double min_lr = 0.0;
+    std::int64_t step_epochs = 1;
+};
+
+// The schedule from base_lr over a run of total_iters iterations in epochs of per_epoch: built by
+// the TrainingLoop, the one owner of the run length.
+LrSchedule make_schedule(const ScheduleConfig& config, double base_lr, std::int64_t total_iters,
+                         std::int64_t per_epoch);
 
 } // namespace trainscope::train

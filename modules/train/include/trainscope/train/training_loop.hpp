@@ -21,6 +21,7 @@
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/lr_schedule.hpp"
+#include "trainscope/train/options.hpp"
 #include "trainscope/train/recorder.hpp"
 #include "trainscope/train/run_control.hpp"
 
@@ -69,11 +70,10 @@ struct DeferredStep {
 class TrainStep {
   public:
     virtual ~TrainStep() = default;
+    // The epoch's length; the run's (train.epochs, train.max_iters) and the learning rate by
+    // iteration are the loop's (LoopOptions).
     virtual std::int64_t iterations_per_epoch() const = 0;
-    virtual std::int64_t total_iterations() const = 0;
-    virtual std::int64_t epochs() const = 0;
     virtual std::int64_t start_iteration() const { return 0; } // > 0 after a restore
-    virtual const LrSchedule& schedule() const = 0;
 
     // Starts epoch `epoch` after `skip` of its iterations (a resumed run starts mid-epoch).
     virtual void begin_epoch(std::int64_t epoch, std::int64_t skip) = 0;
@@ -131,6 +131,11 @@ struct LoopOptions {
     int ranks_per_replica = 1;
     bool accounting = true;
     int cuda_index = -1;
+    // The run length and the learning-rate schedule (TrainConfig): the loop sizes the run from
+    // the step's epoch and sets the rate of every iteration.
+    RunLength length;
+    ScheduleConfig schedule;
+    double base_lr = 0.1;
 };
 
 class TrainingLoop {
@@ -158,6 +163,8 @@ class TrainingLoop {
 
     LoopOptions o_;
     TrainStep& step_;
+    std::int64_t total_ = 0; // iterations of the whole run
+    LrSchedule schedule_;
     dist::Communicator& comm_;
     prof::PhaseTimer& timer_;
     Recorder* recorder_;

@@ -20,6 +20,7 @@
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/train/batch_layout.hpp"
 #include "trainscope/train/checkpoint.hpp"
+#include "trainscope/train/options.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
 #include "trainscope/train/run_control.hpp"
@@ -46,6 +47,7 @@ struct RunEnvironment {
     dist::Topology topo;
     MPI_Comm world = MPI_COMM_NULL;
     Strategy strategy = Strategy::DdpDs;
+    TrainConfig train; // train.*, run.seed, profile.accounting, read once
     BatchLayout layout;
     dist::DistOptions dist;
     dist::DeviceBinding device;
