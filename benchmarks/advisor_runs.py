@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainscope_post import RunFile
+from trainscope_post import RunFile, schema
 from trainscope_post.launch import emulated_nodes_args, launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,7 +200,7 @@ def check_run(path: Path, slots):
     with RunFile(path) as run:
         run.require_completed()
         nodes_of_ranks = [int(n) for n in run.ranks()["node"]]
-        num_nodes = int(run.attrs("/").get("num_nodes", 0))
+        num_nodes = int(run.attrs(schema.ROOT).get("num_nodes", 0))
         world_size = run.world_size
     want = [node for node, n in enumerate(slots) for _ in range(n)]
     if world_size != sum(slots) or num_nodes != len(slots) or nodes_of_ranks != want:
@@ -291,7 +291,7 @@ def table(out: Path) -> int:
         for path in sorted((out / study).glob("*.h5")):
             with RunFile(path) as run:
                 run.require_completed()
-                key = (study, run.world_size, int(run.attrs("/")["num_nodes"]))
+                key = (study, run.world_size, int(run.attrs(schema.ROOT)["num_nodes"]))
                 row = train_row(run)
             groups.setdefault(key, []).append(row)
             print(f"{study + '/' + path.name:<24} {key[1]:>5} {key[2]:>5} {row['step']:>13.4f} "
@@ -310,10 +310,11 @@ def table(out: Path) -> int:
     for path in sorted((out / "comm").glob("*.h5")):
         with RunFile(path) as run:
             run.require_completed()
-            times = {op: (run.series(f"comm/{op}", "bytes").values,
-                          run.series(f"comm/{op}", "time_s").values)
+            times = {op: (run.series(schema.fill(schema.COMM_OP, op), "bytes").values,
+                          run.series(schema.fill(schema.COMM_OP, op), "time_s").values)
                      for op in ("allreduce", "allgather", "reduce_scatter")}
-            comm.append((path.name, run.world_size, int(run.attrs("/")["num_nodes"]), times))
+            nodes = int(run.attrs(schema.ROOT)["num_nodes"])
+            comm.append((path.name, run.world_size, nodes, times))
     if comm:
         sizes = comm[0][3]["allreduce"][0]
         print(f"\ncomm: ms per operation at {sizes[0]:.0f} B / {sizes[-1] / 2**20:g} MiB")

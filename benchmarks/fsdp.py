@@ -54,7 +54,7 @@ from pathlib import Path
 
 import numpy as np
 from llm_peft import long_preferences, long_texts  # the same no-padding samples as llm_peft
-from trainscope_post import RunFile
+from trainscope_post import RunFile, schema
 from trainscope_post.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,7 +196,7 @@ def measure(a, model_dir, data, out, method, ranks, zero, prefetch=True):
     with RunFile(out) as run:
         s = run.require_completed().summary
         w = int(s["warmup_iterations"])
-        cols = {c: run.recorded(c)[:, w:] for c in COLUMNS if c in run.columns("iterations")}
+        cols = {c: run.recorded(c)[:, w:] for c in COLUMNS if c in run.columns(schema.ITERATIONS)}
     missing = [c for c in COLUMNS if c not in cols]
     if missing and zero == 3:
         sys.exit(f"{out}: /iterations has no {', '.join(missing)}: this binary predates the "

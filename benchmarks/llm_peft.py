@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from trainscope_post import RunFile
+from trainscope_post import RunFile, schema
 from trainscope_post.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,9 +177,9 @@ def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="che
     with RunFile(out) as run:
         s = run.require_completed().summary
         if profile:
-            names = run.ragged("/profile/top_ops/name", 0)
-            self_s = run.ragged("/profile/top_ops/self_s", 0)
-            count = run.ragged("/profile/top_ops/count", 0)
+            names = run.ragged(schema.child(schema.PROFILE_TOP_OPS, "name"), 0)
+            self_s = run.ragged(schema.child(schema.PROFILE_TOP_OPS, "self_s"), 0)
+            count = run.ragged(schema.child(schema.PROFILE_TOP_OPS, "count"), 0)
             return [(str(n), float(t) / a.steps, float(c) / a.steps)
                     for n, t, c in sorted(zip(names, self_s, count), key=lambda x: -x[1])]
         it = run.recorded  # a column over the recorded iterations, [ranks, n]

@@ -4,9 +4,13 @@ and the checks a GPU run must pass. Exit 1 when any check fails (each failure is
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "postprocess"))
+from trainscope_post import schema  # noqa: E402  (the run-file paths; standard library only)
 
 
 def text(v) -> str:
@@ -17,30 +21,31 @@ def row(path: str) -> tuple[list[str], list[str]]:
     """(cells, failed checks) of one run file."""
     failed = []
     with h5py.File(path, "r") as f:
-        ranks = f["ranks"][...]
+        ranks = f[schema.RANKS][...]
         devices = sorted({text(d) for d in ranks["device"]})
         buses = [text(b) for b in ranks["pci_bus_id"]]
         if not all(d.startswith("cuda") for d in devices):
             failed.append(f"device {devices} is not cuda")
         if not all(buses):
             failed.append("a rank has no PCI bus id")
-        backend = text(f["config"].attrs.get("dist.backend", ""))
+        backend = text(f[schema.CONFIG].attrs.get("dist.backend", ""))
         if backend != "mpi" and len(set(buses)) != len(buses):
             failed.append("two NCCL ranks on one PCI bus id")
-        energy = f["telemetry/energy_j"][...] if "telemetry/energy_j" in f else np.array([])
+        energy_j = schema.child(schema.TELEMETRY, "energy_j")
+        energy = f[energy_j][...] if energy_j in f else np.array([])
         rising = energy.size > 1 and np.nanmax(energy[:, -1] - energy[:, 0]) > 0
         if not rising:
             failed.append("NVML energy did not rise")
-        it = f["iterations"]
+        it = f[schema.ITERATIONS]
         peak = float(np.nanmax(it["device_allocated_peak_bytes"][...]))
         if not peak > 0:
             failed.append("no device allocator peak")
         syncs = it["host_syncs"][...]
-        precision = text(f["config"].attrs.get("run.precision", ""))
+        precision = text(f[schema.CONFIG].attrs.get("run.precision", ""))
         want = 1 if precision == "fp16-mixed" else 0
         if not np.all(syncs == want):
             failed.append(f"host_syncs {sorted(set(syncs.ravel().tolist()))}, expected {want}")
-        s = f["summary"].attrs
+        s = f[schema.SUMMARY].attrs
         tps = s.get("throughput_tokens_per_s", np.nan)
         rate = (f"{float(tps):.0f} tok/s" if np.isfinite(tps)
                 else f"{float(s.get('throughput_samples_per_s', np.nan)):.0f} img/s")
@@ -49,9 +54,9 @@ def row(path: str) -> tuple[list[str], list[str]]:
         # beside the harness's own reads (host_syncs): reported, not checked, since the allocator
         # and libraries may synchronise outside the harness's control.
         prof_syncs = "-"
-        if "profile/host_sync_calls" in f and "profile/iterations" in f:
-            calls = float(f["profile/host_sync_calls"][0])
-            iters = float(f["profile/iterations"][0])
+        if schema.PROFILE_HOST_SYNC_CALLS in f and schema.PROFILE_ITERATIONS in f:
+            calls = float(f[schema.PROFILE_HOST_SYNC_CALLS][0])
+            iters = float(f[schema.PROFILE_ITERATIONS][0])
             if iters > 0:
                 prof_syncs = f"{calls / iters:.2f}"
         cells = [path.rsplit("/", 1)[-1], ",".join(devices), ",".join(sorted(set(buses))),

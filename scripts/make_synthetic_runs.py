@@ -11,10 +11,14 @@ follow the new shape. Not for measurements: for timing readers.
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "postprocess"))
+from trainscope_post import schema  # noqa: E402  (the run-file paths; standard library only)
 
 
 def copy_attrs(src, dst):
@@ -26,26 +30,26 @@ def make(real: Path, out: Path, ranks: int, iters: int, rng: np.random.Generator
     with h5py.File(real, "r") as s, h5py.File(out, "w") as d:
         copy_attrs(s, d)
         d.attrs["world_size"] = np.int64(ranks)
-        for g in ("config", "build", "plan", "summary"):
+        for g in (schema.CONFIG, schema.BUILD, schema.PLAN, schema.SUMMARY):
             if g in s:
-                grp = d.create_group(g)
-                copy_attrs(s[g], grp)
-                if g == "config" and "ini" in s[g]:
-                    s.copy(s[g]["ini"], grp, "ini")
-        if "summary" in d:
-            warm = int(d["summary"].attrs.get("warmup_iterations", 0))
-            d["summary"].attrs["total_iterations"] = np.int64(iters)
-            d["summary"].attrs["measured_iterations"] = np.int64(iters - warm)
-        if "ranks" in s:
-            row = s["ranks"][0]
+                copy_attrs(s[g], d.create_group(g))
+        if schema.CONFIG_INI in s:
+            s.copy(s[schema.CONFIG_INI], d, schema.CONFIG_INI)
+        if schema.SUMMARY in d:
+            summary = d[schema.SUMMARY].attrs
+            warm = int(summary.get("warmup_iterations", 0))
+            summary["total_iterations"] = np.int64(iters)
+            summary["measured_iterations"] = np.int64(iters - warm)
+        if schema.RANKS in s:
+            row = s[schema.RANKS][0]
             table = np.repeat(row[None], ranks)
             for name in ("rank", "local_rank"):
                 if name in table.dtype.names:
                     table[name] = np.arange(ranks)
-            d.create_dataset("ranks", data=table)
-            copy_attrs(s["ranks"], d["ranks"])
-        si = s["iterations"]
-        di = d.create_group("iterations")
+            d.create_dataset(schema.RANKS, data=table)
+            copy_attrs(s[schema.RANKS], d[schema.RANKS])
+        si = s[schema.ITERATIONS]
+        di = d.create_group(schema.ITERATIONS)
         copy_attrs(si, di)
         di.attrs["rows"] = np.int64(iters)
         di.attrs["rank_rows"] = np.full(ranks, iters, dtype=np.int64)

@@ -25,6 +25,7 @@ from the repeats' spread (see jobscripts/README.md).
 import math
 import os
 import shlex
+import sys
 from pathlib import Path
 
 import h5py
@@ -34,6 +35,10 @@ import reframe.utility.typecheck as typ
 from reframe.core.builtins import run_after, run_before, sanity_function, variable
 
 ROOT = Path(__file__).resolve().parents[2]
+# The run-file paths (trainscope_post/schema.py: standard library only) from this checkout, as
+# jobscripts/study finds the package.
+sys.path.insert(0, str(ROOT / "postprocess"))
+from trainscope_post import schema  # noqa: E402
 
 # config stem -> system:partition -> perf variable -> (value, lower, upper, unit)
 REFERENCES = {
@@ -116,7 +121,7 @@ class TrainscopeRun(rfm.RunOnlyRegressionTest):
     def _summary(self):
         path = os.path.join(self.stagedir, self.run_file)
         with h5py.File(path, "r") as f:
-            summary = dict(f["summary"].attrs) if "summary" in f else {}
+            summary = dict(f[schema.SUMMARY].attrs) if schema.SUMMARY in f else {}
             return _text(f.attrs.get("status", "")), summary
 
     @sanity_function

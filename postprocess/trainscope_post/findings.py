@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import schema
 from .study import Run, Study, StudyError, point_config, scaling_table
 
 REPRODUCED, NOT_REPRODUCED, NOT_COVERED = "reproduced", "not reproduced", "not covered"
@@ -217,9 +218,10 @@ def overhead_share(study: Study, mode: str, inc: bool, phases: list[str],
         share = 100.0 * over / step
         idle = math.nan
         with r.open() as rf:
-            if rf.has("profile/breakdown/idle_s") and rf.has("profile/breakdown/span_s"):
-                i = np.asarray(rf.group("profile/breakdown/idle_s")[...], dtype=np.float64)
-                sp = np.asarray(rf.group("profile/breakdown/span_s")[...], dtype=np.float64)
+            idle_s, span_s = schema.PROFILE_BREAKDOWN_IDLE_S, schema.PROFILE_BREAKDOWN_SPAN_S
+            if rf.has(idle_s) and rf.has(span_s):
+                i = np.asarray(rf.group(idle_s)[...], dtype=np.float64)
+                sp = np.asarray(rf.group(span_s)[...], dtype=np.float64)
                 if np.any(sp > 0):
                     idle = 100.0 * float(np.nansum(i) / np.nansum(sp))
         ok.append(share >= min_share or idle >= min_share)

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import schema
 from .study import (Run, Study, StudyError, describe_group, group_by_config, point_config)
 
 COMPUTE_PHASES = ["data", "h2d", "forward", "backward", "optimizer"]
@@ -195,7 +196,7 @@ def fit_comm(runs: list[Run]) -> dict[tuple[str, str], AlphaBeta]:
     for r in runs:
         scope = "inter" if r.nodes > 1 else "intra"
         with r.open() as rf:
-            g = rf.group("comm")
+            g = rf.group(schema.COMM)
             if g is None:
                 continue
             for op in OPS:
@@ -296,8 +297,8 @@ def measure(run: Run) -> Measured:
             m = np.nanmedian(np.nanmean(v, axis=0))
             return float(m) if m == m else 0.0
         collective, comm_bytes = med("comm_collective_s"), med("comm_bytes")
-        buckets = [float(b) for b in rf.series("comm/buckets", "bytes").values] \
-            if rf.has("comm/buckets/bytes") else []
+        buckets = [float(b) for b in rf.series(schema.COMM_BUCKETS, "bytes").values] \
+            if rf.has(schema.COMM_BUCKETS_BYTES) else []
         plan = rf.plan
     step = float(s.get("median_step_s", math.nan))
     tok = float(s.get("throughput_tokens_per_s", math.nan))
@@ -318,6 +319,21 @@ def measure(run: Run) -> Measured:
                     buckets, str(plan.get("device", run.config.get("run.device", "cpu"))),
                     int(plan.get("threads_per_rank", 1) or 1), work, unit, samples, power,
                     dict(plan), zero, control=float(s.get("median_control_s", 0.0) or 0.0))
+
+
+def state_shards(plan, zero: int, ranks: int) -> dict:
+    """Over how many ranks the run divided its weights, gradients and optimizer state (1:
+    replicated), as /plan records it (memory_plan_<category>_shards). Files written before the
+    binary recorded them carry only dist.zero: for those, ZeRO's rules (>= 1 optimizer state,
+    >= 2 gradients, 3 weights, over the run's ranks)."""
+    shards = {}
+    for c, stage in (("weight", 3), ("gradient", 2), ("optimizer_state", 1)):
+        try:
+            n = int(plan.get(f"memory_plan_{c}_shards", 0) or 0)
+        except (TypeError, ValueError):
+            n = 0
+        shards[c] = n if n >= 1 else (ranks if zero >= stage else 1)
+    return shards
 
 
 # --- the model of one configuration -------------------------------------------------------------
@@ -455,23 +471,20 @@ class ConfigModel:
         }
 
     def memory(self, ranks: int) -> float:
-        """Per-device bytes at `ranks` from the /plan of the measured run with the most ranks,
-        scaled by the sharding rules: ZeRO >= 1 shards optimizer state, >= 2 gradients, 3 weights
-        (1/ranks); under strong scaling the activations and logits follow the per-rank batch."""
+        """Per-device bytes at `ranks` from the /plan of the measured run with the most ranks: a
+        category the run divided over n > 1 ranks (/plan memory_plan_<category>_shards, written
+        by the binary from its own sharding rules) holds n/ranks of it at `ranks`, a replicated
+        one (n = 1) all of it; under strong scaling the activations and logits follow the
+        per-rank batch."""
         ref = max(self.runs, key=lambda m: m.ranks)
         plan = ref.plan
         cats = {c: float(plan.get(f"memory_plan_{c}_bytes", 0.0) or 0.0) for c in MEMORY_CATEGORIES}
         if not any(cats.values()):
             est = float(plan.get("memory_estimate_bytes", math.nan))
             return est
-        r0 = ref.ranks
-        shard = r0 / ranks
-        if ref.zero >= 1:
-            cats["optimizer_state"] *= shard
-        if ref.zero >= 2:
-            cats["gradient"] *= shard
-        if ref.zero >= 3:
-            cats["weight"] *= shard
+        for c, n in state_shards(plan, ref.zero, ref.ranks).items():
+            if n > 1:
+                cats[c] *= n / ranks
         if self.mode == "strong":
             b0 = float(plan.get("batch_per_rank", 0) or 0)
             g = float(plan.get("global_batch", 0) or 0)

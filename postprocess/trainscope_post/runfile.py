@@ -14,7 +14,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-SCHEMA = "trainscope/1"
+from . import schema
+
+SCHEMA = schema.VERSION
 
 
 class SchemaError(ValueError):
@@ -59,10 +61,10 @@ class RunFile:
             self._h5 = h5py.File(self.path, "r")
         except OSError as e:
             raise SchemaError(f"{self.path}: cannot open as HDF5 ({e})") from e
-        schema = _text(self._h5.attrs.get("schema", b""))
-        if schema != SCHEMA:
+        version = _text(self._h5.attrs.get("schema", b""))
+        if version != SCHEMA:
             self._h5.close()
-            raise SchemaError(f"{self.path}: schema {schema!r}, expected {SCHEMA!r}")
+            raise SchemaError(f"{self.path}: schema {version!r}, expected {SCHEMA!r}")
         try:
             self._validate()
         except SchemaError:
@@ -89,36 +91,36 @@ class RunFile:
         for key in ("status", "workload"):
             if key in root and not isinstance(root[key], (str, bytes)):
                 raise bad(f"attribute {key} = {root[key]!r}, expected text")
-        if "summary" in self._h5:
-            if not isinstance(self._h5["summary"], h5py.Group):
-                raise bad("/summary is not a group")
-            for k, v in self._h5["summary"].attrs.items():
+        if schema.SUMMARY in self._h5:
+            if not isinstance(self._h5[schema.SUMMARY], h5py.Group):
+                raise bad(f"{schema.SUMMARY} is not a group")
+            for k, v in self._h5[schema.SUMMARY].attrs.items():
                 if k in self.TEXT_SUMMARY:
                     continue
                 if isinstance(v, (str, bytes, bool, np.bool_)) or np.ndim(v) != 0 or \
                         not np.issubdtype(np.asarray(v).dtype, np.number):
-                    raise bad(f"/summary@{k} = {v!r}, expected a number")
-        for group in ("iterations", "epochs"):
+                    raise bad(f"{schema.SUMMARY}@{k} = {v!r}, expected a number")
+        for group in (schema.ITERATIONS, schema.EPOCHS):
             if group not in self._h5:
                 continue
             g = self._h5[group]
             if not isinstance(g, h5py.Group):
-                raise bad(f"/{group} is a dataset, expected a group of [ranks, rows] series")
+                raise bad(f"{group} is a dataset, expected a group of [ranks, rows] series")
             width = None
             for name, ds in g.items():
                 if not isinstance(ds, h5py.Dataset):
                     continue
                 if ds.ndim != 2 or ds.shape[0] != world or \
                         not np.issubdtype(ds.dtype, np.number):
-                    raise bad(f"/{group}/{name} has shape {ds.shape} and dtype {ds.dtype}, "
-                              f"expected numbers of shape [world_size={world}, rows]")
+                    raise bad(f"{schema.child(group, name)} has shape {ds.shape} and dtype "
+                              f"{ds.dtype}, expected numbers of shape [world_size={world}, rows]")
                 width = ds.shape[1] if width is None else min(width, ds.shape[1])
             if "rank_rows" in g.attrs:
                 rr = np.asarray(g.attrs["rank_rows"])
                 if rr.ndim != 1 or rr.shape[0] != world or \
                         not np.issubdtype(rr.dtype, np.integer) or (rr < 0).any() or \
                         (width is not None and (rr > width).any()):
-                    raise bad(f"/{group}@rank_rows = {rr.tolist()!r}, expected {world} "
+                    raise bad(f"{group}@rank_rows = {rr.tolist()!r}, expected {world} "
                               f"integers in [0, {width if width is not None else 'rows'}]")
 
     def close(self):
@@ -131,14 +133,14 @@ class RunFile:
         self.close()
 
     # --- attributes ---------------------------------------------------------------------------
-    def attrs(self, group: str = "/") -> dict:
+    def attrs(self, group: str = schema.ROOT) -> dict:
         if group not in self._h5:
             return {}
         return {k: _text(v) for k, v in self._h5[group].attrs.items()}
 
     @property
     def status(self) -> str:
-        return self.attrs("/").get("status", "unknown")
+        return self.attrs(schema.ROOT).get("status", "unknown")
 
     @property
     def completed(self) -> bool:
@@ -146,16 +148,16 @@ class RunFile:
 
     @property
     def config(self) -> dict:
-        return self.attrs("/config")
+        return self.attrs(schema.CONFIG)
 
     @property
     def summary(self) -> dict:
-        return self.attrs("/summary")
+        return self.attrs(schema.SUMMARY)
 
     @property
     def plan(self) -> dict:
         """The run's plan (batch split, parameters, MACs, memory estimate); {} if absent."""
-        return self.attrs("/plan")
+        return self.attrs(schema.PLAN)
 
     def require_completed(self) -> "RunFile":
         """self, or IncompleteRunError naming the file and its status: for measurements that
@@ -165,8 +167,10 @@ class RunFile:
         return self
 
     # --- series ------------------------------------------------------------------------------
+    # Paths may be absolute (schema.ITERATIONS, "/iterations") or relative to the root.
     def series(self, group: str, name: str) -> Series:
-        ds = self._h5[f"{group}/{name}"]
+        """The dataset `name` of `group` (a series column, a vector, ...) with its units."""
+        ds = self._h5[schema.child(group, name)]
         return Series(np.asarray(ds[...]), _text(ds.attrs.get("units", "")))
 
     def columns(self, group: str) -> list[str]:
@@ -174,7 +178,7 @@ class RunFile:
         return [k for k, v in g.items() if isinstance(v, h5py.Dataset)] if g is not None else []
 
     def ranks(self) -> np.ndarray:
-        return np.asarray(self._h5["ranks"][...])
+        return np.asarray(self._h5[schema.RANKS][...])
 
     def has(self, path: str) -> bool:
         return path in self._h5
@@ -184,7 +188,7 @@ class RunFile:
 
     @property
     def world_size(self) -> int:
-        return int(self.attrs("/").get("world_size", 0) or 0)
+        return int(self.attrs(schema.ROOT).get("world_size", 0) or 0)
 
     @property
     def warmup(self) -> int:
@@ -198,17 +202,29 @@ class RunFile:
         except (TypeError, ValueError):
             return 0
 
-    def rank_rows(self, group: str = "iterations") -> np.ndarray:
+    def rank_rows(self, group: str = schema.ITERATIONS) -> np.ndarray:
         g = self._h5.get(group)
         if g is None:
             return np.zeros(self.world_size, dtype=np.int64)
         return np.asarray(g.attrs.get("rank_rows", np.zeros(self.world_size)), dtype=np.int64)
 
-    def measured(self, name: str, group: str = "iterations") -> np.ndarray:
-        """Column `name` over the measured iterations, [ranks, n] (NaN where a rank wrote less).
-        Reads only that slice of the dataset."""
+    def _column_group(self, name: str, group: str):
+        """The h5py group of series `group` when it holds column `name`, else None (a file
+        without it: older, or a run that does not write it); KeyError when `name` is not a
+        column of `group` in the schema either (a misspelt name)."""
         g = self._h5.get(group)
-        if g is None or name not in g:
+        if g is not None and name in g:
+            return g
+        if not schema.is_column(group, name):
+            raise KeyError(f"{self.path}: {name!r} is not a column of {schema.normalize(group)} "
+                           f"in the run-file schema {schema.VERSION} (trainscope_post/schema.py)")
+        return None
+
+    def measured(self, name: str, group: str = schema.ITERATIONS) -> np.ndarray:
+        """Column `name` over the measured iterations, [ranks, n] (NaN where a rank wrote less);
+        [ranks, 0] when the file lacks the column. Reads only that slice of the dataset."""
+        g = self._column_group(name, group)
+        if g is None:
             return np.empty((self.world_size, 0))
         ds = g[name]
         start = min(self.warmup, ds.shape[1])
@@ -218,13 +234,13 @@ class RunFile:
             end = min(end, start + int(s["measured_iterations"]))
         return np.asarray(ds[:, start:end], dtype=np.float64)
 
-    def recorded(self, name: str, group: str = "iterations") -> np.ndarray:
+    def recorded(self, name: str, group: str = schema.ITERATIONS) -> np.ndarray:
         """Column `name` over every iteration all ranks recorded, warm-up included: [ranks, n]
         float64, n = the fewest rows any rank wrote (/iterations@rank_rows). KeyError naming the
-        file when the column does not exist."""
-        g = self._h5.get(group)
-        if g is None or name not in g:
-            raise KeyError(f"{self.path}: no dataset /{group}/{name}")
+        file when the column does not exist (or is not a column of the schema at all)."""
+        g = self._column_group(name, group)
+        if g is None:
+            raise KeyError(f"{self.path}: no dataset {schema.child(group, name)}")
         ds = g[name]
         n = ds.shape[1]
         if "rank_rows" in g.attrs:
@@ -243,30 +259,32 @@ class RunFile:
         return np.array([_text(v) for v in values]) if values.dtype.kind in "OS" else \
             np.asarray(values, dtype=np.float64)
 
-    def units(self, name: str, group: str = "iterations") -> str:
-        g = self._h5.get(group)
-        if g is None or name not in g:
+    def units(self, name: str, group: str = schema.ITERATIONS) -> str:
+        """The `units` attribute of column `name`, "" when the file lacks the column."""
+        g = self._column_group(name, group)
+        if g is None:
             return ""
         return str(_text(g[name].attrs.get("units", "")))
 
     @property
     def method(self) -> str:
         """LLM method (full, lora, ...) or empty for other workloads."""
-        if self.attrs("/").get("workload") != "llm":
+        if self.attrs(schema.ROOT).get("workload") != "llm":
             return ""
-        return self.attrs("/plan").get("method", self.config.get("llm.method", ""))
+        return self.attrs(schema.PLAN).get("method", self.config.get("llm.method", ""))
 
     @property
     def dataset(self) -> str:
-        if self.attrs("/").get("workload") == "llm":
-            return self.attrs("/plan").get("dataset_format", self.config.get("llm.dataset.format", ""))
+        if self.attrs(schema.ROOT).get("workload") == "llm":
+            return self.attrs(schema.PLAN).get("dataset_format",
+                                               self.config.get("llm.dataset.format", ""))
         return self.config.get("data.dataset", "")
 
     # --- one row for tables ------------------------------------------------------------------
     def summary_row(self) -> dict:
         """One row for the summary table, from attributes only (no per-iteration data) for a
         completed run; an incomplete run's iteration count comes from /iterations@rank_rows."""
-        root, cfg, s = self.attrs("/"), self.config, self.summary
+        root, cfg, s = self.attrs(schema.ROOT), self.config, self.summary
         row = {
             "file": str(self.path),
             "workload": root.get("workload", ""),

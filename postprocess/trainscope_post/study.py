@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from . import schema
 from .runfile import RunFile, SchemaError
 
 PHASES = ["data", "h2d", "forward", "backward", "comm_wait", "optimizer", "control"]
@@ -138,8 +139,8 @@ def load(paths) -> Study:
             continue
         try:
             with RunFile(f) as rf:
-                study.runs.append(Run(f, rf.summary_row(), rf.config, rf.summary, rf.attrs("/"),
-                                      rf.status))
+                study.runs.append(Run(f, rf.summary_row(), rf.config, rf.summary,
+                                      rf.attrs(schema.ROOT), rf.status))
         except (SchemaError, OSError, KeyError, ValueError, TypeError, IndexError) as e:
             msg = str(e)
             study.errors.append(msg if str(f) in msg else f"{f}: {type(e).__name__}: {msg}")
@@ -375,7 +376,7 @@ def profile_table(run: Run) -> pd.DataFrame:
     memcpy, memset and CUDA runtime/driver calls in the profiler window (like Nsight's summary).
     Empty when the run had no profiler window or no GPU activity (CPU runs)."""
     with run.open() as rf:
-        g = rf.group("profile/categories")
+        g = rf.group(schema.PROFILE_CATEGORIES)
         if g is None or "name" not in g:
             return pd.DataFrame()
         names = g["name"].asstr()[...]
@@ -475,10 +476,10 @@ def comm_table(study: Study, include_incomplete: bool = False) -> pd.DataFrame:
     rows = []
     for r in study.usable(include_incomplete):
         with r.open() as rf:
-            g = rf.group("comm")
+            g = rf.group(schema.COMM)
             if g is None:
                 continue
-            backend = str(rf.attrs("/comm").get("backend", ""))
+            backend = str(rf.attrs(schema.COMM).get("backend", ""))
             for op in ("allreduce", "allgather", "reduce_scatter", "broadcast"):
                 if op not in g or "bytes" not in g[op]:
                     continue
@@ -498,12 +499,12 @@ def long_table(study: Study, include_incomplete: bool = True) -> pd.DataFrame:
     frames = []
     for r in study.usable(include_incomplete):
         with r.open() as rf:
-            g = rf.group("iterations")
+            g = rf.group(schema.ITERATIONS)
             if g is None:
                 continue
             rows = rf.rank_rows()
             it = np.asarray(g["iteration"][...]) if "iteration" in g else None
-            for name in rf.columns("iterations"):
+            for name in rf.columns(schema.ITERATIONS):
                 if name == "iteration":
                     continue
                 data = np.asarray(g[name][...], dtype=np.float64)
@@ -545,14 +546,14 @@ def curves_tables(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     with run.open() as rf:
         try:
             loss = rf.recorded("loss")
-            it = rf.recorded("iteration")[0] if rf.has("iterations/iteration") else \
-                np.arange(loss.shape[1])
+            it = rf.recorded("iteration")[0] \
+                if rf.has(schema.child(schema.ITERATIONS, "iteration")) else np.arange(loss.shape[1])
         except KeyError:
             loss, it = np.empty((0, 0)), np.empty(0)
         per_epoch = {}
         for name in ("epoch", "train_loss", "val_loss", "val_accuracy"):
             try:
-                per_epoch[name] = rf.recorded(name, "epochs")
+                per_epoch[name] = rf.recorded(name, schema.EPOCHS)
             except KeyError:
                 per_epoch[name] = np.empty((0, 0))
     iters = pd.DataFrame({"iteration": it, "train loss": _rank_mean(loss)})
@@ -576,10 +577,10 @@ def telemetry_table(run: Run) -> pd.DataFrame:
     Empty without telemetry."""
     frames = []
     with run.open() as rf:
-        g = rf.group("telemetry")
+        g = rf.group(schema.TELEMETRY)
         if g is None or "t_s" not in g:
             return pd.DataFrame()
-        rows = rf.rank_rows("telemetry")
+        rows = rf.rank_rows(schema.TELEMETRY)
         t = np.asarray(g["t_s"][...], dtype=np.float64)
         cols = {title: np.asarray(g[c][...], dtype=np.float64) * scale
                 for c, title, scale in TELEMETRY_COLUMNS if c in g}
@@ -597,16 +598,17 @@ def top_ops_table(run: Run, n: int = 10) -> pd.DataFrame:
     milliseconds. Sorted by total time; empty without a profiler window."""
     per_op: dict[str, list[tuple[float, float, float]]] = {}
     with run.open() as rf:
-        if not rf.has("profile/top_ops/name"):
+        top_ops = schema.PROFILE_TOP_OPS
+        if not rf.has(schema.child(top_ops, "name")):
             return pd.DataFrame()
-        iters = np.asarray(rf.group("profile/iterations")[...], dtype=np.float64) \
-            if rf.has("profile/iterations") else np.ones(rf.world_size)
+        iters = np.asarray(rf.group(schema.PROFILE_ITERATIONS)[...], dtype=np.float64) \
+            if rf.has(schema.PROFILE_ITERATIONS) else np.ones(rf.world_size)
         for rank in range(rf.world_size):
             k = iters[rank] if rank < len(iters) and iters[rank] > 0 else math.nan
-            names = rf.ragged("profile/top_ops/name", rank)
-            count = rf.ragged("profile/top_ops/count", rank)
-            total = rf.ragged("profile/top_ops/total_s", rank)
-            self_s = rf.ragged("profile/top_ops/self_s", rank)
+            names = rf.ragged(schema.child(top_ops, "name"), rank)
+            count = rf.ragged(schema.child(top_ops, "count"), rank)
+            total = rf.ragged(schema.child(top_ops, "total_s"), rank)
+            self_s = rf.ragged(schema.child(top_ops, "self_s"), rank)
             for i, name in enumerate(names):
                 per_op.setdefault(str(name), []).append((count[i] / k, 1e3 * total[i] / k,
                                                          1e3 * self_s[i] / k))

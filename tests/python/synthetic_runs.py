@@ -143,9 +143,10 @@ def _root(f, workload: str, ranks: int, nodes: int, status: str):
 
 def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None = None,
               noise: float = 0.0, seed: int = 0, iterations: int = 12, warmup: int = 2,
-              device: str = "cuda", status: str = "completed") -> Path:
+              device: str = "cuda", status: str = "completed", shards: bool = True) -> Path:
     """A cv (or, with law.tokens_per_sample, llm) training run at `ranks` on `nodes` nodes.
-    `config` overrides /config attributes (strings), e.g. to name the configuration."""
+    `config` overrides /config attributes (strings), e.g. to name the configuration. shards:
+    /plan records memory_plan_<category>_shards, as the binary does since it writes them."""
     rng = np.random.default_rng(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,9 +204,12 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
     plan = {"device": device, "backend": "nccl", "strategy": cfg["run.strategy"],
             "precision": cfg["run.precision"], "global_batch": np.int64(law.global_batch),
             "batch_per_rank": np.int64(law.batch_per_rank(p)), "threads_per_rank": np.int64(1),
-            "total_iterations": np.int64(iterations), "zero": np.int64(law.zero)}
+            "total_iterations": np.int64(iterations), "zero": np.int64(int(cfg["dist.zero"]))}
     mem = law.memory_plan(p)
     plan.update({f"memory_plan_{k}_bytes": float(v) for k, v in mem.items()})
+    if shards:  # as the binary records them (older files carry only dist.zero)
+        plan.update({f"memory_plan_{c}_shards": np.int64(p if law.zero >= stage else 1)
+                     for c, stage in (("weight", 3), ("gradient", 2), ("optimizer_state", 1))})
     plan["memory_estimate_bytes"] = float(sum(mem.values()))
     if llm:
         plan["method"] = cfg["llm.method"]
@@ -280,7 +284,7 @@ def write_comm(path: Path, network: Network, ranks: int, nodes: int, noise: floa
 
 def write_study(root: Path, configs: dict, ranks=(1, 2, 4, 8, 16), gpus_per_node: int = 4,
                 repeats: int = 2, noise: float = 0.0, comm_ranks=((2, 1), (4, 1), (8, 2), (16, 4)),
-                seed: int = 0) -> Path:
+                seed: int = 0, shards: bool = True) -> Path:
     """root/<name>/n<p>/rep<r>.h5 for every configuration {name: (law, config overrides)} and
     root/comm/n<p>.h5 for every (ranks, nodes) of comm_ranks, with the first law's network.
     Ranks fill nodes of gpus_per_node."""
@@ -291,7 +295,7 @@ def write_study(root: Path, configs: dict, ranks=(1, 2, 4, 8, 16), gpus_per_node
             for r in range(repeats):
                 s += 1
                 write_run(root / name / f"n{p}" / f"rep{r}.h5", law, p,
-                          math.ceil(p / gpus_per_node), cfg, noise=noise, seed=s)
+                          math.ceil(p / gpus_per_node), cfg, noise=noise, seed=s, shards=shards)
     network = next(iter(configs.values()))[0].network
     for p, n in comm_ranks:
         s += 1

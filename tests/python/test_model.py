@@ -194,6 +194,27 @@ def test_memory_plan_follows_zero_sharding(memory_study):
     assert ZERO3.memory(1) > 4 * GiB > ZERO3.memory(8)
 
 
+def test_memory_follows_the_shards_the_plan_records(tmp_path):
+    """The advisor scales a category by what /plan says the run divided over its ranks
+    (memory_plan_<category>_shards), not by re-deriving ZeRO's rules from dist.zero: a sharded
+    run whose /config claims dist.zero=0 is still modelled as sharded. Files without the shards
+    (written before the binary recorded them) fall back to dist.zero."""
+    recorded = write_study(tmp_path / "recorded", {"z": (ZERO3, {"dist.zero": "0"})},
+                           ranks=(2, 4), repeats=1)
+    (cm,) = build_models(load([recorded]))[0]
+    for p in (1, 4, 16):
+        assert cm.memory(p) == pytest.approx(ZERO3.memory(p), rel=1e-9), p
+    older = write_study(tmp_path / "older", {"z": (ZERO3, {})}, ranks=(2, 4), repeats=1,
+                        shards=False)
+    (cm,) = build_models(load([older]))[0]
+    for p in (1, 4, 16):
+        assert cm.memory(p) == pytest.approx(ZERO3.memory(p), rel=1e-9), p
+    misled = write_study(tmp_path / "misled", {"z": (ZERO3, {"dist.zero": "0"})},
+                         ranks=(2, 4), repeats=1, shards=False)
+    (cm,) = build_models(load([misled]))[0]
+    assert cm.memory(16) > 2 * ZERO3.memory(16)  # without the record, dist.zero=0 reads dense
+
+
 def test_advise_excludes_plans_beyond_the_device_memory(memory_study, tmp_path, capsys):
     mem, csv = 4 * GiB, tmp_path / "cands.csv"
     rc, stdout, _ = post(["advise", memory_study, "--gpus-per-node", 1, "--max-nodes", 8,

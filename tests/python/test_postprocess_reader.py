@@ -63,3 +63,23 @@ def test_require_completed_names_the_file_and_status(tmp_path):
     with RunFile(small_run(tmp_path / "died.h5", "running")) as run:
         with pytest.raises(IncompleteRunError, match="died.h5.*'running'"):
             run.require_completed()
+
+
+def test_paths_may_be_absolute_or_relative_and_a_misspelt_column_is_named(tmp_path):
+    from trainscope_post import schema
+    with RunFile(small_run(tmp_path / "r.h5", "completed")) as run:
+        assert run.recorded("step_s", schema.ITERATIONS).shape == (2, 4)
+        assert run.recorded("step_s", "iterations").shape == (2, 4)
+        assert run.rank_rows(schema.ITERATIONS).tolist() == [5, 4]
+        assert run.attrs(schema.PLAN) == run.attrs("plan") == {"parameters": 1234}
+        assert run.has(schema.child(schema.ITERATIONS, "step_s"))
+        # A schema column this (older) file lacks: empty, as before.
+        assert run.measured("control_s").shape == (2, 0) and run.units("control_s") == ""
+        with pytest.raises(KeyError, match="r.h5.*no dataset /iterations/loss"):
+            run.recorded("loss")
+        # A name that is no column of the schema: KeyError naming it, not an empty result.
+        for read in (run.measured, run.recorded, run.units):
+            with pytest.raises(KeyError, match="'stepp_s' is not a column of /iterations"):
+                read("stepp_s")
+        with pytest.raises(KeyError, match="'loss' is not a column of /epochs"):
+            run.measured("loss", schema.EPOCHS)
