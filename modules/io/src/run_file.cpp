@@ -34,15 +34,6 @@ using namespace detail;  // Handle and the support routines (run_file_support.hp
 using schema::normalize; // "/a/b/" or "a/b" -> "/a/b"; "" -> "/"
 namespace fs = std::filesystem;
 
-std::string utc_now_iso8601() {
-    const std::time_t now = std::time(nullptr);
-    std::tm tm{};
-    gmtime_r(&now, &tm);
-    char text[32];
-    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    return text;
-}
-
 // ------------------------------------------------------------------------------------------------
 
 struct Series {
@@ -70,49 +61,20 @@ struct RunFile::Impl {
     std::map<std::string, std::size_t> series_index; // normalized group -> position in `series`
     SchemaCheck check = SchemaCheck::strict;
 
-    // Under SchemaCheck::strict: `object` (normalized) must be in the schema table as one of
-    // `kinds`, with `units` when given. Every rank calls it with the same arguments.
+    // Under SchemaCheck::strict: what is written must be in the schema table (schema.hpp). Every
+    // rank calls these with the same arguments, so a refusal is the same everywhere.
     void check_object(const std::string& object, std::initializer_list<schema::Kind> kinds,
                       const std::string& units) const {
-        if (check == SchemaCheck::off) return;
-        const schema::Entry* e = schema::find_object(object, kinds);
-        if (!e) {
-            std::string wanted;
-            for (schema::Kind k : kinds)
-                wanted += std::string(wanted.empty() ? "" : " or ") + schema::to_string(k);
-            throw core::InternalError("run file '" + path + "': " + object + " (" + wanted +
-                                      ") is not in the schema table: declare it in "
-                                      "modules/io/src/schema_table.cpp and run scripts/gen_schema");
-        }
-        if (!units.empty() && e->units != units)
-            throw core::InternalError("run file '" + path + "': " + object +
-                                      " written with units '" + units +
-                                      "', the schema table says '" + std::string(e->units) +
-                                      "' (modules/io/src/schema_table.cpp)");
+        if (check == SchemaCheck::strict) schema::require_object(path, object, kinds, units);
     }
-
-    // Under SchemaCheck::strict: the ragged dataset `object` is a column of a table.
+    void check_member(schema::Kind kind, const std::string& object, const std::string& name,
+                      const std::string& units) const {
+        if (check == SchemaCheck::strict) schema::require_member(path, kind, object, name, units);
+    }
     void check_table_column(const std::string& object, const std::string& units) const {
         const std::string table = parent_of(object);
         check_object(table, {schema::Kind::table}, "");
         check_member(schema::Kind::column, table, object.substr(table.size() + 1), units);
-    }
-
-    // Under SchemaCheck::strict: attribute/column/field `name` of `object` is in the table.
-    void check_member(schema::Kind kind, const std::string& object, const std::string& name,
-                      const std::string& units) const {
-        if (check == SchemaCheck::off) return;
-        const schema::Entry* e = schema::find_member(kind, object, name);
-        if (!e)
-            throw core::InternalError("run file '" + path + "': " + schema::to_string(kind) + " '" +
-                                      name + "' of " + object +
-                                      " is not in the schema table: declare it in "
-                                      "modules/io/src/schema_table.cpp and run scripts/gen_schema");
-        if (!units.empty() && e->units != units)
-            throw core::InternalError("run file '" + path + "': " + schema::to_string(kind) + " '" +
-                                      name + "' of " + object + " written with units '" + units +
-                                      "', the schema table says '" + std::string(e->units) +
-                                      "' (modules/io/src/schema_table.cpp)");
     }
 
     ~Impl() {
@@ -800,43 +762,4 @@ RunFile::Impl& RunFile::checked(const char* what) const {
 
 } // namespace trainscope::io
 
-namespace trainscope::io {
-
-void annotate_closed_run_file(const std::string& path, const std::vector<Attribute>& attrs) {
-    detail::silence_hdf5_error_printing();
-    // Serial access (default file driver) by one process: the job that wrote the file is gone.
-    Handle file(H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), path, "/"), H5Fclose);
-    Handle root(H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT), path, "/"), H5Gclose);
-    Handle scalar(H5_CHECK(H5Screate(H5S_SCALAR), path, "/"), H5Sclose);
-    for (const Attribute& a : attrs) {
-        const std::string where = "/@" + a.name;
-        if (H5_CHECK(H5Aexists(root, a.name.c_str()), path, where) > 0)
-            H5_CHECK(H5Adelete(root, a.name.c_str()), path, where);
-        if (auto* i = std::get_if<std::int64_t>(&a.value)) {
-            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), H5T_STD_I64LE, scalar,
-                                            H5P_DEFAULT, H5P_DEFAULT),
-                                 path, where),
-                        H5Aclose);
-            H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, i), path, where);
-        } else if (auto* d = std::get_if<double>(&a.value)) {
-            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), H5T_IEEE_F64LE, scalar,
-                                            H5P_DEFAULT, H5P_DEFAULT),
-                                 path, where),
-                        H5Aclose);
-            H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, d), path, where);
-        } else {
-            const char* text = std::get<std::string>(a.value).c_str();
-            Handle type = variable_string_type(path);
-            Handle attr(
-                H5_CHECK(H5Acreate2(root, a.name.c_str(), type, scalar, H5P_DEFAULT, H5P_DEFAULT),
-                         path, where),
-                H5Aclose);
-            H5_CHECK(H5Awrite(attr, type, &text), path, where);
-        }
-    }
-    root.reset();
-    H5_CHECK(H5Fclose(file.get()), path, "/");
-    file.release();
-}
-
-} // namespace trainscope::io
+namespace trainscope::io {} // namespace trainscope::io

@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/mpi_util.hpp"
+#include "trainscope/io/run_file.hpp"
+#include "trainscope/io/schema.hpp"
 
 namespace trainscope::io::detail {
 
@@ -180,3 +183,58 @@ Handle fixed_string_type(std::size_t width, const std::string& file) {
 }
 
 } // namespace trainscope::io::detail
+
+// The public io functions that need no open RunFile (run_file.hpp).
+namespace trainscope::io {
+
+using namespace detail;
+
+std::string utc_now_iso8601() {
+    const std::time_t now = std::time(nullptr);
+    std::tm tm{};
+    gmtime_r(&now, &tm);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    return text;
+}
+
+void annotate_closed_run_file(const std::string& path, const std::vector<Attribute>& attrs) {
+    detail::silence_hdf5_error_printing();
+    for (const Attribute& a : attrs) // the table declares what is added to a closed file too
+        schema::require_member(path, schema::Kind::attribute, "/", a.name, "");
+    // Serial access (default file driver) by one process: the job that wrote the file is gone.
+    Handle file(H5_CHECK(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), path, "/"), H5Fclose);
+    Handle root(H5_CHECK(H5Gopen2(file, "/", H5P_DEFAULT), path, "/"), H5Gclose);
+    Handle scalar(H5_CHECK(H5Screate(H5S_SCALAR), path, "/"), H5Sclose);
+    for (const Attribute& a : attrs) {
+        const std::string where = "/@" + a.name;
+        if (H5_CHECK(H5Aexists(root, a.name.c_str()), path, where) > 0)
+            H5_CHECK(H5Adelete(root, a.name.c_str()), path, where);
+        if (auto* i = std::get_if<std::int64_t>(&a.value)) {
+            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), H5T_STD_I64LE, scalar,
+                                            H5P_DEFAULT, H5P_DEFAULT),
+                                 path, where),
+                        H5Aclose);
+            H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, i), path, where);
+        } else if (auto* d = std::get_if<double>(&a.value)) {
+            Handle attr(H5_CHECK(H5Acreate2(root, a.name.c_str(), H5T_IEEE_F64LE, scalar,
+                                            H5P_DEFAULT, H5P_DEFAULT),
+                                 path, where),
+                        H5Aclose);
+            H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, d), path, where);
+        } else {
+            const char* text = std::get<std::string>(a.value).c_str();
+            Handle type = variable_string_type(path);
+            Handle attr(
+                H5_CHECK(H5Acreate2(root, a.name.c_str(), type, scalar, H5P_DEFAULT, H5P_DEFAULT),
+                         path, where),
+                H5Aclose);
+            H5_CHECK(H5Awrite(attr, type, &text), path, where);
+        }
+    }
+    root.reset();
+    H5_CHECK(H5Fclose(file.get()), path, "/");
+    file.release();
+}
+
+} // namespace trainscope::io

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "trainscope/core/error.hpp"
+
 namespace trainscope::io::schema {
 namespace {
 
@@ -149,6 +151,45 @@ const Entry* find_member(Kind kind, std::string_view path, std::string_view name
         if (!matched && name_matches(e.name, name)) matched = &e;
     }
     return matched;
+}
+
+namespace {
+
+[[noreturn]] void refuse(std::string_view file, const std::string& what) {
+    throw core::InternalError("run file '" + std::string(file) + "': " + what +
+                              " (declared in modules/io/src/schema_table.cpp and "
+                              "schema_table_results.cpp; run scripts/gen_schema after editing)");
+}
+
+void check_units(std::string_view file, const Entry& e, const std::string& what,
+                 std::string_view units) {
+    if (!units.empty() && e.units != units)
+        refuse(file, what + " written with units '" + std::string(units) +
+                         "', the schema table says '" + std::string(e.units) + "'");
+}
+
+} // namespace
+
+void require_object(std::string_view file, std::string_view object,
+                    std::initializer_list<Kind> kinds, std::string_view units) {
+    const std::string what = normalize(object);
+    const Entry* e = find_object(what, kinds);
+    if (!e) {
+        std::string wanted;
+        for (Kind k : kinds)
+            wanted += std::string(wanted.empty() ? "" : " or ") + to_string(k);
+        refuse(file, what + " (" + wanted + ") is not in the schema table");
+    }
+    check_units(file, *e, what, units);
+}
+
+void require_member(std::string_view file, Kind kind, std::string_view object,
+                    std::string_view name, std::string_view units) {
+    const std::string what =
+        std::string(to_string(kind)) + " '" + std::string(name) + "' of " + normalize(object);
+    const Entry* e = find_member(kind, object, name);
+    if (!e) refuse(file, what + " is not in the schema table");
+    check_units(file, *e, what, units);
 }
 
 std::string with_part(std::string_view path, std::string_view part) {

@@ -83,7 +83,8 @@ struct Entry {
     std::string_view meaning; // Markdown, for docs/run_file_schema.md
 };
 
-// The table, in the order of docs/run_file_schema.md (modules/io/src/schema_table.cpp).
+// The table, in the order of docs/run_file_schema.md (modules/io/src/schema_table.cpp and
+// schema_table_results.cpp).
 const std::vector<Entry>& table();
 
 const char* to_string(Kind kind);
@@ -93,6 +94,14 @@ const char* to_string(Kind kind);
 const Entry* find_object(std::string_view path, std::initializer_list<Kind> kinds = {});
 // The attribute, column or field `name` of `path` (placeholders match on both); nullptr if none.
 const Entry* find_member(Kind kind, std::string_view path, std::string_view name);
+
+// InternalError naming the run file `file` and schema_table.cpp unless `object` is in the table as
+// one of `kinds` (any when empty) with `units` (when not empty): RunFile's strict check.
+void require_object(std::string_view file, std::string_view object,
+                    std::initializer_list<Kind> kinds, std::string_view units);
+// The same for attribute, column or field `name` of `object`.
+void require_member(std::string_view file, Kind kind, std::string_view object,
+                    std::string_view name, std::string_view units);
 
 // `path` with its placeholder filled: with_part(kCommOp, "allreduce") == "/comm/allreduce".
 std::string with_part(std::string_view path, std::string_view part);
