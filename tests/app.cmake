@@ -9,7 +9,7 @@
 if(TRAINSCOPE_PYTHON)
   set(_py_env "TRAINSCOPE_BUILD_DIR=${CMAKE_BINARY_DIR};PYTHONPATH=${PROJECT_SOURCE_DIR}/postprocess;OMP_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
   add_test(NAME e2e_app
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -p no:cacheprovider
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_faults.py
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_elastic.py
@@ -19,7 +19,7 @@ if(TRAINSCOPE_PYTHON)
   # Faults (issue 8): a killed rank, signals + checkpoint + --resume equality, the watchdog,
   # non-finite losses. -s keeps the measured exit times and loss differences in the ctest log.
   add_test(NAME e2e_faults
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -s -p no:cacheprovider
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -s -p no:cacheprovider
             ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_faults.py)
   set_tests_properties(e2e_faults PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
@@ -27,7 +27,7 @@ if(TRAINSCOPE_PYTHON)
   # runs; -s keeps the measured loss and weight differences in the ctest log. Then a
   # co-allocation (trainscope-study coalloc) whose dynamic mode shrinks and grows a job by it.
   add_test(NAME e2e_elastic
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -s -p no:cacheprovider
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -s -p no:cacheprovider
             ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_elastic.py
             ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_coalloc.py)
   set_tests_properties(e2e_elastic PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
@@ -35,18 +35,18 @@ if(TRAINSCOPE_PYTHON)
   # The bad-input table (and the full / read-only file system tests, which mount tmpfs as root):
   # its own entry, so that ctest -j runs it beside the other suites.
   add_test(NAME e2e_bad_input
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -p no:cacheprovider
             ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py)
   set_tests_properties(e2e_bad_input PROPERTIES LABELS "e2e" TIMEOUT 900 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   add_test(NAME python_tests
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set_tests_properties(python_tests PROPERTIES LABELS "python" TIMEOUT 900 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # jobscripts/: shellcheck, rendering, a PBS script under a stub PBS, a local study, and a real
   # single-node Slurm that the test starts and stops itself (tests/slurm/local_slurm.sh).
   add_test(NAME jobscripts_tests
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/jobscripts)
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/jobscripts)
   set_tests_properties(jobscripts_tests PROPERTIES LABELS "jobscripts" TIMEOUT 1500 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
 else()

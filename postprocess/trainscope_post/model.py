@@ -89,8 +89,8 @@ def extrap_fit(series: list[dict], evaluate=()) -> dict:
         return {"extrap_version": "", "models": {}}
     py = extrap_python()
     if not Path(py).exists():
-        raise StudyError(f"Extra-P is not installed ({py} does not exist): run scripts/setup, "
-                         "which makes that environment, or set TRAINSCOPE_EXTRAP_PYTHON to a "
+        raise StudyError(f"Extra-P is not installed ({py} does not exist): run scripts/setup "
+                         "--tests, which makes that environment, or set TRAINSCOPE_EXTRAP_PYTHON to a "
                          "Python that has `pip install extrap`")
     req = json.dumps({"series": series, "evaluate": sorted(set(float(p) for p in evaluate))})
     proc = subprocess.run([py, str(Path(__file__).with_name("extrap_fit.py"))], input=req,

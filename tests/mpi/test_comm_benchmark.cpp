@@ -41,8 +41,12 @@ using trainscope::testing::world_size;
 using trainscope::testing::mpi_communicator;
 
 core::Config config_with(const std::map<std::string, std::string>& values) {
-    core::OptionRegistry registry;
-    dist::declare_options(registry);
+    // The Config refers to its registry: it must outlive every Config made here.
+    static const core::OptionRegistry registry = [] {
+        core::OptionRegistry r;
+        dist::declare_options(r);
+        return r;
+    }();
     return core::Config::from_values(registry, values);
 }
 

@@ -14,6 +14,7 @@
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/data/idx_reader.hpp"
 #include "trainscope/data/options.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainscope;
@@ -57,10 +58,6 @@ void write_gz(const fs::path& p, const std::vector<std::uint8_t>& bytes, const c
     ASSERT_EQ(gzclose(f), Z_OK);
 }
 
-std::vector<std::uint8_t> file_bytes(const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), {}};
-}
 
 class IdxTest : public ::testing::Test {
   protected:
@@ -156,7 +153,7 @@ TEST_F(IdxTest, ErrorMessagesNameFileAndProblem) {
 
 TEST_F(IdxTest, CorruptAndTruncatedGzip) {
     write_gz(dir_ / "good.gz", idx_bytes(0x00000803, {50, 28, 28}, random_bytes(50 * 784, 7)));
-    auto gz = file_bytes(dir_ / "good.gz");
+    auto gz = trainscope::testing::file_bytes(dir_ / "good.gz");
     ASSERT_GT(gz.size(), 1000u);
 
     auto corrupt = gz;

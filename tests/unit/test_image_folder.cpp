@@ -20,6 +20,7 @@
 #include "trainscope/data/image_folder.hpp"
 #include "trainscope/data/loader.hpp"
 #include "trainscope/data/options.hpp"
+#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainscope;
@@ -107,10 +108,6 @@ void write_jpeg(const fs::path& path, const Pixels& p) {
     tjDestroy(tj);
 }
 
-std::vector<std::uint8_t> file_bytes(const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(f), {}};
-}
 
 void write_bytes(const fs::path& p, const std::vector<std::uint8_t>& b) {
     std::ofstream(p, std::ios::binary)
@@ -205,12 +202,6 @@ class ImageFolderTest : public ::testing::Test {
     std::map<std::string, Expected> expected_;
 };
 
-std::vector<data::Batch> drain(data::Loader& loader) {
-    std::vector<data::Batch> out;
-    while (auto b = loader.next())
-        out.push_back(std::move(*b));
-    return out;
-}
 
 } // namespace
 
@@ -373,7 +364,7 @@ TEST_F(ImageFolderTest, LoaderBatchesDeterministicForAnyWorkerCount) {
     const std::vector<std::int64_t> order{5, 11, 0, 8, 3, 9, 1, 7, 10, 2, 4, 6};
 
     data::Loader serial(train, order, /*epoch=*/1, 5, 0, 1, false, false);
-    auto ref = drain(serial);
+    auto ref = trainscope::testing::drain(serial);
     ASSERT_EQ(ref.size(), 3u);
     EXPECT_EQ(ref[0].images.sizes(), (std::vector<std::int64_t>{5, 3, 32, 32}));
     EXPECT_EQ(ref[2].images.sizes(), (std::vector<std::int64_t>{2, 3, 32, 32}));
@@ -384,7 +375,7 @@ TEST_F(ImageFolderTest, LoaderBatchesDeterministicForAnyWorkerCount) {
     for (auto [workers, prefetch] : {std::pair{2, 1}, {2, 3}, {3, 2}}) {
         SCOPED_TRACE("workers " + std::to_string(workers));
         data::Loader threaded(train, order, 1, 5, workers, prefetch, false, false);
-        auto got = drain(threaded);
+        auto got = trainscope::testing::drain(threaded);
         ASSERT_EQ(got.size(), ref.size());
         for (std::size_t k = 0; k < got.size(); ++k) {
             EXPECT_TRUE(torch::equal(got[k].images, ref[k].images)) << "batch " << k;
@@ -431,9 +422,9 @@ TEST_F(ImageFolderTest, CorruptImagesNameTheFile) {
     // Truncated JPEG (libjpeg would fill the rest with grey), truncated PNG, not an image.
     const fs::path jpeg = root_ / "train/ant/a3.jpeg", png = root_ / "train/cat/c2.png",
                    text = root_ / "train/bird/b0.png";
-    auto jb = file_bytes(jpeg);
+    auto jb = trainscope::testing::file_bytes(jpeg);
     write_bytes(jpeg, std::vector<std::uint8_t>(jb.begin(), jb.begin() + jb.size() / 2));
-    auto pb = file_bytes(png);
+    auto pb = trainscope::testing::file_bytes(png);
     write_bytes(png, std::vector<std::uint8_t>(pb.begin(), pb.begin() + pb.size() / 2));
     std::ofstream(text) << "plain text with an image's name";
     auto message = [](const fs::path& p) -> std::string {

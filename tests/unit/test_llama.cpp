@@ -13,6 +13,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/safetensors.hpp"
+#include "test_util.hpp"
 
 namespace tm_ = trainscope::models;
 namespace fs = std::filesystem;
@@ -125,12 +126,6 @@ tm_::LlamaForCausalLM build(const tm_::LlamaConfig& c, int seed = 1) {
     return m;
 }
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path d = fs::temp_directory_path() / ("trainscope_llama_" + name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
 
 } // namespace
 
@@ -252,7 +247,7 @@ TEST(Llama, LoadsHuggingFaceSafetensorsAndNamesShapeMismatches) {
                              item.value().to(torch::kFloat32));
     }
     tensors.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", torch::ones({4}));
-    const fs::path dir = temp_dir("load");
+    const fs::path dir = trainscope::testing::temp_dir("llama", "load");
     tm_::save_safetensors((dir / "model.safetensors").string(), tensors);
     auto dst = build(small(true), 99);
     const auto r = tm_::load_hf_weights(*dst, dir.string());
@@ -398,7 +393,7 @@ TEST(Llama, LoaderRefusesUnusedTensorsAndAcceptsOnlyAnEqualTiedHead) {
             tensors.emplace_back(k.rfind("lm_head", 0) == 0 ? k : "model." + k,
                                  item.value().to(torch::kFloat32));
         }
-        const fs::path dir = temp_dir(tied ? "tied" : "untied");
+        const fs::path dir = trainscope::testing::temp_dir("llama", tied ? "tied" : "untied");
         auto save_with = [&](const std::vector<std::pair<std::string, torch::Tensor>>& more) {
             auto all = tensors;
             all.insert(all.end(), more.begin(), more.end());

@@ -15,6 +15,7 @@
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
 #include "trainscope/data/loader.hpp"
+#include "test_util.hpp"
 
 using namespace trainscope;
 using data::AdaptedTransform;
@@ -90,12 +91,6 @@ struct Fixture {
     }();
 };
 
-std::vector<data::Batch> drain(Loader& loader) {
-    std::vector<data::Batch> out;
-    while (auto b = loader.next())
-        out.push_back(std::move(*b));
-    return out;
-}
 
 } // namespace
 
@@ -103,7 +98,7 @@ TEST(Loader, SameBatchesInSamplerOrderForAnyWorkerCount) {
     Fixture f;
     Loader serial(f.set, f.transform, f.indices, 16, 0, 2, false, false);
     EXPECT_EQ(serial.num_batches(), 7);
-    auto reference = drain(serial);
+    auto reference = trainscope::testing::drain(serial);
     ASSERT_EQ(reference.size(), 7u);
     // Batch k is exactly the transform of the rows indices[16k, 16k + 16), in that order.
     for (std::size_t k = 0; k < reference.size(); ++k) {
@@ -120,7 +115,7 @@ TEST(Loader, SameBatchesInSamplerOrderForAnyWorkerCount) {
         SCOPED_TRACE("workers " + std::to_string(workers) + " prefetch " +
                      std::to_string(prefetch));
         Loader threaded(f.set, f.transform, f.indices, 16, workers, prefetch, false, false);
-        auto batches = drain(threaded);
+        auto batches = trainscope::testing::drain(threaded);
         ASSERT_EQ(batches.size(), reference.size());
         for (std::size_t k = 0; k < batches.size(); ++k) {
             EXPECT_EQ(batches[k].size, reference[k].size);
@@ -136,14 +131,14 @@ TEST(Loader, DropLast) {
     for (int workers : {0, 2}) {
         Loader dropping(f.set, f.transform, f.indices, 16, workers, 2, false, true);
         EXPECT_EQ(dropping.num_batches(), 6);
-        auto batches = drain(dropping);
+        auto batches = trainscope::testing::drain(dropping);
         ASSERT_EQ(batches.size(), 6u);
         for (const auto& b : batches) {
             EXPECT_EQ(b.size, 16);
             EXPECT_EQ(b.images.size(0), 16);
         }
         Loader keeping(f.set, f.transform, f.indices, 16, workers, 2, false, false);
-        batches = drain(keeping);
+        batches = trainscope::testing::drain(keeping);
         ASSERT_EQ(batches.size(), 7u);
         EXPECT_EQ(batches.back().size, 103 - 6 * 16);
         EXPECT_EQ(batches.back().labels.size(0), 7);
@@ -202,7 +197,7 @@ TEST(Loader, WorkersDoNotChangeTheProcessThreadCount) {
     Fixture f;
     {
         Loader loader(f.set, f.transform, f.indices, 16, 2, 2, false, true);
-        drain(loader);
+        trainscope::testing::drain(loader);
     }
     EXPECT_EQ(at::get_num_threads(), 2);
     int in_new_thread = 0;
@@ -232,7 +227,7 @@ TEST(Loader, DevicePreprocessingMatchesHost) {
         SCOPED_TRACE("workers " + std::to_string(workers));
         Loader host(host_source, f.indices, 3, 16, workers, 2, false, false);
         Loader device(raw_source, f.indices, 3, 16, workers, 2, false, false);
-        auto hb = drain(host), db = drain(device);
+        auto hb = trainscope::testing::drain(host), db = trainscope::testing::drain(device);
         ASSERT_EQ(hb.size(), 7u);
         ASSERT_EQ(db.size(), hb.size());
         for (std::size_t k = 0; k < hb.size(); ++k) {

@@ -8,18 +8,13 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/models/safetensors.hpp"
+#include "test_util.hpp"
 
 namespace tm_ = trainscope::models;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path d = fs::temp_directory_path() / ("trainscope_st_" + name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
 
 // A file with the given header text and `data` bytes after it.
 void write_raw(const fs::path& p, const std::string& header, std::size_t data_bytes,
@@ -44,7 +39,7 @@ std::string error_of(const fs::path& p) {
 } // namespace
 
 TEST(Safetensors, RoundTripsEveryDtypeWithMetadata) {
-    const fs::path dir = temp_dir("roundtrip");
+    const fs::path dir = trainscope::testing::temp_dir("st", "roundtrip");
     torch::manual_seed(0);
     std::vector<std::pair<std::string, torch::Tensor>> in = {
         {"f64", torch::randn({3, 2}, torch::kFloat64)},
@@ -78,7 +73,7 @@ TEST(Safetensors, RoundTripsEveryDtypeWithMetadata) {
 }
 
 TEST(Safetensors, ShardedCheckpointThroughTheIndex) {
-    const fs::path dir = temp_dir("sharded");
+    const fs::path dir = trainscope::testing::temp_dir("st", "sharded");
     const torch::Tensor a = torch::arange(6.0).view({2, 3}), b = torch::ones({4});
     tm_::save_safetensors((dir / "model-00001-of-00002.safetensors").string(), {{"a", a}});
     tm_::save_safetensors((dir / "model-00002-of-00002.safetensors").string(), {{"b", b}});
@@ -97,7 +92,7 @@ TEST(Safetensors, ShardedCheckpointThroughTheIndex) {
 }
 
 TEST(Safetensors, CorruptFilesAreRejectedNamingFileAndTensor) {
-    const fs::path dir = temp_dir("corrupt");
+    const fs::path dir = trainscope::testing::temp_dir("st", "corrupt");
     const fs::path p = dir / "bad.safetensors";
     auto expect = [&](const std::vector<std::string>& needles) {
         const std::string msg = error_of(p);

@@ -21,14 +21,6 @@ namespace trainscope::models {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-namespace {
-
-[[noreturn]] void bad(const std::string& path, const std::string& what) {
-    throw core::InputError("safetensors file '" + path + "': " + what);
-}
-
-} // namespace
-
 torch::ScalarType safetensors_dtype(const std::string& name) {
     if (name == "F64") return torch::kFloat64;
     if (name == "F32") return torch::kFloat32;
@@ -82,11 +74,11 @@ struct SafetensorsFile::Mapping {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) bad(path, std::string("cannot open: ") + std::strerror(errno));
+    if (fd < 0) safetensors_error(path, std::string("cannot open: ") + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
         ::close(fd);
-        bad(path, std::string("cannot stat: ") + std::strerror(errno));
+        safetensors_error(path, std::string("cannot stat: ") + std::strerror(errno));
     }
     const auto size = static_cast<std::uint64_t>(st.st_size);
     mapping_ = std::make_shared<Mapping>();
@@ -95,7 +87,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     if (size > 0) mapping_->base = ::mmap(nullptr, mapping_->size, PROT_READ, MAP_PRIVATE, fd, 0);
     ::close(fd);
     if (mapping_->base == MAP_FAILED)
-        bad(path, std::string("mmap failed: ") + std::strerror(errno));
+        safetensors_error(path, std::string("mmap failed: ") + std::strerror(errno));
     SafetensorsHeader header =
         parse_safetensors_header(static_cast<const unsigned char*>(mapping_->base), size, path);
     for (auto& h : header.entries) {
@@ -115,7 +107,7 @@ bool SafetensorsFile::contains(const std::string& name) const {
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
     auto it = index_.find(name);
-    if (it == index_.end()) bad(path_, "no tensor named '" + name + "'");
+    if (it == index_.end()) safetensors_error(path_, "no tensor named '" + name + "'");
     return entries_[it->second];
 }
 

@@ -15,10 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-[[noreturn]] void bad(const std::string& path, const std::string& what) {
-    throw core::InputError("safetensors file '" + path + "': " + what);
-}
-
 // Header sizes above this are not plausible (HF caps it at 100 MB as well).
 constexpr std::uint64_t kMaxHeader = 100ull << 20;
 
@@ -48,33 +44,37 @@ std::size_t safetensors_element_size(const std::string& dtype) {
     return it->second;
 }
 
+void safetensors_error(const std::string& path, const std::string& what) {
+    throw core::InputError("safetensors file '" + path + "': " + what);
+}
+
 SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint64_t size,
                                            const std::string& path) {
     if (size < 8)
-        bad(path,
+        safetensors_error(path,
             "only " + std::to_string(size) + " bytes: too short for the 8-byte header length");
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i)
         n = (n << 8) | bytes[i];
     if (n > kMaxHeader || n > size - 8)
-        bad(path, "header length " + std::to_string(n) + " exceeds the file (" +
+        safetensors_error(path, "header length " + std::to_string(n) + " exceeds the file (" +
                       std::to_string(size) + " bytes): truncated or not a safetensors file");
     json header;
     try {
         header = json::parse(reinterpret_cast<const char*>(bytes) + 8,
                              reinterpret_cast<const char*>(bytes) + 8 + n);
     } catch (const json::exception& e) {
-        bad(path, std::string("header is not valid JSON: ") + e.what());
+        safetensors_error(path, std::string("header is not valid JSON: ") + e.what());
     }
-    if (!header.is_object()) bad(path, "header is not a JSON object");
+    if (!header.is_object()) safetensors_error(path, "header is not a JSON object");
     SafetensorsHeader out;
     const std::uint64_t data_size = size - 8 - n;
     for (auto it = header.begin(); it != header.end(); ++it) {
         const std::string& name = it.key();
         if (name == "__metadata__") {
-            if (!it->is_object()) bad(path, "__metadata__ is not an object");
+            if (!it->is_object()) safetensors_error(path, "__metadata__ is not an object");
             for (auto m = it->begin(); m != it->end(); ++m) {
-                if (!m->is_string()) bad(path, "__metadata__['" + m.key() + "'] is not a string");
+                if (!m->is_string()) safetensors_error(path, "__metadata__['" + m.key() + "'] is not a string");
                 out.metadata[m.key()] = m->get<std::string>();
             }
             continue;
@@ -82,7 +82,7 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
         const json& e = *it;
         if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
             !e.contains("data_offsets"))
-            bad(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
+            safetensors_error(path, "tensor '" + name + "' lacks dtype, shape or data_offsets");
         SafetensorsHeaderEntry entry;
         entry.name = name;
         std::size_t element_size = 0;
@@ -90,34 +90,34 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
             entry.dtype = e.at("dtype").get<std::string>();
             element_size = safetensors_element_size(entry.dtype);
         } catch (const json::exception& ex) {
-            bad(path, "tensor '" + name + "': " + ex.what());
+            safetensors_error(path, "tensor '" + name + "': " + ex.what());
         } catch (const core::InputError& ex) {
-            bad(path, "tensor '" + name + "': " + ex.what());
+            safetensors_error(path, "tensor '" + name + "': " + ex.what());
         }
         // Integers only: a float such as 1e300 converted to an integer is undefined behaviour.
         if (!e["shape"].is_array())
-            bad(path, "tensor '" + name + "': shape must be an array of integers");
+            safetensors_error(path, "tensor '" + name + "': shape must be an array of integers");
         for (const auto& d : e["shape"]) {
             if (!d.is_number_integer())
-                bad(path, "tensor '" + name + "' has a dimension that is not an integer");
+                safetensors_error(path, "tensor '" + name + "' has a dimension that is not an integer");
             if (d.get<std::int64_t>() < 0)
-                bad(path, "tensor '" + name + "' has a negative dimension");
+                safetensors_error(path, "tensor '" + name + "' has a negative dimension");
             entry.shape.push_back(d.get<std::int64_t>());
         }
         const json& off = e["data_offsets"];
         if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
             !off[1].is_number_unsigned())
-            bad(path, "tensor '" + name + "': data_offsets must be [begin, end] (byte offsets)");
+            safetensors_error(path, "tensor '" + name + "': data_offsets must be [begin, end] (byte offsets)");
         entry.begin = off[0].get<std::uint64_t>();
         entry.end = off[1].get<std::uint64_t>();
         if (entry.begin > entry.end || entry.end > data_size)
-            bad(path, "tensor '" + name + "' data_offsets [" + std::to_string(entry.begin) + ", " +
+            safetensors_error(path, "tensor '" + name + "' data_offsets [" + std::to_string(entry.begin) + ", " +
                           std::to_string(entry.end) + "] outside the data section of " +
                           std::to_string(data_size) +
                           " bytes (truncated file? copy or download it again)");
         const std::uint64_t want = tensor_bytes(entry.shape, element_size);
         if (entry.end - entry.begin != want)
-            bad(path,
+            safetensors_error(path,
                 "tensor '" + name + "' holds " + std::to_string(entry.end - entry.begin) +
                     " bytes but its dtype and shape need " +
                     (want == kTooMany ? std::string("more than 2^64") : std::to_string(want)));
@@ -131,7 +131,7 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
               [](const auto* a, const auto* b) { return a->begin < b->begin; });
     for (std::size_t i = 1; i < sorted.size(); ++i)
         if (sorted[i]->begin < sorted[i - 1]->end)
-            bad(path,
+            safetensors_error(path,
                 "tensors '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
     out.header_bytes = 8 + n;
     return out;

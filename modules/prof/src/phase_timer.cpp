@@ -8,11 +8,12 @@
 #include "trainscope/core/error.hpp"
 #if TRAINSCOPE_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include "trainscope/core/numeric.hpp"
 #endif
 
 namespace trainscope::prof {
 namespace {
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 }
 
 std::chrono::steady_clock::time_point run_clock_origin() {

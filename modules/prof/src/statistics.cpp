@@ -9,11 +9,12 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::prof::stats {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 
 std::size_t common_length(const RankMatrix& m) {
     if (m.empty()) return 0;

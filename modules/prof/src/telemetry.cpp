@@ -18,11 +18,12 @@
 
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/prof/phase_timer.hpp"
+#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::prof {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 
 // --- NVML ABI subset (nvml.h) ---------------------------------------------------------------
 using nvmlReturn_t = int; // enum; NVML_SUCCESS = 0

@@ -29,6 +29,7 @@
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include "trainscope/core/numeric.hpp"
 #endif
 
 namespace trainscope::train {
@@ -49,7 +50,7 @@ StateBytes state_bytes(const std::vector<torch::Tensor>& params, torch::optim::O
     return b;
 }
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 
 } // namespace
 

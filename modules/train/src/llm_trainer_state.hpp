@@ -14,10 +14,11 @@
 #include "trainscope/dist/parallelism.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/llm_trainer.hpp"
+#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::train {
 
-inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 
 // Extra /iterations columns of the LLM workload, in this order.
 enum Extra {

@@ -11,13 +11,14 @@
 #include "trainscope/io/schema.hpp"
 #include "trainscope/prof/statistics.hpp"
 #include "trainscope/train/run_file_tables.hpp"
+#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::train {
 
 namespace schema = io::schema;
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 namespace stats = prof::stats;
 
 std::vector<io::Column> iteration_columns() {

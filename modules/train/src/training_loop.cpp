@@ -19,11 +19,12 @@
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/host_sync.hpp"
+#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::train {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 using Clock = std::chrono::steady_clock;
 
 std::string format_duration(double seconds) {

@@ -32,6 +32,9 @@ struct SafetensorsHeader {
 SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint64_t size,
                                            const std::string& path);
 
+// Throws core::InputError "safetensors file '<path>': <what>", the form of every safetensors error.
+[[noreturn]] void safetensors_error(const std::string& path, const std::string& what);
+
 // Bytes per element of a safetensors dtype name; throws core::InputError for an unsupported one.
 std::size_t safetensors_element_size(const std::string& dtype);
 

@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 #include <vector>
+#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::prof {
 
@@ -34,7 +35,7 @@ struct ProfileEvent {
     std::int64_t end_ns = 0; // >= start_ns
 };
 
-inline constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+using core::kNaN;
 
 // Inclusive statistics of one category; durations in seconds.
 struct CategoryStats {
