@@ -4,6 +4,7 @@ submit only the points that are missing or failed."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -226,6 +227,31 @@ def test_real_slurm_study_runs_as_job_arrays(slurm, tmp_path):  # noqa: F811
     for d in out.glob("*/strong/n*/rep0"):
         assert list(d.glob("slurm-*_*.out")), d  # the task's output beside its run file
         assert (d / "job.id").read_text().startswith("slurm ")
+
+
+def test_setup_layers_keep_the_test_tools_out_of_the_demo(tmp_path):
+    """Issue 35: scripts/setup installs the run layer (what scripts/demo needs) and only
+    scripts/setup --tests adds Slurm, munge, Chromium, clang/libFuzzer and the Python test tools;
+    scripts/test asks for the test layer, scripts/demo does not; an unknown argument is refused."""
+    text = (ROOT / "scripts/setup").read_text()
+    arrays = {m.group(1): m.group(2).split()
+              for m in re.finditer(r"^(\w+)=\(([^)]*)\)", text, re.MULTILINE)}
+    apt, apt_tests = arrays["APT_PACKAGES"], arrays["APT_TEST_PACKAGES"]
+    py = [p.strip('"') for p in arrays["PY_PACKAGES"]]
+    py_tests = [p.strip('"') for p in arrays["PY_TEST_PACKAGES"]]
+    for tool in ("slurmctld", "slurmd", "munge", "chromium", "clang-14", "libclang-rt-14-dev",
+                 "shellcheck"):
+        assert tool in apt_tests and tool not in apt, tool
+    for must in ("openmpi-bin", "libhdf5-openmpi-dev", "dataset-fashion-mnist", "ccache"):
+        assert must in apt, must
+    assert any(p.startswith("torch==") for p in py) and "h5py" in py
+    for tool in ("pytest", "pytest-xdist", "transformers==", "peft==", "tiktoken==", "reframe-hpc=="):
+        assert any(p.startswith(tool) for p in py_tests), tool
+        assert not any(p.startswith(tool) for p in py), tool
+    assert "scripts/setup --tests" in (ROOT / "scripts/test").read_text()
+    assert "--tests" not in (ROOT / "scripts/demo").read_text()
+    bad = subprocess.run([str(ROOT / "scripts/setup"), "--bogus"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "'--bogus'" in bad.stderr and "--tests" in bad.stderr
 
 
 def test_setup_installs_the_commands_once_and_bin_wrappers_work(tmp_path):
