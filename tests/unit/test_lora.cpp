@@ -1,5 +1,6 @@
 // LoRA: B = 0 is the base model, merged weights equal the unmerged forward, adapters off equal the
 // base, targets and freezing, and torchtune's trainable-parameter count for Llama-3-8B.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -118,4 +119,60 @@ TEST(Lora, ActivationCheckpointingKeepsTheAdapterGradients) {
     ASSERT_EQ(plain.size(), ckpt.size());
     for (std::size_t i = 0; i < plain.size(); ++i)
         EXPECT_LT((plain[i] - ckpt[i]).abs().max().item<double>(), 1e-12) << i;
+}
+
+TEST(Lora, CheckpointRecomputeUsesTheForwardsAutocastAndDropoutMasks) {
+    // Issue 36 point 1: the recomputation in backward runs under the autocast state and from the
+    // RNG state of the forward (torch.utils.checkpoint's preserve_rng_state), so the adapters'
+    // gradients with checkpointing equal those without it, under bf16 autocast on the CPU (as
+    // run.precision=bf16-mixed) and with LoRA dropout 0.1 (fresh masks gave other gradients).
+    struct Case {
+        bool bf16;
+        double dropout;
+    };
+    auto run = [](Case c, bool ckpt, std::uint64_t seed) {
+        torch::manual_seed(6);
+        auto m = tm_::LlamaForCausalLM(small(), torch::TensorOptions().dtype(torch::kFloat32));
+        tm_::LoraOptions o;
+        o.dropout = c.dropout;
+        tm_::apply_lora(*m, o);
+        randomise_b(*m);
+        m->train();
+        m->set_activation_checkpointing(ckpt);
+        const torch::Tensor ids = torch::randint(0, 40, {2, 5}, torch::kInt64);
+        torch::manual_seed(seed); // the dropout masks
+        torch::Tensor loss;
+        {
+            at::autocast::set_autocast_enabled(c10::DeviceType::CPU, c.bf16);
+            at::autocast::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
+            at::autocast::increment_nesting();
+            loss = m->forward(ids).to(torch::kFloat32).logsumexp(-1).mean();
+            if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+            at::autocast::set_autocast_enabled(c10::DeviceType::CPU, false);
+        }
+        // Backward outside the autocast region, as the trainer does; an RNG draw in between must
+        // not change the recomputed masks.
+        (void)torch::rand({3});
+        loss.backward();
+        std::vector<torch::Tensor> g;
+        for (auto& [name, t] : tm_::lora_parameters(*m))
+            g.push_back(t.grad().defined() ? t.grad().clone() : torch::zeros_like(t));
+        return g;
+    };
+    auto max_diff = [](const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+        double d = 0;
+        for (std::size_t i = 0; i < a.size(); ++i)
+            d = std::max(d, (a[i] - b[i]).abs().max().item<double>());
+        return d;
+    };
+    for (Case c : {Case{true, 0.0}, Case{false, 0.1}, Case{true, 0.1}}) {
+        SCOPED_TRACE(std::string(c.bf16 ? "bf16 autocast" : "fp32") + ", dropout " +
+                     std::to_string(c.dropout));
+        const auto plain = run(c, false, 11), ckpt = run(c, true, 11);
+        ASSERT_EQ(plain.size(), ckpt.size());
+        EXPECT_LT(max_diff(plain, ckpt), 1e-6);
+        // Not vacuous: other masks (dropout) or an fp32 recomputation (bf16) differ by far more.
+        const auto other = c.dropout > 0 ? run(c, false, 12) : run(Case{false, 0.0}, false, 11);
+        EXPECT_GT(max_diff(plain, other), 1e-4);
+    }
 }

@@ -1,10 +1,13 @@
 // Llama: configuration (HF config.json, presets), modules, activation checkpointing, HF weights.
 #include "trainscope/models/llama.hpp"
 
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -472,9 +475,72 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const Atten
 
 namespace {
 
-// torch.utils.checkpoint (reentrant): forward without a graph, keeping only the layer's input;
-// backward recomputes the layer with grad enabled and back-propagates through the recomputation.
-// Parameter gradients accumulate as usual (their hooks fire during the inner backward).
+// The RNG state of the default generator of `device` (CPU or a GPU).
+torch::Tensor rng_state(const torch::Device& device) {
+    auto gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+}
+
+void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
+    auto gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+}
+
+// The autocast state of one device type, as torch.autocast keeps it (thread-local).
+struct AutocastState {
+    bool enabled = false;
+    at::ScalarType dtype = at::kFloat;
+
+    static AutocastState of(c10::DeviceType type) {
+        return {at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)};
+    }
+};
+
+// Sets a device type's autocast state for a scope, as entering torch.autocast does (nesting and
+// the cast cache included), and restores the previous one when the scope ends.
+class AutocastScope {
+  public:
+    AutocastScope(c10::DeviceType type, AutocastState want)
+        : type_(type), previous_(AutocastState::of(type)), nested_(want.enabled) {
+        at::autocast::set_autocast_enabled(type_, want.enabled);
+        at::autocast::set_autocast_dtype(type_, want.dtype);
+        if (nested_) at::autocast::increment_nesting();
+    }
+    ~AutocastScope() {
+        if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+        at::autocast::set_autocast_enabled(type_, previous_.enabled);
+        at::autocast::set_autocast_dtype(type_, previous_.dtype);
+    }
+    AutocastScope(const AutocastScope&) = delete;
+    AutocastScope& operator=(const AutocastScope&) = delete;
+
+  private:
+    c10::DeviceType type_;
+    AutocastState previous_;
+    bool nested_;
+};
+
+void save_autocast(torch::autograd::AutogradContext* ctx, const std::string& key,
+                   c10::DeviceType type) {
+    const auto a = AutocastState::of(type);
+    ctx->saved_data[key + "_autocast"] = a.enabled;
+    ctx->saved_data[key + "_autocast_dtype"] = a.dtype;
+}
+
+AutocastState saved_autocast(torch::autograd::AutogradContext* ctx, const std::string& key) {
+    return {ctx->saved_data[key + "_autocast"].toBool(),
+            ctx->saved_data[key + "_autocast_dtype"].toScalarType()};
+}
+
+// torch.utils.checkpoint (reentrant, preserve_rng_state=True): forward without a graph, keeping
+// only the layer's input, the autocast state (of the input's device type and of the CPU) and the
+// RNG states (CPU, and the input's GPU); backward recomputes the layer with grad enabled under
+// that same autocast state and from those RNG states (so dropout draws the forward's masks and
+// low-precision activations are the forward's, bit for bit), restores the caller's RNG states,
+// and back-propagates through the recomputation. Parameter gradients accumulate as usual (their
+// hooks fire during the inner backward).
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
                                  LlamaDecoderLayerImpl* layer, const AttentionInputs* in) {
@@ -483,6 +549,10 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
         ctx->saved_data["cos"] = in->cos;
         ctx->saved_data["sin"] = in->sin;
         if (in->mask.defined()) ctx->saved_data["mask"] = in->mask;
+        save_autocast(ctx, "device", x.device().type());
+        save_autocast(ctx, "cpu", c10::DeviceType::CPU);
+        ctx->saved_data["rng_cpu"] = rng_state(torch::kCPU);
+        if (x.is_cuda()) ctx->saved_data["rng_device"] = rng_state(x.device());
         torch::NoGradGuard no_grad;
         return layer->forward(x, *in);
     }
@@ -494,10 +564,24 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
         in.sin = ctx->saved_data["sin"].toTensor();
         if (ctx->saved_data.count("mask")) in.mask = ctx->saved_data["mask"].toTensor();
         torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+        const bool on_gpu = ctx->saved_data.count("rng_device") > 0;
         torch::Tensor out;
         {
-            torch::AutoGradMode enable(true);
-            out = layer->forward(x, in);
+            // fork_rng: the forward's RNG states for the recomputation, the caller's after it.
+            const torch::Tensor caller_cpu = rng_state(torch::kCPU);
+            const torch::Tensor caller_device = on_gpu ? rng_state(x.device()) : torch::Tensor();
+            set_rng_state(torch::kCPU, ctx->saved_data["rng_cpu"].toTensor());
+            if (on_gpu) set_rng_state(x.device(), ctx->saved_data["rng_device"].toTensor());
+            {
+                torch::AutoGradMode enable(true);
+                std::optional<AutocastScope> device_autocast;
+                if (x.device().type() != c10::DeviceType::CPU)
+                    device_autocast.emplace(x.device().type(), saved_autocast(ctx, "device"));
+                AutocastScope cpu_autocast(c10::DeviceType::CPU, saved_autocast(ctx, "cpu"));
+                out = layer->forward(x, in);
+            }
+            set_rng_state(torch::kCPU, caller_cpu);
+            if (on_gpu) set_rng_state(x.device(), caller_device);
         }
         torch::autograd::backward({out}, {grads[0]});
         return {x.grad(), torch::Tensor(), torch::Tensor()};
