@@ -9,12 +9,12 @@
 #include <random>
 
 #include "data_test_util.hpp"
+#include "test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/data/idx_reader.hpp"
 #include "trainscope/data/options.hpp"
-#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainscope;
@@ -57,7 +57,6 @@ void write_gz(const fs::path& p, const std::vector<std::uint8_t>& bytes, const c
     ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), int(bytes.size()));
     ASSERT_EQ(gzclose(f), Z_OK);
 }
-
 
 class IdxTest : public ::testing::Test {
   protected:

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "data_test_util.hpp"
+#include "test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/datasets.hpp"
@@ -20,7 +21,6 @@
 #include "trainscope/data/image_folder.hpp"
 #include "trainscope/data/loader.hpp"
 #include "trainscope/data/options.hpp"
-#include "test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainscope;
@@ -107,7 +107,6 @@ void write_jpeg(const fs::path& path, const Pixels& p) {
     tjFree(jpeg);
     tjDestroy(tj);
 }
-
 
 void write_bytes(const fs::path& p, const std::vector<std::uint8_t>& b) {
     std::ofstream(p, std::ios::binary)
@@ -201,7 +200,6 @@ class ImageFolderTest : public ::testing::Test {
     fs::path root_;
     std::map<std::string, Expected> expected_;
 };
-
 
 } // namespace
 

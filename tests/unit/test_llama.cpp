@@ -10,10 +10,10 @@
 #include <fstream>
 
 #include "llama_test_util.hpp"
+#include "test_util.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/safetensors.hpp"
-#include "test_util.hpp"
 
 namespace tm_ = trainscope::models;
 namespace fs = std::filesystem;
@@ -125,7 +125,6 @@ tm_::LlamaForCausalLM build(const tm_::LlamaConfig& c, int seed = 1) {
         if (item.key().find("norm") != std::string::npos) item.value().uniform_(0.5, 1.5);
     return m;
 }
-
 
 } // namespace
 

@@ -10,12 +10,12 @@
 #include <numeric>
 #include <thread>
 
+#include "test_util.hpp"
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
 #include "trainscope/data/loader.hpp"
-#include "test_util.hpp"
 
 using namespace trainscope;
 using data::AdaptedTransform;
@@ -90,7 +90,6 @@ struct Fixture {
         return s.indices();
     }();
 };
-
 
 } // namespace
 

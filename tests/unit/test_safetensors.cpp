@@ -6,15 +6,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "test_util.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/models/safetensors.hpp"
-#include "test_util.hpp"
 
 namespace tm_ = trainscope::models;
 namespace fs = std::filesystem;
 
 namespace {
-
 
 // A file with the given header text and `data` bytes after it.
 void write_raw(const fs::path& p, const std::string& header, std::size_t data_bytes,

@@ -28,8 +28,7 @@ inline std::vector<std::uint8_t> file_bytes(const std::filesystem::path& p) {
 }
 
 // Every batch a loader yields, in order (until it reports the end of the epoch).
-template <class Loader>
-auto drain(Loader& loader) {
+template <class Loader> auto drain(Loader& loader) {
     std::vector<typename std::decay_t<decltype(*loader.next())>> out;
     while (auto b = loader.next())
         out.push_back(std::move(*b));

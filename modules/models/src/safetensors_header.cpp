@@ -51,14 +51,15 @@ void safetensors_error(const std::string& path, const std::string& what) {
 SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint64_t size,
                                            const std::string& path) {
     if (size < 8)
-        safetensors_error(path,
-            "only " + std::to_string(size) + " bytes: too short for the 8-byte header length");
+        safetensors_error(path, "only " + std::to_string(size) +
+                                    " bytes: too short for the 8-byte header length");
     std::uint64_t n = 0;
     for (int i = 7; i >= 0; --i)
         n = (n << 8) | bytes[i];
     if (n > kMaxHeader || n > size - 8)
         safetensors_error(path, "header length " + std::to_string(n) + " exceeds the file (" +
-                      std::to_string(size) + " bytes): truncated or not a safetensors file");
+                                    std::to_string(size) +
+                                    " bytes): truncated or not a safetensors file");
     json header;
     try {
         header = json::parse(reinterpret_cast<const char*>(bytes) + 8,
@@ -74,7 +75,8 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
         if (name == "__metadata__") {
             if (!it->is_object()) safetensors_error(path, "__metadata__ is not an object");
             for (auto m = it->begin(); m != it->end(); ++m) {
-                if (!m->is_string()) safetensors_error(path, "__metadata__['" + m.key() + "'] is not a string");
+                if (!m->is_string())
+                    safetensors_error(path, "__metadata__['" + m.key() + "'] is not a string");
                 out.metadata[m.key()] = m->get<std::string>();
             }
             continue;
@@ -99,7 +101,8 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
             safetensors_error(path, "tensor '" + name + "': shape must be an array of integers");
         for (const auto& d : e["shape"]) {
             if (!d.is_number_integer())
-                safetensors_error(path, "tensor '" + name + "' has a dimension that is not an integer");
+                safetensors_error(path,
+                                  "tensor '" + name + "' has a dimension that is not an integer");
             if (d.get<std::int64_t>() < 0)
                 safetensors_error(path, "tensor '" + name + "' has a negative dimension");
             entry.shape.push_back(d.get<std::int64_t>());
@@ -107,17 +110,20 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
         const json& off = e["data_offsets"];
         if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
             !off[1].is_number_unsigned())
-            safetensors_error(path, "tensor '" + name + "': data_offsets must be [begin, end] (byte offsets)");
+            safetensors_error(path, "tensor '" + name +
+                                        "': data_offsets must be [begin, end] (byte offsets)");
         entry.begin = off[0].get<std::uint64_t>();
         entry.end = off[1].get<std::uint64_t>();
         if (entry.begin > entry.end || entry.end > data_size)
-            safetensors_error(path, "tensor '" + name + "' data_offsets [" + std::to_string(entry.begin) + ", " +
-                          std::to_string(entry.end) + "] outside the data section of " +
-                          std::to_string(data_size) +
-                          " bytes (truncated file? copy or download it again)");
+            safetensors_error(path,
+                              "tensor '" + name + "' data_offsets [" + std::to_string(entry.begin) +
+                                  ", " + std::to_string(entry.end) +
+                                  "] outside the data section of " + std::to_string(data_size) +
+                                  " bytes (truncated file? copy or download it again)");
         const std::uint64_t want = tensor_bytes(entry.shape, element_size);
         if (entry.end - entry.begin != want)
-            safetensors_error(path,
+            safetensors_error(
+                path,
                 "tensor '" + name + "' holds " + std::to_string(entry.end - entry.begin) +
                     " bytes but its dtype and shape need " +
                     (want == kTooMany ? std::string("more than 2^64") : std::to_string(want)));
@@ -131,8 +137,8 @@ SafetensorsHeader parse_safetensors_header(const unsigned char* bytes, std::uint
               [](const auto* a, const auto* b) { return a->begin < b->begin; });
     for (std::size_t i = 1; i < sorted.size(); ++i)
         if (sorted[i]->begin < sorted[i - 1]->end)
-            safetensors_error(path,
-                "tensors '" + sorted[i - 1]->name + "' and '" + sorted[i]->name + "' overlap");
+            safetensors_error(path, "tensors '" + sorted[i - 1]->name + "' and '" +
+                                        sorted[i]->name + "' overlap");
     out.header_bytes = 8 + n;
     return out;
 }

@@ -7,8 +7,8 @@
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
 #if TRAINSCOPE_HAVE_CUDA
-#include <cuda_runtime_api.h>
 #include "trainscope/core/numeric.hpp"
+#include <cuda_runtime_api.h>
 #endif
 
 namespace trainscope::prof {

@@ -2,6 +2,7 @@
 // peak table behind MFU, and the text table rank 0 prints at the end of a run.
 #include "trainscope/prof/statistics.hpp"
 
+#include "trainscope/core/numeric.hpp"
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -9,7 +10,6 @@
 #include <limits>
 #include <numeric>
 #include <sstream>
-#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::prof::stats {
 namespace {

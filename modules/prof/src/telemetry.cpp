@@ -17,8 +17,8 @@
 #include <limits>
 
 #include "trainscope/core/mpi_util.hpp"
-#include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/core/numeric.hpp"
+#include "trainscope/prof/phase_timer.hpp"
 
 namespace trainscope::prof {
 namespace {

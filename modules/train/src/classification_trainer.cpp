@@ -26,10 +26,10 @@
 #include "trainscope/train/host_sync.hpp"
 
 #if TRAINSCOPE_HAVE_CUDA
+#include "trainscope/core/numeric.hpp"
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include "trainscope/core/numeric.hpp"
 #endif
 
 namespace trainscope::train {

@@ -9,12 +9,12 @@
 #include <memory>
 #include <vector>
 
+#include "trainscope/core/numeric.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
 #include "trainscope/data/prefetcher.hpp"
 #include "trainscope/dist/parallelism.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/llm_trainer.hpp"
-#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::train {
 

@@ -8,10 +8,10 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/numeric.hpp"
 #include "trainscope/io/schema.hpp"
 #include "trainscope/prof/statistics.hpp"
 #include "trainscope/train/run_file_tables.hpp"
-#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::train {
 

@@ -15,11 +15,11 @@
 #include <sstream>
 
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/numeric.hpp"
 #include "trainscope/dist/communicator.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/host_sync.hpp"
-#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::train {
 namespace {

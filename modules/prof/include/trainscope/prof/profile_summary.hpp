@@ -4,12 +4,12 @@
 // is plain arithmetic.
 #pragma once
 
+#include "trainscope/core/numeric.hpp"
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
-#include "trainscope/core/numeric.hpp"
 
 namespace trainscope::prof {
 
