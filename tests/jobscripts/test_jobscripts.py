@@ -28,7 +28,8 @@ SCRIPTS = [ROOT / "jobscripts/slurm/train.sbatch", ROOT / "jobscripts/pbs/train.
            ROOT / "tests/slurm/local_slurm.sh", ROOT / "scripts/setup", ROOT / "scripts/test",
            ROOT / "scripts/build", ROOT / "scripts/demo", ROOT / "scripts/mpirun",
            ROOT / "scripts/bench", ROOT / "scripts/fuzz", ROOT / "benchmarks/comm_mpi.sh",
-           ROOT / "scripts/gpu-check", ROOT / "scripts/count_tests"]
+           ROOT / "scripts/gpu-check", ROOT / "scripts/count_tests",
+           ROOT / "bin/venv.sh", ROOT / "bin/trainscope-post", ROOT / "bin/trainscope-study"]
 
 
 def sweep(*args, check=True, env=None):
