@@ -4,11 +4,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/autocast_mode.h>
+
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <string>
 
+#include "llama_test_util.hpp"
 #include "trainscope/models/llama.hpp"
+#include "trainscope/models/lora.hpp"
+#include "trainscope/prof/memory.hpp"
 #include "trainscope/train/llm_loss.hpp"
 #include "trainscope/train/llm_memory.hpp"
 #include "trainscope/train/llm_trainer.hpp"
@@ -105,6 +111,147 @@ TEST(LlmLoss, DpoGradientPushesChosenUpAndRejectedDown) {
     // d/dpc of -logsigmoid(beta z) at z = 0 is -beta/2.
     EXPECT_NEAR(pc.grad().item<double>(), -0.05, 1e-7);
     EXPECT_NEAR(pr.grad().item<double>(), 0.05, 1e-7);
+}
+
+namespace {
+
+// Loss (or weighted per-sequence log-probabilities) and every parameter's gradient of one forward
+// and backward through the model's head_score with `chunks` chunks.
+struct HeadRun {
+    torch::Tensor value;
+    std::map<std::string, torch::Tensor> grads;
+};
+HeadRun run_head(trainscope::models::LlamaForCausalLMImpl& model, const torch::Tensor& ids,
+                 const torch::Tensor& labels, tt::LmScore kind, std::int64_t chunks) {
+    for (auto& p : model.parameters())
+        p.mutable_grad() = torch::Tensor();
+    torch::Tensor v = tt::head_score(model, model.hidden_states(ids), labels, kind, chunks);
+    // Per-sequence values get distinct weights, so that each sequence's gradient is checked.
+    torch::Tensor w = torch::arange(1, v.numel() + 1, v.options());
+    (v * w).sum().backward();
+    HeadRun r{v.detach(), {}};
+    for (const auto& p : model.named_parameters())
+        if (p.value().grad().defined()) r.grads[p.key()] = p.value().grad().clone();
+    return r;
+}
+
+} // namespace
+
+// llm.loss_chunks: the chunked head (projection + score per token chunk, recomputed in backward)
+// gives the unchunked loss and gradients, for the SFT token loss and DPO's sequence log-probs, an
+// uneven split (T = 7 in 3 chunks of 3, 3, 1), masked labels, a tied and an untied head with
+// LoRA on lm_head, in fp64 (1e-12) and under bf16 autocast (the recomputation runs in the
+// forward's autocast state: equal to the unchunked bf16 run to bf16 rounding of the sums).
+TEST(LlmLoss, ChunkedHeadEqualsTheUnchunkedLossAndGradients) {
+    namespace models = trainscope::models;
+    for (const bool tied : {false, true}) {
+        models::LlamaConfig c = trainscope::testing::small_llama();
+        c.tie_word_embeddings = tied;
+        torch::manual_seed(11);
+        models::LlamaForCausalLM model(c, torch::TensorOptions().dtype(torch::kFloat64));
+        if (!tied) {
+            models::LoraOptions lo;
+            lo.rank = 4;
+            lo.alpha = 8;
+            lo.targets = {"q_proj", "v_proj", "lm_head"};
+            models::apply_lora(*model, lo);
+            for (auto& p : model->parameters())
+                p.requires_grad_(true); // base weights train too: every gradient is compared
+        }
+        const torch::Tensor ids = torch::randint(c.vocab_size, {2, 7});
+        torch::Tensor labels = ids.clone();
+        labels.index_put_({0, torch::indexing::Slice(0, 3)}, tt::kIgnoreIndex);
+        labels.index_put_({1, 5}, tt::kIgnoreIndex);
+        for (const tt::LmScore kind : {tt::LmScore::TokenLossSum, tt::LmScore::SequenceLogProbs}) {
+            const HeadRun whole = run_head(*model, ids, labels, kind, 1);
+            const HeadRun chunked = run_head(*model, ids, labels, kind, 3);
+            ASSERT_EQ(whole.grads.size(), chunked.grads.size());
+            EXPECT_LT((whole.value - chunked.value).abs().max().item<double>(), 1e-12);
+            for (const auto& [name, g] : whole.grads)
+                EXPECT_LT((g - chunked.grads.at(name)).abs().max().item<double>(), 1e-12)
+                    << name << (tied ? " tied" : " untied");
+            // More chunks than positions: one position per chunk.
+            EXPECT_LT((whole.value - run_head(*model, ids, labels, kind, 50).value)
+                          .abs()
+                          .max()
+                          .item<double>(),
+                      1e-12);
+        }
+        // The unchunked helpers score the same as head_score.
+        EXPECT_NEAR(tt::causal_lm_loss_sum(model->forward(ids), labels).item<double>(),
+                    run_head(*model, ids, labels, tt::LmScore::TokenLossSum, 4).value.item<double>(),
+                    1e-12);
+    }
+    // bf16 autocast on fp32 weights.
+    models::LlamaConfig c = trainscope::testing::small_llama();
+    torch::manual_seed(12);
+    models::LlamaForCausalLM model(c, torch::TensorOptions().dtype(torch::kFloat32));
+    const torch::Tensor ids = torch::randint(c.vocab_size, {2, 16});
+    HeadRun runs[2];
+    for (int i = 0; i < 2; ++i) {
+        at::autocast::set_autocast_enabled(c10::DeviceType::CPU, true);
+        at::autocast::set_autocast_dtype(c10::DeviceType::CPU, torch::kBFloat16);
+        for (auto& p : model->parameters())
+            p.mutable_grad() = torch::Tensor();
+        torch::Tensor v = tt::head_score(*model, model->hidden_states(ids), ids,
+                                         tt::LmScore::TokenLossSum, i == 0 ? 1 : 4);
+        at::autocast::set_autocast_enabled(c10::DeviceType::CPU, false);
+        at::autocast::clear_cache();
+        v.backward();
+        runs[i].value = v.detach();
+        for (const auto& p : model->named_parameters())
+            runs[i].grads[p.key()] = p.value().grad().clone();
+    }
+    EXPECT_NEAR(runs[0].value.item<double>(), runs[1].value.item<double>(),
+                1e-5 * std::abs(runs[0].value.item<double>()));
+    for (const auto& [name, g] : runs[0].grads)
+        EXPECT_LT((g - runs[1].grads.at(name)).abs().max().item<double>(),
+                  1e-2 * g.abs().max().item<double>() + 1e-6)
+            << name;
+}
+
+// With Llama-3's vocabulary (128256) the logits dominate a small model's step: the host tensor
+// peak of a forward + backward with llm.loss_chunks = 8 falls against 1 by what the memory plan
+// says the chunking saves (within 10 %).
+TEST(LlmLoss, ChunkedHeadLowersThePeakByThePlannedLogits) {
+    namespace models = trainscope::models;
+    namespace prof = trainscope::prof;
+    prof::install_host_tensor_counter();
+    models::LlamaConfig c = trainscope::testing::small_llama(128256);
+    torch::manual_seed(13);
+    models::LlamaForCausalLM model(c, torch::TensorOptions().dtype(torch::kFloat32));
+    const std::int64_t B = 2, T = 64;
+    const torch::Tensor ids = torch::randint(c.vocab_size, {B, T});
+    // The gradients exist before the measured steps, as in training (zeroed, not freed).
+    tt::head_score(*model, model->hidden_states(ids), ids, tt::LmScore::TokenLossSum, 8)
+        .backward();
+    double peak[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+        for (auto& p : model->parameters())
+            p.mutable_grad().zero_();
+        const double base = prof::host_tensor_bytes().current;
+        prof::reset_host_tensor_peak();
+        tt::head_score(*model, model->hidden_states(ids), ids, tt::LmScore::TokenLossSum,
+                       i == 0 ? 1 : 8)
+            .backward();
+        peak[i] = prof::host_tensor_bytes().peak - base;
+    }
+    tt::LlmMemoryInputs in;
+    in.config = c;
+    in.method = tt::LlmMethod::Full;
+    in.param_dtype = in.compute_dtype = torch::kFloat32;
+    in.micro_batch = B;
+    in.seq_len = T;
+    const double planned_whole = tt::plan_llm_memory(in).total_bytes();
+    in.loss_chunks = 8;
+    const double planned_saving = planned_whole - tt::plan_llm_memory(in).total_bytes();
+    const double measured_saving = peak[0] - peak[1];
+    std::cout << "host tensor peak above the model: loss_chunks=1 " << peak[0] / 1e6
+              << " MB, loss_chunks=8 " << peak[1] / 1e6 << " MB; saving measured "
+              << measured_saving / 1e6 << " MB, planned " << planned_saving / 1e6 << " MB\n";
+    EXPECT_GT(planned_saving, 0.5 * peak[0]); // the logits are most of this step
+    EXPECT_NEAR(measured_saving, planned_saving, 0.02 * planned_saving)
+        << "peak unchunked " << peak[0] / 1e6 << " MB, chunked " << peak[1] / 1e6 << " MB";
 }
 
 TEST(LlmMemoryPlan, Llama3_8BFiguresFollowTheParameterArithmetic) {

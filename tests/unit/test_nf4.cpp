@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "trainscope/core/error.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/lora.hpp"
 #include "trainscope/models/nf4.hpp"
+#include "trainscope/prof/memory.hpp"
 
 namespace tm_ = trainscope::models;
 
@@ -149,5 +152,59 @@ TEST(Nf4, ByteTableIsBuiltOncePerDeviceAndMatchesTheLevels) {
         EXPECT_EQ(g.device(), gpu);
         EXPECT_EQ(g.data_ptr(), tm_::nf4_byte_table(gpu).data_ptr());
         EXPECT_TRUE(torch::equal(g.cpu(), a));
+    }
+}
+
+// Issue 36: dequantisation in the compute dtype through int32 indices, without int64 copies or
+// fp32 temporaries: equal to the fp32 arithmetic used before (in fp32 bit for bit; in bf16 within
+// the rounding of the level and scale to bf16), and its host tensor peak is the result plus
+// dequant_transient_bytes(), well under the former path's.
+TEST(Nf4, DequantizeInTheComputeDtypeEqualsTheFp32PathAndStaysLean) {
+    namespace prof = trainscope::prof;
+    prof::install_host_tensor_counter();
+    torch::manual_seed(4);
+    const torch::Tensor w = torch::randn({512, 1024}) * 0.05;
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+        const auto q = tm_::Nf4Tensor::quantize(w, dtype);
+        // The former arithmetic: int64 indices, fp32 table, fp32 product, then the cast.
+        auto before = [&] {
+            const torch::Tensor scalers =
+                (q.quantized_scalers.to(torch::kFloat32).reshape({-1, tm_::kNf4ScalerBlockSize}) /
+                     q.scaler_factors.unsqueeze(1) +
+                 q.scaler_mean)
+                    .reshape({-1, 1});
+            return (tm_::nf4_byte_table(torch::kCPU)
+                        .index_select(0, q.codes.to(torch::kLong))
+                        .view({-1, tm_::kNf4BlockSize}) *
+                    scalers)
+                .reshape(q.shape)
+                .to(dtype);
+        };
+        double base = prof::host_tensor_bytes().current;
+        prof::reset_host_tensor_peak();
+        const torch::Tensor ref = before();
+        const double before_peak = prof::host_tensor_bytes().peak - base;
+        base = prof::host_tensor_bytes().current;
+        prof::reset_host_tensor_peak();
+        const torch::Tensor now = q.dequantize();
+        const double now_peak = prof::host_tensor_bytes().peak - base;
+        ASSERT_EQ(now.scalar_type(), dtype);
+        ASSERT_EQ(now.sizes(), ref.sizes());
+        if (dtype == torch::kFloat32) {
+            EXPECT_TRUE(torch::equal(now, ref));
+        } else {
+            const torch::Tensor r = ref.to(torch::kFloat32), n = now.to(torch::kFloat32);
+            // Level, scale and product each rounded to bf16 (unit roundoff 2^-8), against one
+            // rounding of the fp32 product: at most 4 roundings apart, 2^-6 relative.
+            EXPECT_LE(((n - r).abs() - r.abs() * std::ldexp(1.0, -6)).max().item<double>(), 0.0);
+            EXPECT_GT(torch::eq(n, r).to(torch::kFloat64).mean().item<double>(), 0.5);
+        }
+        const double result = static_cast<double>(now.nbytes());
+        EXPECT_LE(now_peak, result + static_cast<double>(q.dequant_transient_bytes()) + 4096)
+            << torch::toString(dtype);
+        // fp32: the int64 index and the product are gone (6 -> 3 bytes per weight); bf16: also
+        // the fp32 values (7 -> 4).
+        EXPECT_LT(now_peak, (dtype == torch::kFloat32 ? 0.6 : 0.35) * before_peak)
+            << torch::toString(dtype);
     }
 }

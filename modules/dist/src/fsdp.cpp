@@ -282,28 +282,40 @@ void FsdpModel::wait_reduces() {
 
 void FsdpModel::finish_gradients(double grad_scale) {
     wait_reduces();
-    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> shards;
     for (auto& u : units_)
         for (Group& g : u->groups)
-            if (g.trainable) g.grad_shard.mul_(grad_scale / world_);
+            if (g.trainable) shards.push_back(g.grad_shard);
+    foreach_scale(shards, grad_scale / world_);
 }
 
 torch::Tensor FsdpModel::shard_gradient_sum() const {
-    std::vector<torch::Tensor> sums;
+    std::vector<torch::Tensor> shards;
     for (const auto& u : units_)
         for (const Group& g : u->groups)
-            if (g.trainable && g.grad_shard.numel() > 0)
-                sums.push_back(g.grad_shard.sum(torch::kFloat64).reshape({1}));
-    return sums.empty() ? torch::Tensor() : torch::cat(sums).sum();
+            if (g.trainable && g.grad_shard.numel() > 0) shards.push_back(g.grad_shard);
+    // One multi-tensor check instead of a sum per shard.
+    return shards.empty() ? torch::Tensor() : nonfinite_marker(shards, shards.front().device());
 }
 
 void FsdpModel::step(double lr) {
     ++step_count_;
+    std::vector<torch::Tensor> params, grads, avgs, sqs;
     for (auto& u : units_)
         for (Group& g : u->groups)
-            if (g.trainable)
-                adamw_update(g.local, g.grad_shard, g.exp_avg, g.exp_avg_sq, step_count_, lr,
-                             o_.adamw);
+            if (g.trainable) {
+                if (!o_.adamw.fused) {
+                    adamw_update(g.local, g.grad_shard, g.exp_avg, g.exp_avg_sq, step_count_, lr,
+                                 o_.adamw);
+                    continue;
+                }
+                params.push_back(g.local);
+                grads.push_back(g.grad_shard);
+                avgs.push_back(g.exp_avg);
+                sqs.push_back(g.exp_avg_sq);
+            }
+    // Every unit's shards in one fused kernel per dtype.
+    if (!params.empty()) fused_adamw_update(params, grads, avgs, sqs, step_count_, lr, o_.adamw);
 }
 
 FsdpIterationComm FsdpPendingComm::resolve() const {

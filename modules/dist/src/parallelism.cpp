@@ -1,6 +1,7 @@
 #include "trainscope/dist/parallelism.hpp"
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/dist/fused_optim.hpp"
 #include "trainscope/dist/gradient_synchronizer.hpp"
 
 namespace trainscope::dist {
@@ -23,9 +24,11 @@ class DdpParallelism final : public DataParallelism {
     void finish_gradients(double grad_scale) override {
         sync_.finish();
         if (grad_scale == 1.0) return;
-        torch::NoGradGuard no_grad;
+        std::vector<torch::Tensor> grads;
         for (auto& t : t_.tensors)
-            if (t.grad().defined()) t.mutable_grad().mul_(grad_scale);
+            grads.push_back(t.grad());
+        foreach_scale(grads, grad_scale); // one multi-tensor kernel per dtype
+
     }
     std::vector<torch::Tensor> full_gradient_parameters() const override { return t_.tensors; }
 

@@ -93,7 +93,11 @@ void ZeroOptimizer::step(double lr) {
     torch::NoGradGuard no_grad;
     ++step_count_;
     torch::Tensor param = flat_param_.narrow(0, rank_ * shard_, shard_);
-    adamw_update(param, shard_grad_, exp_avg_, exp_avg_sq_, step_count_, lr, hyper_);
+    if (hyper_.fused)
+        fused_adamw_update({param}, {shard_grad_}, {exp_avg_}, {exp_avg_sq_}, step_count_, lr,
+                           hyper_);
+    else
+        adamw_update(param, shard_grad_, exp_avg_, exp_avg_sq_, step_count_, lr, hyper_);
     // Every rank gets every updated shard; the parameters are views of flat_param_.
     const auto t0 = std::chrono::steady_clock::now();
     torch::Tensor mine = param.clone();
@@ -102,7 +106,8 @@ void ZeroOptimizer::step(double lr) {
 }
 
 torch::Tensor ZeroOptimizer::shard_gradient_sum() const {
-    return shard_grad_.numel() == 0 ? torch::Tensor() : shard_grad_.sum(torch::kFloat64);
+    return shard_grad_.numel() == 0 ? torch::Tensor()
+                                    : nonfinite_marker({shard_grad_}, shard_grad_.device());
 }
 
 void ZeroOptimizer::save(torch::serialize::OutputArchive& out) const {

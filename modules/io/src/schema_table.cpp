@@ -210,6 +210,13 @@ const std::vector<Entry>& run_entries() {
          "`dist.zero`: the ZeRO stage, 0 to 3."},
         {Kind::attribute, kPlan, "activation_checkpointing", "", "int", "run.workload=llm",
          "1 with activation checkpointing (`llm.activation_checkpointing`), else 0."},
+        {Kind::attribute, kPlan, "loss_chunks", "", "int", "run.workload=llm",
+         "`llm.loss_chunks`: token chunks of the output projection and loss (1 = unchunked)."},
+        {Kind::attribute, kPlan, "sdpa_backend", "", "string", "run.workload=llm",
+         "The scaled-dot-product-attention kernel this run's attention calls get, as "
+         "`at::_fused_sdp_choice` reports for its heads, mask (packed or causal), device and "
+         "compute dtype: `flash`, `efficient`, `cudnn` or `math`; ` (kv heads expanded)` where "
+         "grouped KV heads are copied to the query heads so that a fused kernel takes the mask."},
         {Kind::attribute, kPlan, "flops_per_token", "", "float", "run.workload=llm",
          "Training FLOPs per token used for MFU: 4 N_matmul + 2 N_trainable + attention."},
         {Kind::attribute, kPlan, "memory_estimate_bytes", "", "float", "run.workload=cv or llm",

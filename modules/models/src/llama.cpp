@@ -1,18 +1,16 @@
 // Llama: configuration (HF config.json, presets), modules, activation checkpointing, HF weights.
 #include "trainscope/models/llama.hpp"
 
-#include <ATen/autocast_mode.h>
-
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/models/recompute.hpp"
 #include "trainscope/models/safetensors.hpp"
 
 namespace trainscope::models {
@@ -421,6 +419,73 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, const torch::Tensor
     register_module("o_proj", std::make_shared<LinearProjectionImpl>(q, c.hidden_size, options));
 }
 
+namespace {
+
+// at::_fused_sdp_choice's numbering (sdp::SDPBackend).
+std::string sdpa_backend_name(std::int64_t choice) {
+    switch (choice) {
+    case 0: return "math";
+    case 1: return "flash";
+    case 2: return "efficient";
+    case 3: return "cudnn";
+    case 4: return "overrideable";
+    default: return "none";
+    }
+}
+constexpr std::int64_t kSdpaMath = 0;
+
+bool expand_kv(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+               const torch::Tensor& mask) {
+    const std::optional<torch::Tensor> m =
+        mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt;
+    const bool causal = !mask.defined();
+    if (at::_fused_sdp_choice(q, k, v, m, 0.0, causal, std::nullopt, true) != kSdpaMath)
+        return false;
+    // q stands in for the expanded k and v (same shape).
+    return at::_fused_sdp_choice(q, q, q, m, 0.0, causal, std::nullopt, false) != kSdpaMath;
+}
+
+} // namespace
+
+torch::Tensor attention_kernel(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& mask, GqaKv kv) {
+    const std::int64_t group = q.size(1) / k.size(1);
+    bool gqa = group > 1;
+    torch::Tensor key = k, value = v;
+    if (gqa && (kv == GqaKv::Expand || (kv == GqaKv::Auto && expand_kv(q, k, v, mask)))) {
+        key = k.repeat_interleave(group, 1);
+        value = v.repeat_interleave(group, 1);
+        gqa = false;
+    }
+    return mask.defined()
+               ? at::scaled_dot_product_attention(q, key, value, mask, 0.0, false, std::nullopt,
+                                                  gqa)
+               : at::scaled_dot_product_attention(q, key, value, {}, 0.0, true, std::nullopt, gqa);
+}
+
+SdpaChoice sdpa_choice(const LlamaConfig& c, std::int64_t seq_len, bool packed,
+                       const torch::Device& device, torch::ScalarType dtype) {
+    torch::NoGradGuard no_grad;
+    const std::int64_t T = std::max<std::int64_t>(1, std::min<std::int64_t>(seq_len, 256));
+    const auto o = torch::TensorOptions().dtype(dtype).device(device);
+    const torch::Tensor q = torch::zeros({1, c.num_attention_heads, T, c.head_dim}, o);
+    const torch::Tensor k = torch::zeros({1, c.num_key_value_heads, T, c.head_dim}, o);
+    torch::Tensor mask;
+    if (packed)
+        mask = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(device))
+                   .tril()
+                   .view({1, 1, T, T});
+    const std::optional<torch::Tensor> m =
+        mask.defined() ? std::optional<torch::Tensor>(mask) : std::nullopt;
+    const bool gqa = c.num_attention_heads != c.num_key_value_heads;
+    SdpaChoice r;
+    r.kv_expanded = gqa && expand_kv(q, k, k, mask);
+    const torch::Tensor& kk = r.kv_expanded ? q : k;
+    r.backend = sdpa_backend_name(
+        at::_fused_sdp_choice(q, kk, kk, m, 0.0, !packed, std::nullopt, gqa && !r.kv_expanded));
+    return r;
+}
+
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const AttentionInputs& in) {
     const auto B = x.size(0), T = x.size(1);
     // Children may have been replaced (LoRA, NF4, QAT): look them up by name.
@@ -432,11 +497,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const Attentio
     torch::Tensor v = proj("v_proj")->forward(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
     q = apply_rope(q, in);
     k = apply_rope(k, in);
-    const bool gqa = heads_ != kv_heads_;
-    torch::Tensor out =
-        in.mask.defined()
-            ? at::scaled_dot_product_attention(q, k, v, in.mask, 0.0, false, std::nullopt, gqa)
-            : at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, std::nullopt, gqa);
+    torch::Tensor out = attention_kernel(q, k, v, in.mask);
     out = out.transpose(1, 2).reshape({B, T, heads_ * head_dim_});
     return proj("o_proj")->forward(out);
 }
@@ -475,72 +536,10 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const Atten
 
 namespace {
 
-// The RNG state of the default generator of `device` (CPU or a GPU).
-torch::Tensor rng_state(const torch::Device& device) {
-    auto gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-}
-
-void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
-    auto gen = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-}
-
-// The autocast state of one device type, as torch.autocast keeps it (thread-local).
-struct AutocastState {
-    bool enabled = false;
-    at::ScalarType dtype = at::kFloat;
-
-    static AutocastState of(c10::DeviceType type) {
-        return {at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)};
-    }
-};
-
-// Sets a device type's autocast state for a scope, as entering torch.autocast does (nesting and
-// the cast cache included), and restores the previous one when the scope ends.
-class AutocastScope {
-  public:
-    AutocastScope(c10::DeviceType type, AutocastState want)
-        : type_(type), previous_(AutocastState::of(type)), nested_(want.enabled) {
-        at::autocast::set_autocast_enabled(type_, want.enabled);
-        at::autocast::set_autocast_dtype(type_, want.dtype);
-        if (nested_) at::autocast::increment_nesting();
-    }
-    ~AutocastScope() {
-        if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-        at::autocast::set_autocast_enabled(type_, previous_.enabled);
-        at::autocast::set_autocast_dtype(type_, previous_.dtype);
-    }
-    AutocastScope(const AutocastScope&) = delete;
-    AutocastScope& operator=(const AutocastScope&) = delete;
-
-  private:
-    c10::DeviceType type_;
-    AutocastState previous_;
-    bool nested_;
-};
-
-void save_autocast(torch::autograd::AutogradContext* ctx, const std::string& key,
-                   c10::DeviceType type) {
-    const auto a = AutocastState::of(type);
-    ctx->saved_data[key + "_autocast"] = a.enabled;
-    ctx->saved_data[key + "_autocast_dtype"] = a.dtype;
-}
-
-AutocastState saved_autocast(torch::autograd::AutogradContext* ctx, const std::string& key) {
-    return {ctx->saved_data[key + "_autocast"].toBool(),
-            ctx->saved_data[key + "_autocast_dtype"].toScalarType()};
-}
-
 // torch.utils.checkpoint (reentrant, preserve_rng_state=True): forward without a graph, keeping
-// only the layer's input, the autocast state (of the input's device type and of the CPU) and the
-// RNG states (CPU, and the input's GPU); backward recomputes the layer with grad enabled under
-// that same autocast state and from those RNG states (so dropout draws the forward's masks and
-// low-precision activations are the forward's, bit for bit), restores the caller's RNG states,
-// and back-propagates through the recomputation. Parameter gradients accumulate as usual (their
-// hooks fire during the inner backward).
+// only the layer's input and the recompute state (recompute.hpp); backward recomputes the layer
+// under that state and back-propagates through the recomputation. Parameter gradients accumulate
+// as usual (their hooks fire during the inner backward).
 struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
                                  LlamaDecoderLayerImpl* layer, const AttentionInputs* in) {
@@ -549,10 +548,7 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
         ctx->saved_data["cos"] = in->cos;
         ctx->saved_data["sin"] = in->sin;
         if (in->mask.defined()) ctx->saved_data["mask"] = in->mask;
-        save_autocast(ctx, "device", x.device().type());
-        save_autocast(ctx, "cpu", c10::DeviceType::CPU);
-        ctx->saved_data["rng_cpu"] = rng_state(torch::kCPU);
-        if (x.is_cuda()) ctx->saved_data["rng_device"] = rng_state(x.device());
+        save_recompute_state(ctx, x.device());
         torch::NoGradGuard no_grad;
         return layer->forward(x, *in);
     }
@@ -564,24 +560,10 @@ struct CheckpointedLayer : torch::autograd::Function<CheckpointedLayer> {
         in.sin = ctx->saved_data["sin"].toTensor();
         if (ctx->saved_data.count("mask")) in.mask = ctx->saved_data["mask"].toTensor();
         torch::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-        const bool on_gpu = ctx->saved_data.count("rng_device") > 0;
         torch::Tensor out;
         {
-            // fork_rng: the forward's RNG states for the recomputation, the caller's after it.
-            const torch::Tensor caller_cpu = rng_state(torch::kCPU);
-            const torch::Tensor caller_device = on_gpu ? rng_state(x.device()) : torch::Tensor();
-            set_rng_state(torch::kCPU, ctx->saved_data["rng_cpu"].toTensor());
-            if (on_gpu) set_rng_state(x.device(), ctx->saved_data["rng_device"].toTensor());
-            {
-                torch::AutoGradMode enable(true);
-                std::optional<AutocastScope> device_autocast;
-                if (x.device().type() != c10::DeviceType::CPU)
-                    device_autocast.emplace(x.device().type(), saved_autocast(ctx, "device"));
-                AutocastScope cpu_autocast(c10::DeviceType::CPU, saved_autocast(ctx, "cpu"));
-                out = layer->forward(x, in);
-            }
-            set_rng_state(torch::kCPU, caller_cpu);
-            if (on_gpu) set_rng_state(x.device(), caller_device);
+            RecomputeScope recompute(ctx, x.device());
+            out = layer->forward(x, in);
         }
         torch::autograd::backward({out}, {grads[0]});
         return {x.grad(), torch::Tensor(), torch::Tensor()};
@@ -705,20 +687,24 @@ torch::Tensor LlamaForCausalLMImpl::hidden_states(const torch::Tensor& input_ids
     return norm->forward(h);
 }
 
+torch::Tensor LlamaForCausalLMImpl::project(const torch::Tensor& hidden) {
+    if (config_.tie_word_embeddings) return F::linear(hidden, embed_tokens->weight);
+    return std::dynamic_pointer_cast<ProjectionImpl>(named_children()["lm_head"])->forward(hidden);
+}
+
+void LlamaForCausalLMImpl::end_head_forward() {
+    if (hooks_) hooks_->after_forward(static_cast<int>(num_units() - 1));
+}
+
+void LlamaForCausalLMImpl::begin_head_backward() {
+    if (hooks_) hooks_->before_backward(static_cast<int>(num_units() - 1));
+}
+
 torch::Tensor LlamaForCausalLMImpl::head(const torch::Tensor& hidden) {
-    torch::Tensor logits;
-    if (config_.tie_word_embeddings) {
-        logits = F::linear(hidden, embed_tokens->weight);
-    } else {
-        auto p = std::dynamic_pointer_cast<ProjectionImpl>(named_children()["lm_head"]);
-        logits = p->forward(hidden);
-    }
-    if (hooks_) {
-        const std::int64_t unit = num_units() - 1;
-        if (torch::GradMode::is_enabled() && logits.requires_grad())
-            logits = UnitBoundary::apply(logits, hooks_, unit, true);
-        hooks_->after_forward(static_cast<int>(unit));
-    }
+    torch::Tensor logits = project(hidden);
+    if (hooks_ && torch::GradMode::is_enabled() && logits.requires_grad())
+        logits = UnitBoundary::apply(logits, hooks_, num_units() - 1, true);
+    end_head_forward();
     return logits;
 }
 

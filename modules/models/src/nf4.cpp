@@ -1,6 +1,7 @@
 // NF4 quantisation with double-quantised block scales (torchao's NF4Tensor layout).
 #include "trainscope/models/nf4.hpp"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -41,14 +42,14 @@ torch::Tensor levels_tensor(torch::Device device) {
 
 } // namespace
 
-const torch::Tensor& nf4_byte_table(torch::Device device) {
+const torch::Tensor& nf4_byte_table(torch::Device device, torch::ScalarType dtype) {
     // Built from host memory once per device: on a GPU each build is a pageable host-to-device
     // copy that synchronises the host, which every projection's dequantisation used to pay. The
     // map is never destroyed (its CUDA tensors must not be freed after the driver shut down).
     static std::mutex mutex;
     static auto* tables = new std::map<std::string, torch::Tensor>();
     std::lock_guard<std::mutex> lock(mutex);
-    torch::Tensor& table = (*tables)[device.str()];
+    torch::Tensor& table = (*tables)[device.str() + "/" + c10::toString(dtype)];
     if (!table.defined()) {
         torch::NoGradGuard no_grad;
         const torch::Tensor levels = levels_tensor(device); // [16]
@@ -56,7 +57,8 @@ const torch::Tensor& nf4_byte_table(torch::Device device) {
             torch::arange(256, torch::TensorOptions().dtype(torch::kLong).device(device));
         table = torch::stack(
             {levels.index({byte.bitwise_right_shift(4)}), levels.index({byte.bitwise_and(15)})},
-            1); // [256, 2]
+            1)
+                    .to(dtype); // [256, 2]
     }
     return table;
 }
@@ -119,17 +121,30 @@ Nf4Tensor Nf4Tensor::quantize(const torch::Tensor& weight, torch::ScalarType com
 
 torch::Tensor Nf4Tensor::dequantize() const {
     torch::NoGradGuard no_grad;
+    // The block scales ([blocks, 1], numel / 64 of them) in fp32, then in the compute dtype.
     const torch::Tensor scalers =
         (quantized_scalers.to(torch::kFloat32).reshape({-1, kNf4ScalerBlockSize}) /
              scaler_factors.unsqueeze(1) +
          scaler_mean)
-            .reshape({-1, 1}); // [blocks, 1]
-    // A 256-entry table byte -> (level of the high nibble, level of the low nibble): one gather
-    // per byte, no per-nibble index tensors.
-    const torch::Tensor& table = nf4_byte_table(codes.device()); // [256, 2]
-    const torch::Tensor values =
-        table.index_select(0, codes.to(torch::kLong)).view({-1, kNf4BlockSize}) * scalers;
-    return values.reshape(shape).to(dtype);
+            .reshape({-1, 1})
+            .to(dtype);
+    // A 256-entry table byte -> (level of the high nibble, level of the low nibble) in the compute
+    // dtype: one gather per byte, written straight into the result.
+    const torch::Tensor& table = nf4_byte_table(codes.device(), dtype); // [256, 2]
+    const std::int64_t n = codes.numel();
+    torch::Tensor values = torch::empty({n, 2}, table.options());
+    for (std::int64_t b = 0; b < n; b += kNf4DequantSliceCodes) {
+        const std::int64_t len = std::min(kNf4DequantSliceCodes, n - b);
+        torch::Tensor out = values.narrow(0, b, len);
+        torch::index_select_out(out, table, 0, codes.narrow(0, b, len).to(torch::kInt32));
+    }
+    values = values.view({-1, kNf4BlockSize});
+    values.mul_(scalers);
+    return values.view(shape);
+}
+
+std::int64_t Nf4Tensor::dequant_transient_bytes() const {
+    return std::min(kNf4DequantSliceCodes, codes.numel()) * 4 + quantized_scalers.numel() * 8;
 }
 
 namespace {

@@ -24,6 +24,7 @@
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/host_sync.hpp"
+#include "trainscope/train/optimizer.hpp"
 
 #if TRAINSCOPE_HAVE_CUDA
 #include "trainscope/core/numeric.hpp"
@@ -186,15 +187,7 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     s.params = trained.parameters();
     const std::vector<torch::Tensor>& params = s.params;
     const OptimizerConfig& opt = s.o.optimizer;
-    if (opt.kind == "sgd")
-        s.optimizer =
-            std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(opt.lr)
-                                                            .momentum(opt.momentum)
-                                                            .weight_decay(opt.weight_decay)
-                                                            .nesterov(opt.nesterov));
-    else
-        s.optimizer = std::make_unique<torch::optim::AdamW>(
-            params, torch::optim::AdamWOptions(opt.lr).weight_decay(opt.weight_decay));
+    s.optimizer = make_optimizer(opt, params, /*with_momentum=*/true);
 
     GradScaler::Options scaler_options;
     scaler_options.enabled = s.o.precision.loss_scaling;

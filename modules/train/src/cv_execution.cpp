@@ -145,6 +145,9 @@ class PipelineExecution final : public CvExecution {
         // The loss exists on the last stage only: every stage shows and averages that one.
         torch::Tensor shared = losses.clone();
         groups_.pipe->broadcast(shared, groups_.stages - 1);
+        // NCCL: the broadcast started after the loop's bounded synchronize; without its own, a
+        // stage that stalled now would block the read in the CUDA driver until the watchdog.
+        groups_.pipe->synchronize("the pipeline's shared-loss broadcast");
         return read_to_host(shared);
     }
     // Ranks are stage-major: this stage's rank in replica 0 wrote the stage's state.

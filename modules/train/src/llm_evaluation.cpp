@@ -52,6 +52,9 @@ void LlmTrainer::resolve(std::vector<DeferredStep>& steps) {
     }
     torch::Tensor sum = torch::cat(losses); // [n]
     s.comm.allreduce(sum, dist::ReduceOp::Sum);
+    // NCCL: this allreduce started after the loop's bounded synchronize; the read must not wait
+    // for a peer that stalled since in the CUDA driver (the iteration watchdog), but dist.timeout.
+    s.comm.synchronize("the loss allreduce");
     const torch::Tensor all = read_to_host(sum);
     const torch::Tensor m =
         read_to_host(torch::cat(metrics)); // [n, 1] label tokens or [n, 4] rewards
@@ -136,11 +139,13 @@ std::pair<double, double> LlmTrainer::evaluate() {
             {
                 models::set_adapters_enabled(model, false);
                 AutocastScope autocast(s.o.precision, s.o.device);
-                ref = sequence_log_probs(model.forward(ids, pos), labels);
+                ref = head_score(model, model.hidden_states(ids, pos), labels,
+                                 LmScore::SequenceLogProbs, l.loss_chunks);
                 models::set_adapters_enabled(model, true);
             }
             AutocastScope autocast(s.o.precision, s.o.device);
-            const torch::Tensor logp = sequence_log_probs(model.forward(ids, pos), labels);
+            const torch::Tensor logp = head_score(model, model.hidden_states(ids, pos), labels,
+                                                  LmScore::SequenceLogProbs, l.loss_chunks);
             const DpoLoss d = dpo_loss(logp.narrow(0, 0, pairs), logp.narrow(0, pairs, pairs),
                                        ref.narrow(0, 0, pairs), ref.narrow(0, pairs, pairs),
                                        l.dpo_beta, l.dpo_label_smoothing);
@@ -149,7 +154,8 @@ std::pair<double, double> LlmTrainer::evaluate() {
             count = static_cast<double>(pairs);
         } else {
             AutocastScope autocast(s.o.precision, s.o.device);
-            loss_sum = causal_lm_loss_sum(model.forward(ids, pos), labels)
+            loss_sum = head_score(model, model.hidden_states(ids, pos), labels,
+                                  LmScore::TokenLossSum, l.loss_chunks)
                            .to(torch::kFloat64)
                            .item<double>();
             count = static_cast<double>(tb.label_tokens);

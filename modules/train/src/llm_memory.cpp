@@ -6,7 +6,8 @@
 //   RMSNorm (x2): its fp32 input (4h; in fp32 the input itself) and, when the norm weight trains,
 //     the normalised value (r h). Its output (r h) is kept once if a consumer saves its input
 //     (a trainable projection, or a LoRA adapter's A).
-//   Attention: q and k after rope, v, and the SDPA output (e (2q + 2kv); GQA is not expanded);
+//   Attention: q and k after rope, v, and the SDPA output (e (2q + 2kv); GQA is not expanded,
+//     except where the SDPA kernel needs it: a packed batch on a GPU, e (2q + 2q));
 //     the output is o_proj's input too. Packed sequences add SDPA's additive mask (e T).
 //   MLP: gate, silu(gate), up (3 e f) and their product (e f, when down_proj saves its input).
 //   A projection that computes on a copy of its input keeps that copy instead of sharing it:
@@ -14,12 +15,15 @@
 //     precision). QAT also keeps the fake-quantised weights (e per projection weight), autocast
 //     the compute-dtype copies of the dense weights (e per weight; per forward, not per token).
 //   LoRA: each adapter keeps A's output (e rank) and, with dropout, the dropped input and mask.
-// Once per token: rope cos/sin (2 x 4 head_dim), the final norm (4h, + r h if trainable, + the
-// head's input if the head trains). Activation checkpointing keeps each layer's input (e h per
-// token and layer) plus one layer's full set during its recompute. The head: the step's peak
-// holds 12 bytes per logit (backward of the fp32 loss: log-softmax output, the incoming and the
-// outgoing gradient), or in forward the logits (e V), their fp32 upcast (4V unless e = 4) and the
-// log-softmax output (4V), whichever is larger.
+// QLoRA: the dequantised weight of the largest projection (e per weight) and the int32 indices of
+// one slice of its codes. Once per token: rope cos/sin (2 x 4 head_dim), the final norm (4h, + r h if trainable, + the
+// head's input if the head trains, or always with the chunked loss). Activation checkpointing
+// keeps each layer's input (e h per token and layer) plus one layer's full set during its
+// recompute. The head: the step's peak holds 12 bytes per logit (backward of the fp32 loss:
+// log-softmax output, the incoming and the outgoing gradient), or in forward the logits (e V),
+// their fp32 upcast (4V unless e = 4) and the log-softmax output (4V), whichever is larger; with
+// llm.loss_chunks > 1 for one chunk's tokens only, plus the head input's gradient (twice r h per
+// token: the chunks' parts and their concatenation).
 #include "trainscope/train/llm_memory.hpp"
 
 #include <algorithm>
@@ -90,16 +94,20 @@ double activation_bytes(const LlmMemoryInputs& in) {
     const double norm = 4.0 * h + (weights_train ? r * h : 0.0);
     double per_layer = 2.0 * norm;
     per_layer += projection_inputs({"q_proj", "k_proj", "v_proj"}, h, r * h);
-    per_layer += e * (2.0 * q + 2.0 * kv);              // q, k (roped), v, SDPA output
+    // q, k (roped), v, SDPA output; k and v with the query heads' width where expanded
+    per_layer += e * (2.0 * q + (in.kv_expanded ? 2.0 * q : 2.0 * kv));
     per_layer += projection_inputs({"o_proj"}, q, 0.0); // shares the SDPA output
     per_layer += projection_inputs({"gate_proj", "up_proj"}, h, r * h);
     per_layer += 3.0 * e * f;                                // gate, silu(gate), up
     per_layer += projection_inputs({"down_proj"}, f, e * f); // their product
     if (in.packed) per_layer += e * T;                       // SDPA's additive mask
 
+    // The head's input: saved by a trainable head, or (r h) by the chunked loss, which recomputes
+    // the head from it in backward.
+    const bool head_trains = weights_train || targeted("lm_head");
     double per_token = 8.0 * static_cast<double>(c.head_dim) + 4.0 * h +
                        (weights_train ? r * h : 0.0) +
-                       (weights_train || targeted("lm_head") ? (autocast ? e : r) * h : 0.0);
+                       (in.loss_chunks > 1 ? r * h : (head_trains ? (autocast ? e : r) * h : 0.0));
     if (in.packed) per_token += T; // the boolean mask
     per_token += in.activation_checkpointing ? layers * e * h : layers * per_layer;
 
@@ -112,6 +120,13 @@ double activation_bytes(const LlmMemoryInputs& in) {
     // are counted above) and NF4 weights are dequantised again in backward.
     const double projections = static_cast<double>(llama_projection_parameters(c));
     if (qat) bytes += e * projections;
+    if (in.method == LlmMethod::Qlora) {
+        // One NF4 weight dequantised at a time (forward, and again in backward): the dense weight
+        // in the compute dtype and the int32 indices of one slice of its codes (nf4.hpp).
+        const double largest = std::max({h * q, h * kv, h * f});
+        bytes += e * largest +
+                 4.0 * std::min(static_cast<double>(models::kNf4DequantSliceCodes), largest / 2);
+    }
     if (autocast) {
         double weights = static_cast<double>(c.tie_word_embeddings ? c.embedding_parameters()
                                                                    : c.head_parameters());
@@ -268,9 +283,16 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     p.activation_bytes = activation_bytes(in);
     const double sequences =
         static_cast<double>(in.micro_batch) * (in.method == LlmMethod::Dpo ? 2.0 : 1.0);
-    const double tokens = sequences * static_cast<double>(in.seq_len);
+    // The logits exist for one chunk of ceil(T / chunks) positions at a time (llm.loss_chunks);
+    // the chunked backward also holds the hidden state's gradient in parts and concatenated.
+    const std::int64_t chunks = std::max<std::int64_t>(1, in.loss_chunks);
+    const double chunk_len = static_cast<double>((in.seq_len + chunks - 1) / chunks);
     const double forward = e_act + (e_act == 4.0 ? 4.0 : 8.0), backward = 12.0;
-    p.logits_bytes = tokens * static_cast<double>(c.vocab_size) * std::max(forward, backward);
+    p.logits_bytes = sequences * chunk_len * static_cast<double>(c.vocab_size) *
+                     std::max(forward, backward);
+    if (chunks > 1)
+        p.logits_bytes += 2.0 * sequences * static_cast<double>(in.seq_len) *
+                          static_cast<double>(c.hidden_size) * e_param;
     if (in.zero == 3) plan_fsdp(in, p);
     return p;
 }

@@ -16,6 +16,7 @@
 #include "trainscope/models/nf4.hpp"
 #include "trainscope/models/safetensors.hpp"
 #include "trainscope/train/llm_trainer.hpp"
+#include "trainscope/train/optimizer.hpp"
 
 namespace trainscope::train {
 
@@ -106,13 +107,8 @@ std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o,
     dist::TrainableSet trainable{m.trainable_names, m.trainable};
     const dist::ZeroStage zero = o.sharding.zero;
     if (zero == dist::ZeroStage::None) {
-        std::unique_ptr<torch::optim::Optimizer> optimizer;
-        if (opt.kind == "adamw")
-            optimizer = std::make_unique<torch::optim::AdamW>(
-                m.trainable, torch::optim::AdamWOptions(opt.lr).weight_decay(opt.weight_decay));
-        else
-            optimizer = std::make_unique<torch::optim::SGD>(
-                m.trainable, torch::optim::SGDOptions(opt.lr).weight_decay(opt.weight_decay));
+        std::unique_ptr<torch::optim::Optimizer> optimizer =
+            make_optimizer(opt, m.trainable, /*with_momentum=*/false);
         return dist::make_ddp(comm, std::move(trainable), std::move(optimizer), bucket_bytes,
                               first_bucket_bytes);
     }
@@ -122,6 +118,7 @@ std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o,
     dist::ZeroAdamW h;
     h.lr = opt.lr;
     h.weight_decay = opt.weight_decay;
+    h.fused = opt.fused;
     if (zero != dist::ZeroStage::Parameters)
         return dist::make_zero(comm, std::move(trainable), dist::to_int(zero), h);
     dist::FsdpOptions fo;

@@ -93,6 +93,11 @@ void declare_llm_options(core::OptionRegistry& r) {
                "instead of all weights");
     r.add_bool("llm.activation_checkpointing", false,
                "recompute each decoder layer's activations in backward instead of keeping them");
+    r.add_int("llm.loss_chunks", 8,
+              "token chunks of the output projection and loss (torchtune's "
+              "CEWithChunkedOutputLoss, recomputed in backward): one chunk's logits at a time; "
+              "1 = the whole [batch, seq, vocab] logits",
+              1, 1 << 20);
     r.add_int("llm.gradient_accumulation", 1,
               "micro-batches per optimizer step (train.batch_size samples each)", 1, 1 << 20);
     r.add_string("llm.save_adapters", "auto",
@@ -237,6 +242,7 @@ LlmOptions LlmOptions::from_config(const core::Config& c, const TrainConfig& tra
     o.qat_group_size = c.get_int("llm.qat.group_size");
     o.qat_lora = c.get_bool("llm.qat.lora");
     o.activation_checkpointing = c.get_bool("llm.activation_checkpointing");
+    o.loss_chunks = c.get_int("llm.loss_chunks");
     o.gradient_accumulation = c.get_int("llm.gradient_accumulation");
     o.sharding = dist::read_sharding(c);
     const int zero = dist::to_int(o.sharding.zero);

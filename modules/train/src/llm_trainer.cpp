@@ -197,13 +197,17 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
                     torch::NoGradGuard no_grad;
                     models::set_adapters_enabled(model, false);
                     AutocastScope autocast(s.o.precision, s.o.device);
-                    const torch::Tensor logp = sequence_log_probs(model.forward(ids, pos), labels);
+                    const torch::Tensor logp =
+                        head_score(model, model.hidden_states(ids, pos), labels,
+                                   LmScore::SequenceLogProbs, l.loss_chunks);
                     models::set_adapters_enabled(model, true);
                     ref_c = logp.narrow(0, 0, pairs);
                     ref_r = logp.narrow(0, pairs, pairs);
                 }
                 AutocastScope autocast(s.o.precision, s.o.device);
-                const torch::Tensor logp = sequence_log_probs(model.forward(ids, pos), labels);
+                const torch::Tensor logp =
+                    head_score(model, model.hidden_states(ids, pos), labels,
+                               LmScore::SequenceLogProbs, l.loss_chunks);
                 DpoLoss d = dpo_loss(logp.narrow(0, 0, pairs), logp.narrow(0, pairs, pairs), ref_c,
                                      ref_r, l.dpo_beta, l.dpo_label_smoothing);
                 loss = d.loss / static_cast<double>(accum);
@@ -217,7 +221,8 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
                 }
             } else {
                 AutocastScope autocast(s.o.precision, s.o.device);
-                loss = causal_lm_loss_sum(model.forward(ids, pos, seg), labels);
+                loss = head_score(model, model.hidden_states(ids, pos, seg), labels,
+                                  LmScore::TokenLossSum, l.loss_chunks);
                 if (control) inject_fault(*control, iteration, loss);
             }
             loss_acc += loss.detach().to(torch::kFloat64);

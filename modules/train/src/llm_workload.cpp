@@ -110,6 +110,7 @@ class LlmWorkload final : public Workload {
     LlmSplit split_;                              // training items and the validation set
     std::string val_description_;
     models::LlamaConfig llama_;
+    models::SdpaChoice sdpa_; // the attention kernel of this run (build())
     std::unique_ptr<dist::Communicator> comm_;
     std::unique_ptr<LlmTrainer> trainer_;
     std::string dataset_description_, plan_text_;
@@ -228,6 +229,14 @@ void LlmWorkload::build() {
                             : std::string()) +
         ")";
 
+    // The attention kernel this run's calls get (flash, efficient, math, ...) and whether the
+    // KV heads are expanded for it (models::attention_kernel), asked of the dispatcher with probe
+    // tensors on the run's device in its compute dtype.
+    const torch::ScalarType compute =
+        policy.autocast_dtype ? *policy.autocast_dtype : policy.param_dtype;
+    sdpa_ = models::sdpa_choice(llama_, l_.dataset.max_seq_len, l_.packed, env_.device.device,
+                                compute);
+
     // The memory plan: every method for this model, batch and sequence length, per rank.
     LlmMemoryInputs mi;
     mi.config = llama_;
@@ -239,7 +248,9 @@ void LlmWorkload::build() {
     mi.micro_batch = layout.batch_per_rank;
     mi.seq_len = l_.dataset.max_seq_len;
     mi.activation_checkpointing = l_.activation_checkpointing;
+    mi.loss_chunks = l_.loss_chunks;
     mi.packed = l_.packed;
+    mi.kv_expanded = sdpa_.kv_expanded;
     // Stage 3 rows with this run's dist.reshard_after_forward and dist.prefetch.
     mi.reshard_after_forward = l_.sharding.reshard_after_forward;
     mi.prefetch = l_.sharding.prefetch;
@@ -371,6 +382,8 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"val_source", val_description_.empty() ? std::string("none") : val_description_},
         {"zero", std::int64_t{dist::to_int(l_.sharding.zero)}},
         {"activation_checkpointing", std::int64_t{l_.activation_checkpointing}},
+        {"loss_chunks", l_.loss_chunks},
+        {"sdpa_backend", sdpa_.backend + (sdpa_.kv_expanded ? " (kv heads expanded)" : "")},
         {"memory_estimate_bytes", memory_.total_bytes()},
         {"memory_plan_weight_bytes",
          memory_.frozen_weight_bytes + memory_.nf4_weight_bytes + memory_.trainable_weight_bytes},

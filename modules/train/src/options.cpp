@@ -80,6 +80,9 @@ void declare_options(core::OptionRegistry& r) {
                 100.0);
     r.add_float("train.momentum", 0.9, "SGD momentum", 0.0, 1.0);
     r.add_bool("train.nesterov", false, "SGD with Nesterov momentum");
+    r.add_bool("train.fused_optimizer", true,
+               "optimizer step through ATen's fused multi-tensor kernels (_fused_adamw_, "
+               "_fused_sgd_), one launch per dtype; false = LibTorch's per-parameter loop");
     r.add_float("train.weight_decay", 4e-5,
                 "weight decay (SGD: L2; AdamW: decoupled; run.workload=llm: 0.01 unless set)", 0.0,
                 1.0);
@@ -173,6 +176,7 @@ TrainConfig read_train_config(const core::Config& c) {
     t.optimizer.lr = c.get_float("train.lr");
     t.optimizer.momentum = c.get_float("train.momentum");
     t.optimizer.nesterov = c.get_bool("train.nesterov");
+    t.optimizer.fused = c.get_bool("train.fused_optimizer");
     t.optimizer.weight_decay = c.get_float("train.weight_decay");
     t.schedule.kind = c.get_string("train.schedule");
     t.schedule.warmup_iters = c.get_int("train.warmup_iters");

@@ -16,6 +16,7 @@
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/fused_optim.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 
@@ -92,9 +93,10 @@ FaultInjection FaultInjection::from_environment() {
 
 torch::Tensor nonfinite_flag(const torch::Tensor& loss, const std::vector<torch::Tensor>& params,
                              const std::vector<torch::Tensor>& sums) {
-    // Per-tensor float64 sums, whose total is NaN/Inf iff some element is (fp32 and bf16 values
-    // cannot overflow a float64 sum of any realistic size).
-    std::vector<torch::Tensor> parts;
+    // Float64 values whose total is NaN/Inf iff some element is: the loss, one marker for all
+    // gradients (dist::nonfinite_marker: a multi-tensor check, not a kernel per parameter) and
+    // the shards' markers.
+    std::vector<torch::Tensor> parts, grads;
     torch::Device device = torch::kCPU;
     if (loss.defined()) {
         parts.push_back(loss.detach().to(torch::kFloat64).reshape({1}));
@@ -102,9 +104,10 @@ torch::Tensor nonfinite_flag(const torch::Tensor& loss, const std::vector<torch:
     }
     for (const auto& p : params)
         if (p.grad().defined()) {
-            parts.push_back(p.grad().sum(torch::kFloat64).reshape({1}));
+            grads.push_back(p.grad());
             device = p.grad().device();
         }
+    if (!grads.empty()) parts.push_back(dist::nonfinite_marker(grads, device).reshape({1}));
     for (const auto& t : sums)
         if (t.defined()) {
             parts.push_back(t.to(torch::kFloat64).reshape({1}));

@@ -71,6 +71,8 @@ void TrainingLoop::resolve_pending() {
     if (!flags.empty()) {
         torch::Tensor all = torch::cat(flags).to(torch::kFloat64); // [flagged]
         comm_.allreduce(all, dist::ReduceOp::Max);
+        // Bounded by dist.timeout too: the allreduce started after the synchronize above.
+        comm_.synchronize("the non-finite flags' allreduce");
         const torch::Tensor host = read_to_host(all);
         const double* f = host.data_ptr<double>();
         for (std::size_t k = 0; k < flagged.size(); ++k)

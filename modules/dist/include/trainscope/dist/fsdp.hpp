@@ -88,8 +88,9 @@ class FsdpModel final : public models::UnitHooks {
     void end_backward();
     void finish_gradients(double grad_scale);
     void wait_reduces(); // the gradient reduce-scatters in flight (finish_gradients waits too)
-    // The float64 sum of this rank's trainable gradient shards on the device (NaN/Inf iff an
-    // element is; undefined when there are none), for nonfinite_flag. No host read.
+    // A float64 marker of this rank's trainable gradient shards on the device (NaN iff an element
+    // is NaN/Inf, else 0: nonfinite_marker; undefined when there are none), for nonfinite_flag.
+    // No host read.
     torch::Tensor shard_gradient_sum() const;
     void step(double lr);
     // The iteration's collectives, without waiting (call after finish_gradients); the next

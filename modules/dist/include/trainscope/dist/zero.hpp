@@ -17,17 +17,15 @@
 #include <vector>
 
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/fused_optim.hpp"
 #include "trainscope/dist/parallelism.hpp"
 
 namespace trainscope::dist {
 
-struct ZeroAdamW {
-    double lr = 3e-4, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.01;
-};
-
 // One AdamW update of `param` in place, exactly torch.optim.AdamW's arithmetic (decoupled decay,
-// then the moments, bias corrections from `step` = 1, 2, ...). ZeRO and FSDP step their shards
-// with it, so sharding never changes the optimizer's arithmetic.
+// then the moments, bias corrections from `step` = 1, 2, ...), one operation at a time: ZeRO and
+// FSDP step their shards with it when h.fused is false, else with fused_adamw_update (the same
+// arithmetic in one kernel), so sharding never changes the optimizer's arithmetic.
 void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
                   torch::Tensor& exp_avg_sq, std::int64_t step, double lr, const ZeroAdamW& h);
 
@@ -50,8 +48,9 @@ class ZeroOptimizer {
     std::shared_ptr<Work> reduce_work() const { return reduce_work_; }
     void step(double lr);
     double allgather_seconds() const { return allgather_s_; }
-    // After reduce_gradients: the float64 sum of this rank's gradient shard on the device (NaN/Inf
-    // iff an element is; undefined for an empty shard), for nonfinite_flag. No host read.
+    // After reduce_gradients: a float64 marker of this rank's gradient shard on the device (NaN iff
+    // an element is NaN/Inf, else 0: nonfinite_marker; undefined for an empty shard), for
+    // nonfinite_flag. No host read.
     torch::Tensor shard_gradient_sum() const;
     // Checkpoints: this rank's shard of the optimizer state (moments, step count).
     void save(torch::serialize::OutputArchive& out) const;

@@ -95,6 +95,30 @@ struct AttentionInputs {
     torch::Tensor mask;
 };
 
+// The attention kernel: at::scaled_dot_product_attention of q [B, heads, T, d] over k, v
+// [B, kv_heads, T, d], causal (mask undefined) or under a bool mask [B, 1, T, T]. With grouped
+// queries (kv_heads < heads) SDPA's enable_gqa is accepted by the flash kernel, which takes no
+// mask, but not by the memory-efficient one, so on a GPU a packed batch's GQA attention would fall
+// back to the O(T^2)-memory math kernel. kv = Auto expands the KV heads to the query heads (a copy
+// of k and v; SDPA then saves the expanded copies) exactly when at::_fused_sdp_choice picks the
+// math kernel with enable_gqa and a fused kernel without it; Native never expands, Expand always
+// (both for tests). Same outputs either way.
+enum class GqaKv { Auto, Native, Expand };
+torch::Tensor attention_kernel(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& mask,
+                               GqaKv kv = GqaKv::Auto);
+
+// The SDPA backend of a model's attention calls as at::_fused_sdp_choice reports it for these
+// heads, a sequence of min(seq_len, 256) positions, causal (packed = false) or masked, on `device`
+// in `dtype` (small probe tensors are made there): "flash", "efficient", "cudnn", "math", ...;
+// kv_expanded says whether attention_kernel's Auto expands the KV heads for it.
+struct SdpaChoice {
+    std::string backend;
+    bool kv_expanded = false;
+};
+SdpaChoice sdpa_choice(const LlamaConfig& config, std::int64_t seq_len, bool packed,
+                       const torch::Device& device, torch::ScalarType dtype);
+
 class LlamaAttentionImpl : public torch::nn::Module {
   public:
     LlamaAttentionImpl(const LlamaConfig& config, const torch::TensorOptions& options);
@@ -165,6 +189,13 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
                                 const torch::Tensor& position_ids = {},
                                 const torch::Tensor& segment_ids = {});
     torch::Tensor head(const torch::Tensor& hidden); // hidden -> logits
+    // The head's projection alone (hidden -> logits, no FSDP hooks), for losses that run it per
+    // chunk of tokens: they call end_head_forward() once after the forward's last chunk and
+    // begin_head_backward() before recomputing chunks in backward (FSDP gathers and reshards the
+    // head unit there); head() does both itself.
+    torch::Tensor project(const torch::Tensor& hidden);
+    void end_head_forward();
+    void begin_head_backward();
 
     // Activation checkpointing per decoder layer: the layer's activations are recomputed in
     // backward instead of kept (torch.utils.checkpoint's reentrant variant).

@@ -18,10 +18,15 @@ namespace trainscope::models {
 
 // The 16 NF4 levels, ascending, from -1 to 1.
 const std::array<float, 16>& nf4_levels();
-// float32 [256, 2] on `device`: byte -> (level of its high nibble, level of its low nibble), the
-// dequantisation table. Built once per device and kept (thread-safe), so a forward or backward
-// never copies it from the host again.
-const torch::Tensor& nf4_byte_table(torch::Device device);
+// [256, 2] in `dtype` on `device`: byte -> (level of its high nibble, level of its low nibble),
+// the dequantisation table. Built once per device and dtype and kept (thread-safe), so a forward
+// or backward never copies it from the host again.
+const torch::Tensor& nf4_byte_table(torch::Device device,
+                                    torch::ScalarType dtype = torch::kFloat32);
+
+// Codes gathered per dequantisation call: their int32 indices (4 bytes per code, 2 per weight)
+// are the only transient besides the dense result.
+constexpr std::int64_t kNf4DequantSliceCodes = std::int64_t{1} << 24;
 
 constexpr std::int64_t kNf4BlockSize = 64;
 constexpr std::int64_t kNf4ScalerBlockSize = 256;
@@ -37,7 +42,12 @@ struct Nf4Tensor {
     torch::ScalarType dtype = torch::kBFloat16; // dequantisation target
 
     static Nf4Tensor quantize(const torch::Tensor& weight, torch::ScalarType compute_dtype);
-    torch::Tensor dequantize() const; // shape, compute dtype, on the codes' device
+    // shape, compute dtype, on the codes' device: computed in the compute dtype as torchao's
+    // NF4Tensor does (levels and block scales cast to it, one multiply per weight, in place),
+    // through int32 indices in slices of kNf4DequantSliceCodes codes; no int64 index copy, no fp32
+    // temporary of the weight's size. Transient beyond the result: dequant_transient_bytes().
+    torch::Tensor dequantize() const;
+    std::int64_t dequant_transient_bytes() const;
     std::int64_t numel() const;
     std::int64_t storage_bytes() const; // codes + scalers + factors + mean
 };

@@ -3,9 +3,38 @@
 
 #include <torch/torch.h>
 
+#include "trainscope/models/llama.hpp"
+
 namespace trainscope::train {
 
 constexpr std::int64_t kIgnoreIndex = -100; // label of masked and padded tokens
+
+// torchtune's default number of output chunks (CEWithChunkedOutputLoss, llm.loss_chunks).
+constexpr std::int64_t kDefaultLossChunks = 8;
+
+// What a causal LM's logits are scored for: the summed token cross-entropy (SFT) or each
+// sequence's summed label-token log-probability (DPO).
+enum class LmScore { TokenLossSum, SequenceLogProbs };
+
+// labels[:, 1:] followed by one -100 per row: the label each position t is scored against.
+torch::Tensor shift_labels(const torch::Tensor& labels);
+
+// The score of logits [B, t, V] against shifted labels [B, t], in at least fp32 (the logits are
+// upcast here, as torchtune does; fp64 stays fp64): a scalar for TokenLossSum, [B] for
+// SequenceLogProbs.
+torch::Tensor score_logits(const torch::Tensor& logits, const torch::Tensor& shifted_labels,
+                           LmScore kind);
+
+// The head (model.project) and the score of the final hidden states [B, T, H], in `chunks` chunks
+// of tokens along T (as torch.chunk: ceil(T / chunks) positions each) so that one chunk's logits
+// exist at a time: torchtune's CEWithChunkedOutputLoss upcasts one chunk at a time but keeps every
+// chunk's fp32 log-softmax for backward; here the backward recomputes each chunk's projection and
+// score (under the forward's autocast and RNG state, recompute.hpp) and back-propagates it before
+// the next, so the step holds one chunk of logits, at the cost of a second head projection.
+// Without grad the chunks are scored in turn. chunks <= 1: model.head() and one score, as before.
+// Equal to score_logits(model.head(hidden), shift_labels(labels), kind) up to summation order.
+torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tensor& hidden,
+                         const torch::Tensor& labels, LmScore kind, std::int64_t chunks);
 
 // Sum over the batch of the token cross-entropies where the shifted label is not -100: logits
 // [B, T, V] at position t predict labels [B, T] at t + 1. The caller divides by the number of

@@ -44,6 +44,7 @@ struct LlmOptions {
     std::int64_t qat_start_step = 0, qat_group_size = 256;
     bool qat_lora = false;
     bool activation_checkpointing = false;
+    std::int64_t loss_chunks = 8; // llm.loss_chunks (kDefaultLossChunks)
     std::int64_t gradient_accumulation = 1;
     dist::ShardingOptions sharding;        // dist.zero, dist.reshard_after_forward, dist.prefetch
     std::string save_adapters;             // PEFT adapter directory ("" = none)

@@ -31,11 +31,13 @@ struct RunLength {
     std::int64_t total_iterations(std::int64_t per_epoch) const;
 };
 
-// train.optimizer, train.lr, train.momentum, train.nesterov, train.weight_decay.
+// train.optimizer, train.lr, train.momentum, train.nesterov, train.weight_decay,
+// train.fused_optimizer.
 struct OptimizerConfig {
     std::string kind = "sgd"; // sgd | adamw
     double lr = 0.05, momentum = 0.9, weight_decay = 4e-5;
     bool nesterov = false;
+    bool fused = true; // ATen's fused multi-tensor kernels (dist/fused_optim.hpp)
 };
 
 // The train.* options both workloads use, with run.seed and profile.accounting, read once by the
