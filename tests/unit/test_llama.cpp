@@ -176,6 +176,44 @@ TEST(Llama, PackedSamplesEqualSeparateRuns) {
     EXPECT_GT((m->forward(ids, pos)[0].index({Slice(4, 9)}) - lb).abs().max().item<double>(), 1e-4);
 }
 
+// Issue 36: attention_kernel's KV-head expansion (taken on a GPU where a packed batch's mask and
+// GQA would leave SDPA only its math kernel) gives today's outputs and gradients, causal and
+// under a packed-sample mask; on this CPU the dispatcher's choice needs no expansion.
+TEST(Llama, AttentionKernelWithExpandedKvHeadsEqualsGroupedQueries) {
+    torch::manual_seed(5);
+    const auto o = torch::TensorOptions().dtype(torch::kFloat64);
+    const torch::Tensor q0 = torch::randn({2, 4, 9, 8}, o), k0 = torch::randn({2, 2, 9, 8}, o),
+                        v0 = torch::randn({2, 2, 9, 8}, o);
+    const torch::Tensor seg =
+        torch::cat({torch::zeros({2, 4}, torch::kInt64), torch::ones({2, 5}, torch::kInt64)}, 1);
+    const torch::Tensor mask = seg.unsqueeze(2)
+                                   .eq(seg.unsqueeze(1))
+                                   .logical_and(torch::ones({9, 9}, torch::kBool).tril())
+                                   .unsqueeze(1);
+    for (const bool packed : {false, true}) {
+        std::vector<torch::Tensor> out, grads;
+        for (const auto kv : {tm_::GqaKv::Native, tm_::GqaKv::Expand, tm_::GqaKv::Auto}) {
+            torch::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true),
+                          v = v0.clone().requires_grad_(true);
+            torch::Tensor y = tm_::attention_kernel(q, k, v, packed ? mask : torch::Tensor(), kv);
+            (y * torch::arange(y.numel(), o).view(y.sizes()).cos()).sum().backward();
+            out.push_back(y.detach());
+            grads.push_back(torch::cat({q.grad().flatten(), k.grad().flatten(),
+                                        v.grad().flatten()}));
+        }
+        for (std::size_t i = 1; i < out.size(); ++i) {
+            EXPECT_LT((out[i] - out[0]).abs().max().item<double>(), 1e-12) << packed << i;
+            EXPECT_LT((grads[i] - grads[0]).abs().max().item<double>(), 1e-12) << packed << i;
+        }
+    }
+    const tm_::LlamaConfig c = small(false);
+    for (const bool packed : {false, true}) {
+        const tm_::SdpaChoice choice = tm_::sdpa_choice(c, 64, packed, torch::kCPU, torch::kFloat32);
+        EXPECT_TRUE(choice.backend == "flash" || choice.backend == "math") << choice.backend;
+        EXPECT_FALSE(choice.kv_expanded) << "the CPU kernels take GQA with a mask";
+    }
+}
+
 TEST(Llama, ActivationCheckpointingGivesTheSameLossAndGradients) {
     auto run = [](bool ckpt) {
         auto m = build(small(true), 9);

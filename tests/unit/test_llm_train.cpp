@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 #include <iostream>
@@ -176,6 +178,24 @@ TEST(LlmLoss, ChunkedHeadEqualsTheUnchunkedLossAndGradients) {
                           .max()
                           .item<double>(),
                       1e-12);
+        }
+        // Each head parameter accumulates one gradient per backward, however many chunks (DDP's
+        // post-accumulate hooks would otherwise fire once per chunk).
+        struct Count final : torch::autograd::PostAccumulateGradHook {
+            int* n;
+            explicit Count(int* c) : n(c) {}
+            void operator()(const torch::autograd::Variable&) override { ++*n; }
+        };
+        const std::vector<torch::Tensor> head = model->head_parameters();
+        ASSERT_EQ(head.size(), tied ? 1u : 3u); // tied: the embedding; else base, lora_a, lora_b
+        std::vector<int> fired(head.size(), 0);
+        for (std::size_t k = 0; k < head.size(); ++k)
+            torch::autograd::impl::set_post_acc_grad_hooks(head[k],
+                                                           std::make_unique<Count>(&fired[k]));
+        run_head(*model, ids, labels, tt::LmScore::TokenLossSum, 3);
+        for (std::size_t k = 0; k < head.size(); ++k) {
+            EXPECT_EQ(fired[k], 1) << "head parameter " << k;
+            torch::autograd::impl::set_post_acc_grad_hooks(head[k], nullptr);
         }
         // The unchunked helpers score the same as head_score.
         EXPECT_NEAR(tt::causal_lm_loss_sum(model->forward(ids), labels).item<double>(),

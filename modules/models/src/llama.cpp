@@ -692,6 +692,11 @@ torch::Tensor LlamaForCausalLMImpl::project(const torch::Tensor& hidden) {
     return std::dynamic_pointer_cast<ProjectionImpl>(named_children()["lm_head"])->forward(hidden);
 }
 
+std::vector<torch::Tensor> LlamaForCausalLMImpl::head_parameters() {
+    if (config_.tie_word_embeddings) return {embed_tokens->weight};
+    return named_children()["lm_head"]->parameters();
+}
+
 void LlamaForCausalLMImpl::end_head_forward() {
     if (hooks_) hooks_->after_forward(static_cast<int>(num_units() - 1));
 }

@@ -84,23 +84,29 @@ void save_recompute_state(torch::autograd::AutogradContext* ctx, const torch::De
 struct RecomputeScope::State {
     torch::Device device;
     torch::Tensor caller_cpu, caller_device; // the caller's RNG states, restored on exit
-    torch::AutoGradMode grad{true};
+    torch::AutoGradMode grad; // enabled, or left as it was (Part::Rng)
     std::optional<recompute_detail::AutocastScope> device_autocast, cpu_autocast;
 
-    explicit State(const torch::Device& d) : device(d) {}
+    State(const torch::Device& d, bool enable_grad)
+        : device(d), grad(enable_grad || torch::GradMode::is_enabled()) {}
 };
 
 RecomputeScope::RecomputeScope(torch::autograd::AutogradContext* ctx, const torch::Device& device,
-                               const std::string& tag)
-    : state_(std::make_unique<State>(device)) {
+                               const std::string& tag, Part part)
+    : state_(std::make_unique<State>(device, part != Part::Rng)) {
     const std::string key = "recompute_" + tag;
     State& s = *state_;
-    s.caller_cpu = recompute_detail::rng_state(torch::kCPU);
-    recompute_detail::set_rng_state(torch::kCPU, ctx->saved_data[key + "rng_cpu"].toTensor());
-    if (ctx->saved_data.count(key + "rng_device")) {
-        s.caller_device = recompute_detail::rng_state(device);
-        recompute_detail::set_rng_state(device, ctx->saved_data[key + "rng_device"].toTensor());
+    if (part != Part::Autocast) {
+        s.caller_cpu = recompute_detail::rng_state(torch::kCPU);
+        recompute_detail::set_rng_state(torch::kCPU,
+                                        ctx->saved_data[key + "rng_cpu"].toTensor());
+        if (ctx->saved_data.count(key + "rng_device")) {
+            s.caller_device = recompute_detail::rng_state(device);
+            recompute_detail::set_rng_state(device,
+                                            ctx->saved_data[key + "rng_device"].toTensor());
+        }
     }
+    if (part == Part::Rng) return;
     if (device.type() != c10::DeviceType::CPU)
         s.device_autocast.emplace(device.type(), recompute_detail::saved_autocast(ctx, key + "device"));
     s.cpu_autocast.emplace(c10::DeviceType::CPU, recompute_detail::saved_autocast(ctx, key + "cpu"));
@@ -110,7 +116,7 @@ RecomputeScope::~RecomputeScope() {
     State& s = *state_;
     s.cpu_autocast.reset();
     s.device_autocast.reset();
-    recompute_detail::set_rng_state(torch::kCPU, s.caller_cpu);
+    if (s.caller_cpu.defined()) recompute_detail::set_rng_state(torch::kCPU, s.caller_cpu);
     if (s.caller_device.defined()) recompute_detail::set_rng_state(s.device, s.caller_device);
 }
 

@@ -67,21 +67,27 @@ std::vector<std::pair<std::int64_t, std::int64_t>> token_chunks(std::int64_t T,
     return out;
 }
 
-// The chunked head and score with recomputation in backward (see head_score).
+// The chunked head and score with recomputation in backward (see head_score). The head's trainable
+// parameters are inputs of the function: backward computes their gradients chunk by chunk
+// (torch::autograd::grad), sums them and returns them, so that autograd accumulates each once, as
+// for an unchunked head (DDP's gradient hooks and FSDP's unit hooks see one gradient per
+// backward; accumulating per chunk would fire them once per chunk).
 struct ChunkedHeadScore : torch::autograd::Function<ChunkedHeadScore> {
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden,
                                  torch::Tensor shifted, models::LlamaForCausalLMImpl* model,
-                                 std::int64_t kind, std::int64_t chunks) {
-        ctx->save_for_backward({hidden, shifted});
+                                 std::int64_t kind, std::int64_t chunks, at::TensorList params) {
+        std::vector<torch::Tensor> saved = {hidden, shifted};
+        saved.insert(saved.end(), params.begin(), params.end());
+        ctx->save_for_backward(saved);
         ctx->saved_data["model"] = reinterpret_cast<std::int64_t>(model);
         ctx->saved_data["kind"] = kind;
         ctx->saved_data["chunks"] = chunks;
+        // One state for all chunks: backward recomputes them in this order from it, so each draws
+        // what it drew here (LoRA dropout on lm_head).
+        models::save_recompute_state(ctx, hidden.device());
         torch::NoGradGuard no_grad;
         torch::Tensor total;
-        std::int64_t i = 0;
         for (const auto& [b, n] : token_chunks(hidden.size(1), chunks)) {
-            // Each chunk's own state: the recomputation draws what this chunk drew.
-            models::save_recompute_state(ctx, hidden.device(), std::to_string(i++));
             torch::Tensor s = score_logits(model->project(hidden.narrow(1, b, n)),
                                            shifted.narrow(1, b, n), static_cast<LmScore>(kind));
             total = total.defined() ? total + s : s;
@@ -97,21 +103,37 @@ struct ChunkedHeadScore : torch::autograd::Function<ChunkedHeadScore> {
         const auto saved = ctx->get_saved_variables();
         const torch::Tensor& hidden = saved[0];
         const torch::Tensor& shifted = saved[1];
+        const std::vector<torch::Tensor> params(saved.begin() + 2, saved.end());
         model->begin_head_backward();
-        std::vector<torch::Tensor> parts;
-        std::int64_t i = 0;
+        std::vector<torch::Tensor> parts, param_grads(params.size());
+        using Part = models::RecomputeScope::Part;
+        models::RecomputeScope rng(ctx, hidden.device(), "", Part::Rng);
         for (const auto& [b, n] : token_chunks(hidden.size(1), ctx->saved_data["chunks"].toInt())) {
             torch::Tensor h = hidden.narrow(1, b, n).detach().requires_grad_(true);
             torch::Tensor s;
             {
-                models::RecomputeScope recompute(ctx, hidden.device(), std::to_string(i++));
+                models::RecomputeScope recompute(ctx, hidden.device(), "", Part::Autocast);
                 s = score_logits(model->project(h), shifted.narrow(1, b, n), kind);
             }
-            torch::autograd::backward({s}, {grads[0]});
-            parts.push_back(h.grad());
+            std::vector<torch::Tensor> inputs = {h};
+            inputs.insert(inputs.end(), params.begin(), params.end());
+            std::vector<torch::Tensor> g =
+                torch::autograd::grad({s}, inputs, {grads[0]}, /*retain_graph=*/false,
+                                      /*create_graph=*/false, /*allow_unused=*/true);
+            parts.push_back(g[0]);
+            for (std::size_t k = 0; k < params.size(); ++k) {
+                const torch::Tensor& gk = g[k + 1];
+                if (!gk.defined()) continue;
+                if (param_grads[k].defined())
+                    param_grads[k].add_(gk);
+                else
+                    param_grads[k] = gk;
+            }
         }
-        return {torch::cat(parts, 1), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-                torch::Tensor()};
+        torch::autograd::tensor_list out = {torch::cat(parts, 1), torch::Tensor(),
+                                            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+        out.insert(out.end(), param_grads.begin(), param_grads.end());
+        return out;
     }
 };
 
@@ -131,10 +153,16 @@ torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tenso
         model.end_head_forward();
         return total;
     }
-    // The head's own parameters train even where nothing before it does (LoRA on lm_head only):
-    // the function's output must require grad for its backward to run.
-    torch::Tensor h = hidden.requires_grad() ? hidden : hidden.detach().requires_grad_(true);
-    return ChunkedHeadScore::apply(h, shifted, &model, static_cast<std::int64_t>(kind), chunks);
+    // The function's output requires grad if the hidden states or a head parameter do; where
+    // neither does (nothing trains: gradients are still asked for), a detached copy does.
+    std::vector<torch::Tensor> params;
+    for (const torch::Tensor& p : model.head_parameters())
+        if (p.requires_grad()) params.push_back(p);
+    torch::Tensor h = hidden.requires_grad() || !params.empty()
+                          ? hidden
+                          : hidden.detach().requires_grad_(true);
+    return ChunkedHeadScore::apply(h, shifted, &model, static_cast<std::int64_t>(kind), chunks,
+                                   at::TensorList(params));
 }
 
 double DpoLoss::reward_accuracy() const {

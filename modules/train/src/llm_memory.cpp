@@ -23,7 +23,8 @@
 // log-softmax output, the incoming and the outgoing gradient), or in forward the logits (e V),
 // their fp32 upcast (4V unless e = 4) and the log-softmax output (4V), whichever is larger; with
 // llm.loss_chunks > 1 for one chunk's tokens only, plus the head input's gradient (twice r h per
-// token: the chunks' parts and their concatenation).
+// token: the chunks' parts and their concatenation) and, where the head trains, its gradient
+// summed over the chunks (one copy of its trainable parameters).
 #include "trainscope/train/llm_memory.hpp"
 
 #include <algorithm>
@@ -36,6 +37,10 @@
 namespace trainscope::train {
 
 namespace {
+
+double tokens_of(double sequences, std::int64_t seq_len) {
+    return sequences * static_cast<double>(seq_len);
+}
 
 double elem(torch::ScalarType t) {
     return static_cast<double>(c10::elementSize(t));
@@ -120,9 +125,11 @@ double activation_bytes(const LlmMemoryInputs& in) {
     // are counted above) and NF4 weights are dequantised again in backward.
     const double projections = static_cast<double>(llama_projection_parameters(c));
     if (qat) bytes += e * projections;
-    if (in.method == LlmMethod::Qlora) {
+    if (in.method == LlmMethod::Qlora && in.activation_checkpointing) {
         // One NF4 weight dequantised at a time (forward, and again in backward): the dense weight
-        // in the compute dtype and the int32 indices of one slice of its codes (nf4.hpp).
+        // in the compute dtype and the int32 indices of one slice of its codes (nf4.hpp). It adds
+        // to the peak during a layer's recomputation; without checkpointing the peak is at the
+        // head, before any backward dequantisation.
         const double largest = std::max({h * q, h * kv, h * f});
         bytes += e * largest +
                  4.0 * std::min(static_cast<double>(models::kNf4DequantSliceCodes), largest / 2);
@@ -290,9 +297,29 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     const double forward = e_act + (e_act == 4.0 ? 4.0 : 8.0), backward = 12.0;
     p.logits_bytes = sequences * chunk_len * static_cast<double>(c.vocab_size) *
                      std::max(forward, backward);
-    if (chunks > 1)
+    // Where the chunks make the head small, the step's peak moves to a decoder layer's backward:
+    // per token one [T, f] gradient in the compute dtype (e f), an fp32 temporary of RMSNorm's
+    // backward (4h) and, in a low-precision dtype, the fp32 upcast of its incoming gradient
+    // ((4 - e) h); calibrated on CPU in fp32 and bf16 (tests/e2e/test_memory_plan.py).
+    const double layer_backward =
+        tokens_of(sequences, in.seq_len) * (e_act * static_cast<double>(c.intermediate_size) +
+                                            (8.0 - e_act) * static_cast<double>(c.hidden_size));
+    p.logits_bytes = std::max(p.logits_bytes, layer_backward);
+    if (chunks > 1) {
         p.logits_bytes += 2.0 * sequences * static_cast<double>(in.seq_len) *
                           static_cast<double>(c.hidden_size) * e_param;
+        // The head's trainable parameters' gradient summed over the chunks before autograd
+        // accumulates it once (llm_loss.cpp): one more copy beside a chunk's logits.
+        const bool targeted_head =
+            lora && std::find(in.lora.targets.begin(), in.lora.targets.end(), "lm_head") !=
+                        in.lora.targets.end();
+        const double vh = static_cast<double>(c.vocab_size * c.hidden_size);
+        if (!lora)
+            p.logits_bytes += e_param * vh;
+        else if (targeted_head && !c.tie_word_embeddings)
+            p.logits_bytes += e_param * static_cast<double>(in.lora.rank) *
+                              static_cast<double>(c.vocab_size + c.hidden_size);
+    }
     if (in.zero == 3) plan_fsdp(in, p);
     return p;
 }

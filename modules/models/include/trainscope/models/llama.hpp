@@ -194,6 +194,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
     // begin_head_backward() before recomputing chunks in backward (FSDP gathers and reshards the
     // head unit there); head() does both itself.
     torch::Tensor project(const torch::Tensor& hidden);
+    // The tensors project() uses as parameters: embed_tokens.weight when tied, else lm_head's
+    // (LoRA's adapters included).
+    std::vector<torch::Tensor> head_parameters();
     void end_head_forward();
     void begin_head_backward();
 

@@ -19,11 +19,14 @@ void save_recompute_state(torch::autograd::AutogradContext* ctx, const torch::De
                           const std::string& tag = "");
 
 // For its lifetime: grad enabled, the autocast and RNG states saved by save_recompute_state.
-// On exit: the caller's autocast and RNG states.
+// On exit: the caller's autocast and RNG states. `part` restricts it to the RNG states (a loop
+// that recomputes pieces in their forward order from one saved state, back-propagating each
+// between them) or to grad mode and autocast (each piece's recomputation inside that loop).
 class RecomputeScope {
   public:
+    enum class Part { All, Rng, Autocast };
     RecomputeScope(torch::autograd::AutogradContext* ctx, const torch::Device& device,
-                   const std::string& tag = "");
+                   const std::string& tag = "", Part part = Part::All);
     ~RecomputeScope();
     RecomputeScope(const RecomputeScope&) = delete;
     RecomputeScope& operator=(const RecomputeScope&) = delete;
