@@ -18,8 +18,10 @@ LoRA (bf16 activations, fp32 norm inputs). Run with -s to see the table of plan 
 
 dist.zero=3 (FSDP, issue 17): the --dry-run of the Llama-3-8B lora and full inis at 4 and 8 ranks
 prints a stage-3 row for every method whose per-rank shards are the model's bytes / N (computed
-here from Llama-3-8B's architecture) plus the units in flight (2 x the largest unit, the head,
-with dist.prefetch; its gradient), and every stage-3 total falls from 4 to 8 ranks."""
+here from Llama-3-8B's architecture) plus the units in flight (the largest adjacent pair, the head
+and a layer, with dist.prefetch), and every stage-3 total falls from 4 to 8 ranks."""
+
+import json
 
 import h5py
 import numpy as np
@@ -128,6 +130,42 @@ def test_llm_plan_matches_measured(run_ts, tmp_path, case):
     check(case, *measure(out))
 
 
+# Issue 36: the tiny shapes with Llama-3's vocabulary (128256), where the head's logits and the
+# embeddings dominate: every method at dist.zero 0 (1 rank) and 3 (2 ranks) with the default
+# chunked loss (llm.loss_chunks=8); the plan's total within 3 % of the measured peak.
+LLAMA3_VOCAB_TINY = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+    "tie_word_embeddings": False, "hidden_act": "silu"}
+TOL_VOCAB_TOTAL = 0.03  # issue 36 asks 10 %; reached 0.2 %
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+@pytest.mark.parametrize("method", ["full", "lora", "qlora", "dpo", "qat"])
+def test_llm_plan_with_llama3_vocabulary(run_ts, tmp_path, method, zero):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA3_VOCAB_TINY))
+    out = tmp_path / f"{method}-{zero}.h5"
+    proc = run_ts(2 if zero == 3 else 1, "--config", ROOT / f"inputs/llm/{method}-tiny.ini",
+                  f"--llm.model={config}", f"--output.file={out}", "--llm.save_adapters=none",
+                  f"--dist.zero={zero}", *LLM_COMMON, *LLM_CASES[method], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with h5py.File(out, "r") as f:
+        assert int(f["plan"].attrs["loss_chunks"]) == 8
+        assert f["plan"].attrs["sdpa_backend"] in ("flash", "math"), f["plan"].attrs["sdpa_backend"]
+    plan, measured = measure(out)
+    ROWS[f"{method}-v128k-z{zero}"] = (plan, measured)
+    for k in ("weight", "gradient", "optimizer_state"):
+        assert abs(plan[k] - measured[k]) <= TOL_STATE * max(measured[k], 1.0), (method, zero, k)
+    p, m, flight = plan["total"], measured["total"], plan["in_flight"]
+    low = p - flight  # stage 3: between the plan without and with the units in flight
+    assert low * (1 - TOL_VOCAB_TOTAL) <= m <= p * (1 + TOL_VOCAB_TOTAL), (
+        f"{method} zero {zero}: measured total {m / MIB:.1f} MiB, plan {p / MIB:.1f} MiB "
+        f"(without the units in flight {low / MIB:.1f} MiB)")
+
+
 def test_cv_plan_matches_measured(run_ts, tmp_path):
     out = tmp_path / "cv.h5"
     proc = run_ts(1, *CV_ARGS, f"--output.file={out}", timeout=300)
@@ -174,14 +212,17 @@ def test_8b_stage3_dry_run_shards_by_rank_count(run_ts, method):
         assert full["trainable"] == gib(2 * PARAMS / ranks)
         assert full["grads"] == gib(2 * PARAMS / ranks)
         assert full["optim"] == gib(4 * PARAMS / ranks)
-        assert full["gathered"] == gib(2 * 2 * HEAD)  # the head and the next unit (prefetch)
-        assert full["unitgrad"] == gib(2 * HEAD)
+        # The head and its neighbour, a decoder layer (prefetch: the largest adjacent pair); the
+        # head's gradient is summed in the chunked loss's column (llm.loss_chunks=8), the
+        # embedding's (no larger) exists only after it: no unit gradient adds.
+        assert full["gathered"] == gib(2 * (HEAD + LAYER))
+        assert full["unitgrad"] == gib(0)
         for m in ("lora", "dpo"):
             r = rows[(m, 3)]
             assert r["frozen"] == gib(2 * PARAMS / ranks)
             assert r["trainable"] == gib(2 * ADAPTERS / ranks)
             assert r["optim"] == gib(4 * ADAPTERS / ranks)
-            assert r["gathered"] == gib(2 * 2 * HEAD)  # frozen, still gathered
+            assert r["gathered"] == gib(2 * (HEAD + LAYER + ADAPTERS / L))  # frozen, gathered
         qlora = rows[("qlora", 3)]
         proj = L * (LAYER - 2 * H)
         assert qlora["nf4"] == gib(proj * (0.5 + 1 / 64 + 4 / (64 * 256)) / ranks)

@@ -356,8 +356,9 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         EXPECT_DOUBLE_EQ(full.gradient_bytes, 2 * n / N);
         EXPECT_DOUBLE_EQ(full.optimizer_state_bytes, 4 * n / N);
         EXPECT_DOUBLE_EQ(full.frozen_weight_bytes + full.nf4_weight_bytes, 0);
-        // The head is the largest unit: itself and the next one gathered (prefetch), its gradient.
-        EXPECT_DOUBLE_EQ(full.gathered_weight_bytes, 2 * 2 * head);
+        // The head is the largest unit: itself and its neighbour, a decoder layer, gathered
+        // (prefetch: the largest adjacent pair), and its gradient.
+        EXPECT_DOUBLE_EQ(full.gathered_weight_bytes, 2 * head + 2 * layer);
         EXPECT_DOUBLE_EQ(full.unit_gradient_bytes, 2 * head);
         // Stage 3 keeps activations and logits as unsharded data parallelism.
         in.zero = 0;
@@ -367,8 +368,19 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         EXPECT_DOUBLE_EQ(full.logits_bytes, full0.logits_bytes);
         EXPECT_DOUBLE_EQ(full0.gathered_weight_bytes + full0.unit_gradient_bytes, 0);
         EXPECT_DOUBLE_EQ(full.total_bytes(),
-                         8 * n / N + 6 * head + full0.activation_bytes + full0.logits_bytes);
+                         8 * n / N + 4 * head + 2 * layer + full0.activation_bytes +
+                             full0.logits_bytes);
         full_total[N] = full.total_bytes();
+
+        // The chunked loss (llm.loss_chunks=8): the head's gradient G = 2 V h bytes is summed
+        // over the chunks beside one chunk's (2 G in the logits column); the embedding's (also
+        // V h) exists only after that, so no unit gradient adds to the peak.
+        in.loss_chunks = 8;
+        const tt::LlmMemoryPlan chunked = tt::plan_llm_memory(in);
+        EXPECT_DOUBLE_EQ(chunked.unit_gradient_bytes, 0);
+        EXPECT_GE(chunked.logits_bytes, 2 * 2 * V * h);
+        EXPECT_LT(chunked.total_bytes(), full.total_bytes());
+        in.loss_chunks = 1;
 
         in.prefetch = false; // one unit gathered at a time
         EXPECT_DOUBLE_EQ(tt::plan_llm_memory(in).gathered_weight_bytes, 2 * head);
@@ -383,7 +395,7 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         EXPECT_DOUBLE_EQ(lora.trainable_weight_bytes, 2 * 32 * adapters / N);
         EXPECT_DOUBLE_EQ(lora.gradient_bytes, 2 * 32 * adapters / N);
         EXPECT_DOUBLE_EQ(lora.optimizer_state_bytes, 4 * 32 * adapters / N);
-        EXPECT_DOUBLE_EQ(lora.gathered_weight_bytes, 2 * 2 * head); // the frozen head
+        EXPECT_DOUBLE_EQ(lora.gathered_weight_bytes, 2 * head + 2 * (layer + adapters));
         EXPECT_DOUBLE_EQ(lora.unit_gradient_bytes, 2 * adapters);   // one layer's adapters
         lora_total[N] = lora.total_bytes();
 
@@ -392,7 +404,8 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         EXPECT_NEAR(qlora.nf4_weight_bytes, nf4 / N, 1e-3);
         EXPECT_DOUBLE_EQ(qlora.frozen_weight_bytes, 2 * (n - proj) / N);
         EXPECT_DOUBLE_EQ(qlora.trainable_weight_bytes, 2 * 32 * adapters / N);
-        EXPECT_DOUBLE_EQ(qlora.gathered_weight_bytes, 2 * 2 * head);
+        EXPECT_NEAR(qlora.gathered_weight_bytes,
+                    2 * head + nf4 / 32 + 2 * 2 * h + 2 * adapters, 1e-3); // NF4 layer
         in.reshard_after_forward = false; // NF4 layers are gathered as NF4
         EXPECT_NEAR(tt::plan_llm_memory(in).gathered_weight_bytes,
                     2 * (n - proj) + nf4 + 2 * 32 * adapters, 1e-3);
@@ -408,7 +421,7 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         const tt::LlmMemoryPlan qat = tt::plan_llm_memory(in);
         EXPECT_DOUBLE_EQ(qat.trainable_weight_bytes, 2 * n / N);
         EXPECT_DOUBLE_EQ(qat.optimizer_state_bytes, 4 * n / N);
-        EXPECT_DOUBLE_EQ(qat.gathered_weight_bytes, 2 * 2 * head);
+        EXPECT_DOUBLE_EQ(qat.gathered_weight_bytes, 2 * head + 2 * layer);
     }
     // Per-rank state falls ~1/N; the units in flight do not.
     EXPECT_DOUBLE_EQ(full_total[4] - full_total[8], 8 * n / 4 - 8 * n / 8);
@@ -447,15 +460,15 @@ TEST(LlmMemoryPlan, Stage3PadsEachGroupAndKeepsATiedEmbeddingGathered) {
     EXPECT_GT(shard, 4.0 * static_cast<double>(in.config.num_parameters()) / 3);
     EXPECT_DOUBLE_EQ(p.gradient_bytes, shard);
     EXPECT_DOUBLE_EQ(p.optimizer_state_bytes, 2 * shard);
-    // Gathered: the tied embedding throughout, plus 2 x the largest other unit (a layer), all
-    // padded to 3 shards.
+    // Gathered: the tied embedding throughout, plus the largest adjacent pair of other units (two
+    // layers), all padded to 3 shards.
     EXPECT_DOUBLE_EQ(p.gathered_weight_bytes,
                      4.0 * 3 * static_cast<double>(up(embed) + 2 * up(layer)));
     EXPECT_DOUBLE_EQ(p.unit_gradient_bytes, 4.0 * 3 * static_cast<double>(up(embed) + up(layer)));
     in.config.tie_word_embeddings = false; // the head (V h + h) is now the largest unit
     const tt::LlmMemoryPlan untied = tt::plan_llm_memory(in);
     EXPECT_DOUBLE_EQ(untied.gathered_weight_bytes,
-                     4.0 * 3 * 2 * static_cast<double>(up(embed + h)));
+                     4.0 * 3 * static_cast<double>(up(embed + h) + up(layer)));
     EXPECT_DOUBLE_EQ(untied.unit_gradient_bytes, 4.0 * 3 * static_cast<double>(up(embed + h)));
 }
 

@@ -24,7 +24,8 @@
 // their fp32 upcast (4V unless e = 4) and the log-softmax output (4V), whichever is larger; with
 // llm.loss_chunks > 1 for one chunk's tokens only, plus the head input's gradient (twice r h per
 // token: the chunks' parts and their concatenation) and, where the head trains, its gradient
-// summed over the chunks (one copy of its trainable parameters).
+// summed over the chunks beside the chunk's own (see plan_llm_memory); or a decoder layer's
+// backward working set where that is larger.
 #include "trainscope/train/llm_memory.hpp"
 
 #include <algorithm>
@@ -213,12 +214,14 @@ std::vector<FsdpUnit> fsdp_units(const LlmMemoryInputs& in) {
 }
 
 // Stage 3 per rank: every unit's shards, plus the units (and the one gradient) in flight.
-void plan_fsdp(const LlmMemoryInputs& in, LlmMemoryPlan& p) {
+// head_gradient: the head's full gradient as the chunked loss already counts it in the logits
+// column (0 without chunks).
+void plan_fsdp(const LlmMemoryInputs& in, LlmMemoryPlan& p, double head_gradient) {
     const std::int64_t world = std::max(1, in.world_size);
     const std::vector<FsdpUnit> units = fsdp_units(in);
     const bool tied = in.config.tie_word_embeddings;
     p.frozen_weight_bytes = p.nf4_weight_bytes = p.trainable_weight_bytes = 0;
-    double whole = 0, largest = 0, largest_grad = 0;
+    double whole = 0, largest = 0, largest_pair = 0, largest_grad = 0, other_grad = 0;
     for (std::size_t i = 0; i < units.size(); ++i) {
         for (const FsdpGroup& g : units[i].groups)
             (g.trainable ? p.trainable_weight_bytes
@@ -229,17 +232,30 @@ void plan_fsdp(const LlmMemoryInputs& in, LlmMemoryPlan& p) {
         // forward to the end of backward: counted below on its own, not as a unit in flight.
         if (tied && i == 0) continue;
         largest = std::max(largest, units[i].full_bytes(world));
+        // With dist.prefetch a unit is gathered while its neighbour runs (the next one in
+        // forward, the previous one in backward): the largest adjacent pair is in flight.
+        if (i + 1 < units.size())
+            largest_pair = std::max(largest_pair, units[i].full_bytes(world) +
+                                                      units[i + 1].full_bytes(world));
         largest_grad = std::max(largest_grad, units[i].full_bytes(world, true));
+        if (i + 1 < units.size()) other_grad = std::max(other_grad, units[i].full_bytes(world, true));
     }
     p.gradient_bytes = p.trainable_weight_bytes;
     p.optimizer_state_bytes = 2.0 * p.trainable_weight_bytes;
     if (!in.reshard_after_forward) {
         p.gathered_weight_bytes = whole; // every unit from its forward until its backward ends
     } else {
-        p.gathered_weight_bytes = largest * (in.prefetch ? 2.0 : 1.0);
+        p.gathered_weight_bytes = in.prefetch ? std::max(largest, largest_pair) : largest;
         if (tied) p.gathered_weight_bytes += units.front().full_bytes(world);
     }
-    p.unit_gradient_bytes = largest_grad + (tied ? units.front().full_bytes(world, true) : 0.0);
+    // One unit's full gradient before its reduce-scatter. With the chunked loss the head's is in
+    // the logits column (twice: the chunks' sum and one chunk's); another unit's exists only once
+    // the head's backward has ended, so it adds only what exceeds that.
+    p.unit_gradient_bytes = head_gradient > 0 ? std::max(0.0, other_grad - 2.0 * head_gradient)
+                                              : largest_grad;
+    // A tied embedding's gradient lives through the whole backward (it is the head's G where
+    // the chunked loss counts that).
+    if (tied && head_gradient == 0) p.unit_gradient_bytes += units.front().full_bytes(world, true);
 }
 
 } // namespace
@@ -290,13 +306,27 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     p.activation_bytes = activation_bytes(in);
     const double sequences =
         static_cast<double>(in.micro_batch) * (in.method == LlmMethod::Dpo ? 2.0 : 1.0);
-    // The logits exist for one chunk of ceil(T / chunks) positions at a time (llm.loss_chunks);
-    // the chunked backward also holds the hidden state's gradient in parts and concatenated.
+    // The logits exist for one chunk of ceil(T / chunks) positions at a time (llm.loss_chunks).
     const std::int64_t chunks = std::max<std::int64_t>(1, in.loss_chunks);
+    double G = 0; // the head's trainable gradient, summed over the chunks
     const double chunk_len = static_cast<double>((in.seq_len + chunks - 1) / chunks);
+    const double chunk_logits = sequences * chunk_len * static_cast<double>(c.vocab_size);
     const double forward = e_act + (e_act == 4.0 ? 4.0 : 8.0), backward = 12.0;
-    p.logits_bytes = sequences * chunk_len * static_cast<double>(c.vocab_size) *
-                     std::max(forward, backward);
+    p.logits_bytes = chunk_logits * std::max(forward, backward);
+    if (chunks > 1) {
+        // The chunked backward (llm_loss.cpp) sums the gradient G of the head's trainable parameters over the
+        // chunks before autograd accumulates it once: G beside a chunk's 12 bytes per logit, or
+        // 2 G (the sum and this chunk's) beside its 4-byte logit gradient, whichever is larger.
+        const bool targeted_head =
+            lora && std::find(in.lora.targets.begin(), in.lora.targets.end(), "lm_head") !=
+                        in.lora.targets.end();
+        if (!lora)
+            G = e_param * static_cast<double>(c.vocab_size * c.hidden_size);
+        else if (targeted_head && !c.tie_word_embeddings)
+            G = e_param * static_cast<double>(in.lora.rank) *
+                static_cast<double>(c.vocab_size + c.hidden_size);
+        p.logits_bytes = std::max(p.logits_bytes + G, chunk_logits * 4.0 + 2.0 * G);
+    }
     // Where the chunks make the head small, the step's peak moves to a decoder layer's backward:
     // per token one [T, f] gradient in the compute dtype (e f), an fp32 temporary of RMSNorm's
     // backward (4h) and, in a low-precision dtype, the fp32 upcast of its incoming gradient
@@ -305,22 +335,10 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
         tokens_of(sequences, in.seq_len) * (e_act * static_cast<double>(c.intermediate_size) +
                                             (8.0 - e_act) * static_cast<double>(c.hidden_size));
     p.logits_bytes = std::max(p.logits_bytes, layer_backward);
-    if (chunks > 1) {
-        p.logits_bytes += 2.0 * sequences * static_cast<double>(in.seq_len) *
+    if (chunks > 1) // the head input's gradient, alive from the head's backward to the layers'
+        p.logits_bytes += 2.0 * tokens_of(sequences, in.seq_len) *
                           static_cast<double>(c.hidden_size) * e_param;
-        // The head's trainable parameters' gradient summed over the chunks before autograd
-        // accumulates it once (llm_loss.cpp): one more copy beside a chunk's logits.
-        const bool targeted_head =
-            lora && std::find(in.lora.targets.begin(), in.lora.targets.end(), "lm_head") !=
-                        in.lora.targets.end();
-        const double vh = static_cast<double>(c.vocab_size * c.hidden_size);
-        if (!lora)
-            p.logits_bytes += e_param * vh;
-        else if (targeted_head && !c.tie_word_embeddings)
-            p.logits_bytes += e_param * static_cast<double>(in.lora.rank) *
-                              static_cast<double>(c.vocab_size + c.hidden_size);
-    }
-    if (in.zero == 3) plan_fsdp(in, p);
+    if (in.zero == 3) plan_fsdp(in, p, G);
     return p;
 }
 
