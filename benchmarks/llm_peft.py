@@ -11,6 +11,12 @@ Fairness rules (printed with the results):
   MPI rank, OMP_NUM_THREADS=1 for everything else.
 - Same clock: the median step time after --warmup steps; tokens/s = batch x seq / median step.
   The two sides alternate --repeats times and the best (lowest) median of each side is compared.
+- Same arithmetic: both sides' FLOP rate is the model's training FLOPs per token (/plan's
+  flops_per_token: 4 N_matmul + 2 N_trainable + attention, the MFU convention) x tokens / step
+  time, printed against the machine's sgemm peak measured here (torch.mm, same threads), so a
+  ratio near 1 with both near the peak says the step is GEMM-bound on both sides.
+  trainscope runs its default chunked loss (llm.loss_chunks=8: the head is projected again in
+  backward, ~+5 % FLOPs at this vocabulary); --loss-chunks 1 measures the unchunked head.
 - --profile (an extra run of each side, after the timed ones): the operators that take the step's
   time, side by side in ms per step: trainscope's Kineto window over the measured steps
   (/profile/top_ops of the run file, self time) and torch.profiler's key_averages (self CPU time)
@@ -54,6 +60,8 @@ def parse():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--loss-chunks", type=int, default=8,
+                   help="trainscope's llm.loss_chunks (default: its default, 8)")
     p.add_argument("--profile", action="store_true",
                    help="also profile one run of each side and print the top operators")
     p.add_argument("--profile-top", type=int, default=15)
@@ -166,7 +174,7 @@ def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="che
             "--train.weight_decay=0.01", "--train.schedule=constant",
             f"--train.max_iters={steps}", f"--profile.warmup_iters={min(a.warmup, steps - 1)}",
             "--llm.save_adapters=none", "--log.every=0", f"--output.file={out}",
-            "--output.overwrite=true"]
+            "--output.overwrite=true", f"--llm.loss_chunks={a.loss_chunks}"]
     if profile:
         args += ["--profile.enabled=true", f"--profile.start_iter={a.warmup}",
                  f"--profile.iters={a.steps}", "--profile.top_n=60"]
@@ -184,6 +192,7 @@ def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="che
                     for n, t, c in sorted(zip(names, self_s, count), key=lambda x: -x[1])]
         it = run.recorded  # a column over the recorded iterations, [ranks, n]
         return {"median_step_s": float(s["median_step_s"]),
+                "flops_per_token": float(run.plan["flops_per_token"]),
                 "padding": float(np.max(it("padding_fraction"))),
                 # Training memory: the largest RSS sampled at the end of an iteration (the
                 # process-lifetime peak would include loading and, for QLoRA, the dense weights
@@ -197,6 +206,22 @@ def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="che
                                          it("optimizer_state_bytes")[0]))}
 
 
+def sgemm_peak(threads):
+    """The best FLOP rate of torch.mm (fp32) over a few square sizes on `threads` threads."""
+    torch.set_num_threads(threads)
+    best = 0.0
+    for n in (1024, 2048, 3072):
+        x, y = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(2):
+            x @ y
+        reps = max(3, int(4e10 / (2 * n**3)))
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            x @ y
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0))
+    return best
+
+
 def main():
     a = parse()
     if not BINARY.exists():
@@ -207,11 +232,13 @@ def main():
         make_model_dir(a, model_dir)
         data = long_texts(tmp, (a.warmup + a.steps) * a.batch + 8, a.seq)
         ts, hf = [], []
+        flops_per_token = 0.0
         for r in range(a.repeats):
             run = trainscope_run(a, model_dir, data, Path(tmp) / "ts.h5", "lora",
                                  a.warmup + a.steps, a.batch, a.seq)
             assert run["padding"] == 0, "trainscope's batches were padded: longer texts needed"
             ts.append(run["median_step_s"])
+            flops_per_token = run["flops_per_token"]
             hf.append(hf_step_times(a, model_dir))
             print(f"  repeat {r + 1}: trainscope {ts[-1] * 1e3:.1f} ms/step, "
                   f"HF+peft {hf[-1] * 1e3:.1f} ms/step", flush=True)
@@ -222,7 +249,14 @@ def main():
               f"{a.threads} thread(s)")
         print(f"  trainscope      {ts_tps:10.0f} tokens/s  ({min(ts) * 1e3:.1f} ms/step)")
         print(f"  HF + peft       {hf_tps:10.0f} tokens/s  ({min(hf) * 1e3:.1f} ms/step)")
-        print(f"  ratio trainscope / HF = {ts_tps / hf_tps:.3f} (target >= 1.0)", flush=True)
+        print(f"  ratio trainscope / HF = {ts_tps / hf_tps:.3f} (target >= 1.15)", flush=True)
+        peak = sgemm_peak(a.threads)
+        print(f"  step FLOP rate ({flops_per_token / 1e6:.1f} MFLOP per token, the same model "
+              f"FLOPs for both): trainscope {ts_tps * flops_per_token / 1e9:.1f} GFLOP/s "
+              f"({ts_tps * flops_per_token / peak:.0%} of peak), HF + peft "
+              f"{hf_tps * flops_per_token / 1e9:.1f} GFLOP/s ({hf_tps * flops_per_token / peak:.0%});"
+              f" sgemm peak {peak / 1e9:.1f} GFLOP/s (torch.mm fp32, {a.threads} threads)",
+              flush=True)
 
         if a.profile:
             top_ts = trainscope_run(a, model_dir, data, Path(tmp) / "ts_prof.h5", "lora",

@@ -142,8 +142,9 @@ HeadRun run_head(trainscope::models::LlamaForCausalLMImpl& model, const torch::T
 // llm.loss_chunks: the chunked head (projection + score per token chunk, recomputed in backward)
 // gives the unchunked loss and gradients, for the SFT token loss and DPO's sequence log-probs, an
 // uneven split (T = 7 in 3 chunks of 3, 3, 1), masked labels, a tied and an untied head with
-// LoRA on lm_head, in fp64 (1e-12) and under bf16 autocast (the recomputation runs in the
-// forward's autocast state: equal to the unchunked bf16 run to bf16 rounding of the sums).
+// LoRA on lm_head, trainable and frozen (both of the function's paths: gradients computed in
+// forward, and recomputation in backward), in fp64 (1e-12) and under bf16 autocast (equal to
+// the unchunked bf16 run to bf16 rounding of the sums).
 TEST(LlmLoss, ChunkedHeadEqualsTheUnchunkedLossAndGradients) {
     namespace models = trainscope::models;
     for (const bool tied : {false, true}) {
@@ -197,6 +198,22 @@ TEST(LlmLoss, ChunkedHeadEqualsTheUnchunkedLossAndGradients) {
             EXPECT_EQ(fired[k], 1) << "head parameter " << k;
             torch::autograd::impl::set_post_acc_grad_hooks(head[k], nullptr);
         }
+        // DPO's case: sequence log-probs through a frozen head (forward computes the chunks'
+        // gradients at once; backward scales them per sequence).
+        for (const auto& p : model->head_parameters())
+            const_cast<torch::Tensor&>(p).requires_grad_(false);
+        {
+            const HeadRun whole = run_head(*model, ids, labels, tt::LmScore::SequenceLogProbs, 1);
+            const HeadRun chunked =
+                run_head(*model, ids, labels, tt::LmScore::SequenceLogProbs, 3);
+            ASSERT_EQ(whole.grads.size(), chunked.grads.size());
+            EXPECT_LT((whole.value - chunked.value).abs().max().item<double>(), 1e-12);
+            for (const auto& [name, g] : whole.grads)
+                EXPECT_LT((g - chunked.grads.at(name)).abs().max().item<double>(), 1e-12)
+                    << name << " (frozen head)";
+        }
+        for (const auto& p : model->head_parameters())
+            const_cast<torch::Tensor&>(p).requires_grad_(true);
         // The unchunked helpers score the same as head_score.
         EXPECT_NEAR(tt::causal_lm_loss_sum(model->forward(ids), labels).item<double>(),
                     run_head(*model, ids, labels, tt::LmScore::TokenLossSum, 4).value.item<double>(),
@@ -291,10 +308,13 @@ TEST(LlmMemoryPlan, Llama3_8BFiguresFollowTheParameterArithmetic) {
     in.zero = 1;
     const tt::LlmMemoryPlan z1 = tt::plan_llm_memory(in);
     EXPECT_DOUBLE_EQ(z1.optimizer_state_bytes, n); // 4n / 4 ranks
-    EXPECT_DOUBLE_EQ(z1.gradient_bytes, 2 * n);    // stage 1 keeps full gradients
+    EXPECT_DOUBLE_EQ(z1.gradient_bytes, 2 * n + n / 2); // the full flat gradient and its shard
     in.zero = 2;
     const tt::LlmMemoryPlan z2 = tt::plan_llm_memory(in);
     EXPECT_DOUBLE_EQ(z2.gradient_bytes, n / 2); // 2n / 4 ranks
+    // ... but the full flat gradient exists from backward to its reduce-scatter.
+    EXPECT_DOUBLE_EQ(z2.unit_gradient_bytes, 2 * n);
+    EXPECT_DOUBLE_EQ(z1.unit_gradient_bytes, 0);
     in.zero = 0;
 
     in.method = tt::LlmMethod::Lora;

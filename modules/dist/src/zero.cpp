@@ -101,7 +101,10 @@ void ZeroOptimizer::step(double lr) {
     // Every rank gets every updated shard; the parameters are views of flat_param_.
     const auto t0 = std::chrono::steady_clock::now();
     torch::Tensor mine = param.clone();
-    comm_.allgather(mine, flat_param_);
+    // Through the asynchronous form for its handle (timed on the device with NCCL, where the
+    // host time below is only the launch); waited for at once, as the blocking call would.
+    gather_work_ = comm_.allgather_async(mine, flat_param_);
+    if (gather_work_) gather_work_->wait();
     allgather_s_ = since(t0);
 }
 
@@ -179,14 +182,21 @@ class ZeroParallelism final : public DataParallelism {
         return true;
     }
     PendingParallelComm take_iteration_comm() override {
+        // The gradient reduce-scatter and the parameter all-gather, each flat buffer once: their
+        // bytes with both collectives' durations (counting the reduce-scatter's alone made the
+        // bandwidth twice too high).
         PendingParallelComm p;
         p.known.bytes = zero_.bytes_per_iteration();
-        p.known.collective_s = host_s_;
-        if (std::shared_ptr<Work> work = zero_.reduce_work()) {
+        p.known.reduce_scatter_bytes = p.known.allgather_bytes = p.known.bytes / 2;
+        p.known.collective_s = host_s_ + zero_.allgather_seconds();
+        std::shared_ptr<Work> rs = zero_.reduce_work(), ag = zero_.gather_work();
+        if (rs && ag) {
             p.known.collective_s = ParallelComm::kNaN;
-            p.resolve = [known = p.known, work] {
+            p.resolve = [known = p.known, rs, ag] {
                 ParallelComm c = known;
-                c.collective_s = work->seconds();
+                c.reduce_scatter_s = rs->seconds();
+                c.allgather_s = ag->seconds();
+                c.collective_s = c.reduce_scatter_s + c.allgather_s;
                 return c;
             };
         }

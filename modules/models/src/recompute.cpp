@@ -120,4 +120,19 @@ RecomputeScope::~RecomputeScope() {
     if (s.caller_device.defined()) recompute_detail::set_rng_state(s.device, s.caller_device);
 }
 
+struct NoAutocast::State {
+    std::optional<recompute_detail::AutocastScope> device_autocast, cpu_autocast;
+};
+
+NoAutocast::NoAutocast(const torch::Device& device) : state_(std::make_unique<State>()) {
+    if (device.type() != c10::DeviceType::CPU)
+        state_->device_autocast.emplace(device.type(), recompute_detail::AutocastState{});
+    state_->cpu_autocast.emplace(c10::DeviceType::CPU, recompute_detail::AutocastState{});
+}
+
+NoAutocast::~NoAutocast() {
+    state_->cpu_autocast.reset();
+    state_->device_autocast.reset();
+}
+
 } // namespace trainscope::models

@@ -57,7 +57,9 @@ torch::Tensor sequence_log_probs(const torch::Tensor& logits, const torch::Tenso
 
 namespace {
 
-// Token chunks along T as torch.chunk makes them: [begin, length) pairs of ceil(T / chunks).
+// Token chunks along T as torch.chunk makes them: [begin, length) pairs of ceil(T / chunks). Each
+// chunk of the hidden states is made contiguous before the projection: a strided [B, n, H] slice
+// makes matmul fall back to bmm over the weight expanded per sequence (4x slower on CPU).
 std::vector<std::pair<std::int64_t, std::int64_t>> token_chunks(std::int64_t T,
                                                                 std::int64_t chunks) {
     const std::int64_t size = std::max<std::int64_t>(1, (T + chunks - 1) / chunks);
@@ -67,30 +69,89 @@ std::vector<std::pair<std::int64_t, std::int64_t>> token_chunks(std::int64_t T,
     return out;
 }
 
-// The chunked head and score with recomputation in backward (see head_score). The head's trainable
-// parameters are inputs of the function: backward computes their gradients chunk by chunk
-// (torch::autograd::grad), sums them and returns them, so that autograd accumulates each once, as
-// for an unchunked head (DDP's gradient hooks and FSDP's unit hooks see one gradient per
-// backward; accumulating per chunk would fire them once per chunk).
+// One chunk's score with a graph: the head projected from `h` (a leaf that requires grad), in
+// the current autocast state.
+torch::Tensor chunk_score(models::LlamaForCausalLMImpl& model, const torch::Tensor& h,
+                          const torch::Tensor& shifted, LmScore kind) {
+    torch::AutoGradMode enable(true);
+    return score_logits(model.project(h), shifted, kind);
+}
+
+// The gradients of a chunk's score `s` with respect to its hidden states `h` and the head's
+// trainable parameters, times grad_output (undefined: 1), without autocast (as a backward pass
+// outside torch.autocast); parameter gradients are added into param_grads.
+torch::Tensor chunk_grads(const torch::Tensor& s, const torch::Tensor& h,
+                          const std::vector<torch::Tensor>& params,
+                          const torch::Tensor& grad_output,
+                          std::vector<torch::Tensor>& param_grads) {
+    models::NoAutocast no_autocast(h.device());
+    std::vector<torch::Tensor> inputs = {h};
+    inputs.insert(inputs.end(), params.begin(), params.end());
+    std::vector<torch::Tensor> g = torch::autograd::grad(
+        {s}, inputs, {grad_output.defined() ? grad_output : torch::ones_like(s)},
+        /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
+    for (std::size_t k = 0; k < params.size(); ++k) {
+        const torch::Tensor& gk = g[k + 1];
+        if (!gk.defined()) continue;
+        if (param_grads[k].defined())
+            param_grads[k].add_(gk);
+        else
+            param_grads[k] = gk;
+    }
+    return g[0];
+}
+
+// The chunked head and score (see head_score). The head's trainable parameters are inputs of the
+// function, so that their gradient, summed over the chunks, is accumulated once per backward as
+// for an unchunked head (DDP's post-accumulate hooks and FSDP's unit hooks see one gradient;
+// accumulating per chunk would fire them once per chunk).
+//   Eager (the SFT loss; sequence log-probs where the head is frozen): forward computes each
+//   chunk's gradients at once (the score is linear in the incoming gradient: a scalar, or one
+//   factor per sequence, whose rows a chunk's rows belong to), keeps d score / d hidden and the
+//   head parameters' summed gradient, and frees the chunk's logits; backward only scales them.
+//   The head is projected once forward and once backward, as unchunked (fused linear
+//   cross-entropy).
+//   Recomputing (sequence log-probs with a trainable head: per-sequence factors do not scale a
+//   parameter gradient summed over sequences): forward scores without a graph; backward
+//   recomputes each chunk under the forward's autocast and RNG state and back-propagates it.
 struct ChunkedHeadScore : torch::autograd::Function<ChunkedHeadScore> {
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden,
                                  torch::Tensor shifted, models::LlamaForCausalLMImpl* model,
                                  std::int64_t kind, std::int64_t chunks, at::TensorList params) {
-        std::vector<torch::Tensor> saved = {hidden, shifted};
-        saved.insert(saved.end(), params.begin(), params.end());
-        ctx->save_for_backward(saved);
+        const auto k = static_cast<LmScore>(kind);
+        const bool eager = k == LmScore::TokenLossSum || params.empty();
+        const std::vector<torch::Tensor> ps(params.begin(), params.end());
         ctx->saved_data["model"] = reinterpret_cast<std::int64_t>(model);
         ctx->saved_data["kind"] = kind;
         ctx->saved_data["chunks"] = chunks;
-        // One state for all chunks: backward recomputes them in this order from it, so each draws
-        // what it drew here (LoRA dropout on lm_head).
-        models::save_recompute_state(ctx, hidden.device());
-        torch::NoGradGuard no_grad;
+        ctx->saved_data["eager"] = eager;
+        ctx->saved_data["params"] = static_cast<std::int64_t>(ps.size());
         torch::Tensor total;
-        for (const auto& [b, n] : token_chunks(hidden.size(1), chunks)) {
-            torch::Tensor s = score_logits(model->project(hidden.narrow(1, b, n)),
-                                           shifted.narrow(1, b, n), static_cast<LmScore>(kind));
-            total = total.defined() ? total + s : s;
+        auto add = [&](const torch::Tensor& s) { total = total.defined() ? total + s : s; };
+        if (eager) {
+            torch::Tensor grad_hidden = torch::empty_like(hidden);
+            std::vector<torch::Tensor> param_grads(ps.size());
+            for (const auto& [b, n] : token_chunks(hidden.size(1), chunks)) {
+                torch::Tensor h = hidden.narrow(1, b, n).detach().contiguous().requires_grad_(true);
+                const torch::Tensor s = chunk_score(*model, h, shifted.narrow(1, b, n), k);
+                add(s.detach());
+                grad_hidden.narrow(1, b, n).copy_(chunk_grads(s, h, ps, {}, param_grads));
+            }
+            std::vector<torch::Tensor> saved = {grad_hidden};
+            for (auto& g : param_grads) // a parameter without gradient: zeros
+                saved.push_back(g);
+            ctx->save_for_backward(saved);
+        } else {
+            std::vector<torch::Tensor> saved = {hidden, shifted};
+            saved.insert(saved.end(), ps.begin(), ps.end());
+            ctx->save_for_backward(saved);
+            // One state for all chunks: backward recomputes them in this order from it, so each
+            // draws what it drew here (LoRA dropout on lm_head).
+            models::save_recompute_state(ctx, hidden.device());
+            torch::NoGradGuard no_grad;
+            for (const auto& [b, n] : token_chunks(hidden.size(1), chunks))
+                add(score_logits(model->project(hidden.narrow(1, b, n).contiguous()),
+                                 shifted.narrow(1, b, n), k));
         }
         model->end_head_forward();
         return total;
@@ -101,37 +162,38 @@ struct ChunkedHeadScore : torch::autograd::Function<ChunkedHeadScore> {
             reinterpret_cast<models::LlamaForCausalLMImpl*>(ctx->saved_data["model"].toInt());
         const auto kind = static_cast<LmScore>(ctx->saved_data["kind"].toInt());
         const auto saved = ctx->get_saved_variables();
+        const auto nparams = static_cast<std::size_t>(ctx->saved_data["params"].toInt());
+        model->begin_head_backward();
+        torch::autograd::tensor_list out = {torch::Tensor(), torch::Tensor(), torch::Tensor(),
+                                            torch::Tensor(), torch::Tensor()};
+        const torch::Tensor& go = grads[0];
+        if (ctx->saved_data["eager"].toBool()) {
+            // d score / d hidden times the incoming gradient: a scalar, or one per sequence.
+            const torch::Tensor factor =
+                kind == LmScore::TokenLossSum ? go : go.reshape({-1, 1, 1});
+            out[0] = saved[0] * factor.to(saved[0].scalar_type());
+            for (std::size_t k = 0; k < nparams; ++k)
+                out.push_back(saved[k + 1].defined()
+                                  ? saved[k + 1] * go.to(saved[k + 1].scalar_type())
+                                  : torch::Tensor());
+            return out;
+        }
         const torch::Tensor& hidden = saved[0];
         const torch::Tensor& shifted = saved[1];
         const std::vector<torch::Tensor> params(saved.begin() + 2, saved.end());
-        model->begin_head_backward();
         std::vector<torch::Tensor> parts, param_grads(params.size());
         using Part = models::RecomputeScope::Part;
         models::RecomputeScope rng(ctx, hidden.device(), "", Part::Rng);
         for (const auto& [b, n] : token_chunks(hidden.size(1), ctx->saved_data["chunks"].toInt())) {
-            torch::Tensor h = hidden.narrow(1, b, n).detach().requires_grad_(true);
+            torch::Tensor h = hidden.narrow(1, b, n).contiguous().detach().requires_grad_(true);
             torch::Tensor s;
             {
                 models::RecomputeScope recompute(ctx, hidden.device(), "", Part::Autocast);
-                s = score_logits(model->project(h), shifted.narrow(1, b, n), kind);
+                s = chunk_score(*model, h, shifted.narrow(1, b, n), kind);
             }
-            std::vector<torch::Tensor> inputs = {h};
-            inputs.insert(inputs.end(), params.begin(), params.end());
-            std::vector<torch::Tensor> g =
-                torch::autograd::grad({s}, inputs, {grads[0]}, /*retain_graph=*/false,
-                                      /*create_graph=*/false, /*allow_unused=*/true);
-            parts.push_back(g[0]);
-            for (std::size_t k = 0; k < params.size(); ++k) {
-                const torch::Tensor& gk = g[k + 1];
-                if (!gk.defined()) continue;
-                if (param_grads[k].defined())
-                    param_grads[k].add_(gk);
-                else
-                    param_grads[k] = gk;
-            }
+            parts.push_back(chunk_grads(s, h, params, go, param_grads));
         }
-        torch::autograd::tensor_list out = {torch::cat(parts, 1), torch::Tensor(),
-                                            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+        out[0] = torch::cat(parts, 1);
         out.insert(out.end(), param_grads.begin(), param_grads.end());
         return out;
     }
@@ -147,7 +209,8 @@ torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tenso
         torch::Tensor total;
         for (const auto& [b, n] : token_chunks(hidden.size(1), chunks)) {
             torch::Tensor s =
-                score_logits(model.project(hidden.narrow(1, b, n)), shifted.narrow(1, b, n), kind);
+                score_logits(model.project(hidden.narrow(1, b, n).contiguous()),
+                             shifted.narrow(1, b, n), kind);
             total = total.defined() ? total + s : s;
         }
         model.end_head_forward();

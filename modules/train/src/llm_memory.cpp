@@ -302,6 +302,11 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
         dist::state_shards(static_cast<dist::ZeroStage>(in.zero), in.world_size);
     p.gradient_bytes = t * e_param / static_cast<double>(shards.gradient);
     p.optimizer_state_bytes = 2.0 * t * e_param / static_cast<double>(shards.optimizer_state);
+    // ZeRO-2 keeps only its gradient shard between iterations, but backward accumulates into the
+    // full flat gradient, a buffer of its own from the iteration's start to its reduce-scatter.
+    if (in.zero == 2) p.unit_gradient_bytes = t * e_param; // beside the persistent shard
+    // ZeRO-1 keeps the full flat gradient and the reduce-scatter's shard of it.
+    if (in.zero == 1) p.gradient_bytes = t * e_param * (1.0 + 1.0 / world);
 
     p.activation_bytes = activation_bytes(in);
     const double sequences =

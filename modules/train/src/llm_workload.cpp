@@ -323,7 +323,8 @@ void LlmWorkload::build() {
       << (l_.sharding.reshard_after_forward
               ? (l_.sharding.prefetch ? "2 x the largest, dist.prefetch" : "the largest unit")
               : "the whole model, dist.reshard_after_forward=false")
-      << "); unitgrad: one unit's gradient before its reduce-scatter\n"
+      << "); unitgrad: one unit's gradient before its reduce-scatter (zero 2: the full flat "
+         "gradient beyond the shard)\n"
       << "  this run      ~" << mib(mine.total_bytes()) << " per rank\n";
     plan_text_ = o.str();
     if (env_.dry_run) return;

@@ -47,7 +47,10 @@ class ZeroOptimizer {
     // late (it blocks until the collective finished on the device). Null before the first.
     std::shared_ptr<Work> reduce_work() const { return reduce_work_; }
     void step(double lr);
-    double allgather_seconds() const { return allgather_s_; }
+    double allgather_seconds() const { return allgather_s_; } // host time of the call
+    // The last step's parameter all-gather, for accounting like reduce_work(): Work::seconds()
+    // is the collective's own duration (NCCL: CUDA events on its stream). Null before a step.
+    std::shared_ptr<Work> gather_work() const { return gather_work_; }
     // After reduce_gradients: a float64 marker of this rank's gradient shard on the device (NaN iff
     // an element is NaN/Inf, else 0: nonfinite_marker; undefined for an empty shard), for
     // nonfinite_flag. No host read.
@@ -78,6 +81,7 @@ class ZeroOptimizer {
     torch::Tensor flat_param_, flat_grad_, shard_grad_, exp_avg_, exp_avg_sq_;
     std::int64_t step_count_ = 0;
     double allgather_s_ = 0;
+    std::shared_ptr<Work> gather_work_;
     std::shared_ptr<Work> reduce_work_;
 };
 

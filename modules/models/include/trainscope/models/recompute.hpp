@@ -36,4 +36,18 @@ class RecomputeScope {
     std::unique_ptr<State> state_;
 };
 
+// Autocast off (the device type's and the CPU's) for its lifetime, as in a backward pass run
+// outside torch.autocast; the previous state is restored on exit.
+class NoAutocast {
+  public:
+    explicit NoAutocast(const torch::Device& device);
+    ~NoAutocast();
+    NoAutocast(const NoAutocast&) = delete;
+    NoAutocast& operator=(const NoAutocast&) = delete;
+
+  private:
+    struct State;
+    std::unique_ptr<State> state_;
+};
+
 } // namespace trainscope::models

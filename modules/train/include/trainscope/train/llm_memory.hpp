@@ -55,6 +55,8 @@ struct LlmMemoryPlan {
     // stored dtypes (the largest unit x 2 with dist.prefetch, x 1 without; the whole model with
     // dist.reshard_after_forward=false; + the tied embedding, gathered throughout), and the full
     // gradient of the largest trainable unit during its backward (before its reduce-scatter).
+    // dist.zero=2: unit_gradient_bytes is the full flat gradient, which backward fills before
+    // the reduce-scatter (beside the persistent shard).
     double gathered_weight_bytes = 0;
     double unit_gradient_bytes = 0;
     double total_bytes() const;
