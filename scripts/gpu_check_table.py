@@ -59,16 +59,28 @@ def row(path: str) -> tuple[list[str], list[str]]:
             iters = float(f[schema.PROFILE_ITERATIONS][0])
             if iters > 0:
                 prof_syncs = f"{calls / iters:.2f}"
+        # LLM runs: the --dry-run memory plan of this run beside the measured allocator peak,
+        # and the attention kernel SDPA gets (issue 36). A plan under the measurement by more
+        # than 10 % fails the run: the plan is what users size their allocations by.
+        plan = f[schema.PLAN].attrs if schema.PLAN in f else {}
+        planned = float(plan.get("memory_estimate_bytes", np.nan))
+        sdpa = text(plan.get("sdpa_backend", "-"))
+        if text(plan.get("workload", "")) == "llm" and np.isfinite(planned) and peak > 0:
+            if planned < 0.9 * peak:
+                failed.append(f"memory plan {planned / 2**30:.2f} GiB under the measured peak "
+                              f"{peak / 2**30:.2f} GiB by more than 10 %")
         cells = [path.rsplit("/", 1)[-1], ",".join(devices), ",".join(sorted(set(buses))),
                  f"{float(np.nanmax(energy[:, -1] - energy[:, 0])) if energy.size else float('nan'):.1f}",
-                 f"{peak / 2**20:.0f}", f"{float(np.mean(syncs)):.2f}", prof_syncs, rate,
-                 f"{100 * mfu:.1f}%" if np.isfinite(mfu) else "n/a"]
+                 f"{peak / 2**20:.0f}",
+                 f"{planned / 2**20:.0f}" if np.isfinite(planned) else "-",
+                 f"{float(np.mean(syncs)):.2f}", prof_syncs, rate,
+                 f"{100 * mfu:.1f}%" if np.isfinite(mfu) else "n/a", sdpa]
     return cells, failed
 
 
 def main(paths: list[str]) -> int:
-    head = ["run", "device", "pci_bus_id", "energy J", "peak MiB", "syncs/it", "profiler syncs/it",
-            "throughput", "MFU"]
+    head = ["run", "device", "pci_bus_id", "energy J", "peak MiB", "plan MiB", "syncs/it",
+            "profiler syncs/it", "throughput", "MFU", "sdpa"]
     rows, failures = [], []
     for p in paths:
         cells, failed = row(p)

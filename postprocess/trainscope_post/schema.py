@@ -306,6 +306,17 @@ ENTRIES = (
     {"kind": "attribute", "path": "/plan", "name": "activation_checkpointing", "units": "", "type": "int",
      "when": "run.workload=llm", "meaning": "1 with activation checkpointing "
                                             "(`llm.activation_checkpointing`), else 0."},
+    {"kind": "attribute", "path": "/plan", "name": "loss_chunks", "units": "", "type": "int",
+     "when": "run.workload=llm", "meaning": "`llm.loss_chunks`: token chunks of the output "
+                                            "projection and loss (1 = unchunked)."},
+    {"kind": "attribute", "path": "/plan", "name": "sdpa_backend", "units": "", "type": "string",
+     "when": "run.workload=llm", "meaning": "The scaled-dot-product-attention kernel this run's "
+                                            "attention calls get, as `at::_fused_sdp_choice` "
+                                            "reports for its heads, mask (packed or causal), "
+                                            "device and compute dtype: `flash`, `efficient`, "
+                                            "`cudnn` or `math`; ` (kv heads expanded)` where "
+                                            "grouped KV heads are copied to the query heads so "
+                                            "that a fused kernel takes the mask."},
     {"kind": "attribute", "path": "/plan", "name": "flops_per_token", "units": "", "type": "float",
      "when": "run.workload=llm", "meaning": "Training FLOPs per token used for MFU: 4 N_matmul "
                                             "+ 2 N_trainable + attention."},
@@ -1515,6 +1526,8 @@ ATTRIBUTES = {
         "macs_per_sample": "int",
         "zero": "int",
         "activation_checkpointing": "int",
+        "loss_chunks": "int",
+        "sdpa_backend": "string",
         "flops_per_token": "float",
         "memory_estimate_bytes": "float",
         "memory_plan_weight_bytes": "float",
