@@ -28,7 +28,9 @@ torch::Tensor former(const tsm::Nf4Tensor& q) {
              q.scaler_factors.unsqueeze(1) +
          q.scaler_mean)
             .reshape({-1, 1});
-    return (tsm::nf4_byte_table(torch::kCPU).index_select(0, q.codes.to(torch::kLong)).view({-1, 64}) *
+    return (tsm::nf4_byte_table(torch::kCPU)
+                .index_select(0, q.codes.to(torch::kLong))
+                .view({-1, 64}) *
             scalers)
         .reshape(q.shape)
         .to(q.dtype);
@@ -65,10 +67,10 @@ int main(int argc, char** argv) {
     torch::manual_seed(0);
     std::printf("NF4 dequantisation per weight (Llama-3-8B projection shapes, CPU, %d thread(s))\n",
                 torch::get_num_threads());
-    std::printf("  %-22s %-5s %14s %14s %12s %12s %8s\n", "shape [out, in]", "dtype",
-                "former B/w", "now B/w", "former ns/w", "now ns/w", "speed-up");
-    const std::vector<std::vector<std::int64_t>> shapes = {{4096, 4096}, {1024, 4096},
-                                                          {14336, 4096}};
+    std::printf("  %-22s %-5s %14s %14s %12s %12s %8s\n", "shape [out, in]", "dtype", "former B/w",
+                "now B/w", "former ns/w", "now ns/w", "speed-up");
+    const std::vector<std::vector<std::int64_t>> shapes = {
+        {4096, 4096}, {1024, 4096}, {14336, 4096}};
     for (const auto& shape : shapes)
         for (const auto dtype : {torch::kBFloat16, torch::kFloat32}) {
             const auto q = tsm::Nf4Tensor::quantize(torch::randn(shape) * 0.02, dtype);

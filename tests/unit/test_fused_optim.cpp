@@ -38,8 +38,8 @@ std::vector<torch::Tensor> optim_clones(const std::vector<torch::Tensor>& v) {
 // Steps both optimizers with the same seeded gradients; the parameter at index 1 has no gradient
 // in step 2 (it must not step, nor count a step).
 void optim_step_both(torch::optim::Optimizer& a, std::vector<torch::Tensor>& pa,
-               torch::optim::Optimizer& b, std::vector<torch::Tensor>& pb, int steps,
-               int first = 0) {
+                     torch::optim::Optimizer& b, std::vector<torch::Tensor>& pb, int steps,
+                     int first = 0) {
     for (int s = first; s < first + steps; ++s) {
         torch::manual_seed(100 + s);
         for (std::size_t i = 0; i < pa.size(); ++i) {
@@ -93,8 +93,8 @@ TEST(FusedOptimizer, AdamWAndSgdEqualLibTorchsLoop) {
                           dynamic_cast<dist::FusedSGD*>(fused.get()),
                       false);
             optim_step_both(*loop, pa, *fused, pb, 5);
-            EXPECT_LT(optim_max_diff(pa, pb), tol) << c.kind << " momentum " << c.momentum << " "
-                                             << torch::toString(dtype);
+            EXPECT_LT(optim_max_diff(pa, pb), tol)
+                << c.kind << " momentum " << c.momentum << " " << torch::toString(dtype);
             EXPECT_GT(optim_max_diff(pa, optim_make_params(dtype)), 1e-4); // they moved
 
             // The fused optimizer's state is LibTorch's: saved and loaded into a fresh fused
@@ -169,8 +169,8 @@ TEST(FusedOptimizer, ForeachScaleAndNonfiniteMarker) {
     EXPECT_EQ(ok.item<double>(), 0.0);
     for (std::size_t i = 0; i < ts.size(); ++i)
         if (ts[i].defined()) EXPECT_TRUE(torch::equal(ts[i], before[i] * 0.25)) << i; // unchanged
-    for (const double bad : {std::numeric_limits<double>::quiet_NaN(),
-                             std::numeric_limits<double>::infinity()})
+    for (const double bad :
+         {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()})
         for (std::size_t i : {std::size_t{0}, std::size_t{2}, std::size_t{3}}) {
             std::vector<torch::Tensor> v = {ts[0].clone(), ts[2].clone(), ts[3].clone()};
             v[i == 0 ? 0 : (i == 2 ? 1 : 2)].view({-1})[1] = bad;

@@ -198,8 +198,8 @@ TEST(Llama, AttentionKernelWithExpandedKvHeadsEqualsGroupedQueries) {
             torch::Tensor y = tm_::attention_kernel(q, k, v, packed ? mask : torch::Tensor(), kv);
             (y * torch::arange(y.numel(), o).view(y.sizes()).cos()).sum().backward();
             out.push_back(y.detach());
-            grads.push_back(torch::cat({q.grad().flatten(), k.grad().flatten(),
-                                        v.grad().flatten()}));
+            grads.push_back(
+                torch::cat({q.grad().flatten(), k.grad().flatten(), v.grad().flatten()}));
         }
         for (std::size_t i = 1; i < out.size(); ++i) {
             EXPECT_LT((out[i] - out[0]).abs().max().item<double>(), 1e-12) << packed << i;
@@ -208,7 +208,8 @@ TEST(Llama, AttentionKernelWithExpandedKvHeadsEqualsGroupedQueries) {
     }
     const tm_::LlamaConfig c = small(false);
     for (const bool packed : {false, true}) {
-        const tm_::SdpaChoice choice = tm_::sdpa_choice(c, 64, packed, torch::kCPU, torch::kFloat32);
+        const tm_::SdpaChoice choice =
+            tm_::sdpa_choice(c, 64, packed, torch::kCPU, torch::kFloat32);
         EXPECT_TRUE(choice.backend == "flash" || choice.backend == "math") << choice.backend;
         EXPECT_FALSE(choice.kv_expanded) << "the CPU kernels take GQA with a mask";
     }

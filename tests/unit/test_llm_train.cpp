@@ -204,8 +204,7 @@ TEST(LlmLoss, ChunkedHeadEqualsTheUnchunkedLossAndGradients) {
             const_cast<torch::Tensor&>(p).requires_grad_(false);
         {
             const HeadRun whole = run_head(*model, ids, labels, tt::LmScore::SequenceLogProbs, 1);
-            const HeadRun chunked =
-                run_head(*model, ids, labels, tt::LmScore::SequenceLogProbs, 3);
+            const HeadRun chunked = run_head(*model, ids, labels, tt::LmScore::SequenceLogProbs, 3);
             ASSERT_EQ(whole.grads.size(), chunked.grads.size());
             EXPECT_LT((whole.value - chunked.value).abs().max().item<double>(), 1e-12);
             for (const auto& [name, g] : whole.grads)
@@ -215,9 +214,10 @@ TEST(LlmLoss, ChunkedHeadEqualsTheUnchunkedLossAndGradients) {
         for (const auto& p : model->head_parameters())
             const_cast<torch::Tensor&>(p).requires_grad_(true);
         // The unchunked helpers score the same as head_score.
-        EXPECT_NEAR(tt::causal_lm_loss_sum(model->forward(ids), labels).item<double>(),
-                    run_head(*model, ids, labels, tt::LmScore::TokenLossSum, 4).value.item<double>(),
-                    1e-12);
+        EXPECT_NEAR(
+            tt::causal_lm_loss_sum(model->forward(ids), labels).item<double>(),
+            run_head(*model, ids, labels, tt::LmScore::TokenLossSum, 4).value.item<double>(),
+            1e-12);
     }
     // bf16 autocast on fp32 weights.
     models::LlamaConfig c = trainscope::testing::small_llama();
@@ -260,8 +260,7 @@ TEST(LlmLoss, ChunkedHeadLowersThePeakByThePlannedLogits) {
     const std::int64_t B = 2, T = 64;
     const torch::Tensor ids = torch::randint(c.vocab_size, {B, T});
     // The gradients exist before the measured steps, as in training (zeroed, not freed).
-    tt::head_score(*model, model->hidden_states(ids), ids, tt::LmScore::TokenLossSum, 8)
-        .backward();
+    tt::head_score(*model, model->hidden_states(ids), ids, tt::LmScore::TokenLossSum, 8).backward();
     double peak[2] = {0, 0};
     for (int i = 0; i < 2; ++i) {
         for (auto& p : model->parameters())
@@ -307,7 +306,7 @@ TEST(LlmMemoryPlan, Llama3_8BFiguresFollowTheParameterArithmetic) {
     EXPECT_DOUBLE_EQ(full.frozen_weight_bytes, 0);
     in.zero = 1;
     const tt::LlmMemoryPlan z1 = tt::plan_llm_memory(in);
-    EXPECT_DOUBLE_EQ(z1.optimizer_state_bytes, n); // 4n / 4 ranks
+    EXPECT_DOUBLE_EQ(z1.optimizer_state_bytes, n);      // 4n / 4 ranks
     EXPECT_DOUBLE_EQ(z1.gradient_bytes, 2 * n + n / 2); // the full flat gradient and its shard
     in.zero = 2;
     const tt::LlmMemoryPlan z2 = tt::plan_llm_memory(in);
@@ -387,9 +386,8 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         EXPECT_DOUBLE_EQ(full.activation_bytes, full0.activation_bytes);
         EXPECT_DOUBLE_EQ(full.logits_bytes, full0.logits_bytes);
         EXPECT_DOUBLE_EQ(full0.gathered_weight_bytes + full0.unit_gradient_bytes, 0);
-        EXPECT_DOUBLE_EQ(full.total_bytes(),
-                         8 * n / N + 4 * head + 2 * layer + full0.activation_bytes +
-                             full0.logits_bytes);
+        EXPECT_DOUBLE_EQ(full.total_bytes(), 8 * n / N + 4 * head + 2 * layer +
+                                                 full0.activation_bytes + full0.logits_bytes);
         full_total[N] = full.total_bytes();
 
         // The chunked loss (llm.loss_chunks=8): the head's gradient G = 2 V h bytes is summed
@@ -416,7 +414,7 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         EXPECT_DOUBLE_EQ(lora.gradient_bytes, 2 * 32 * adapters / N);
         EXPECT_DOUBLE_EQ(lora.optimizer_state_bytes, 4 * 32 * adapters / N);
         EXPECT_DOUBLE_EQ(lora.gathered_weight_bytes, 2 * head + 2 * (layer + adapters));
-        EXPECT_DOUBLE_EQ(lora.unit_gradient_bytes, 2 * adapters);   // one layer's adapters
+        EXPECT_DOUBLE_EQ(lora.unit_gradient_bytes, 2 * adapters); // one layer's adapters
         lora_total[N] = lora.total_bytes();
 
         in.method = tt::LlmMethod::Qlora;
@@ -424,8 +422,8 @@ TEST(LlmMemoryPlan, Stage3ShardsEveryMethodAndCountsTheUnitsInFlight) {
         EXPECT_NEAR(qlora.nf4_weight_bytes, nf4 / N, 1e-3);
         EXPECT_DOUBLE_EQ(qlora.frozen_weight_bytes, 2 * (n - proj) / N);
         EXPECT_DOUBLE_EQ(qlora.trainable_weight_bytes, 2 * 32 * adapters / N);
-        EXPECT_NEAR(qlora.gathered_weight_bytes,
-                    2 * head + nf4 / 32 + 2 * 2 * h + 2 * adapters, 1e-3); // NF4 layer
+        EXPECT_NEAR(qlora.gathered_weight_bytes, 2 * head + nf4 / 32 + 2 * 2 * h + 2 * adapters,
+                    1e-3);                // NF4 layer
         in.reshard_after_forward = false; // NF4 layers are gathered as NF4
         EXPECT_NEAR(tt::plan_llm_memory(in).gathered_weight_bytes,
                     2 * (n - proj) + nf4 + 2 * 32 * adapters, 1e-3);

@@ -124,8 +124,8 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
                 at::_fused_sgd_(ps, pick(grads[first], idx),
                                 o.momentum() != 0 ? pick(bufs[first], idx)
                                                   : std::vector<torch::Tensor>{},
-                                o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
-                                o.nesterov(), /*maximize=*/false, /*is_first_step=*/first == 1);
+                                o.weight_decay(), o.momentum(), o.lr(), o.dampening(), o.nesterov(),
+                                /*maximize=*/false, /*is_first_step=*/first == 1);
             }
     }
     return loss;

@@ -28,7 +28,6 @@ class DdpParallelism final : public DataParallelism {
         for (auto& t : t_.tensors)
             grads.push_back(t.grad());
         foreach_scale(grads, grad_scale); // one multi-tensor kernel per dtype
-
     }
     std::vector<torch::Tensor> full_gradient_parameters() const override { return t_.tensors; }
 

@@ -424,12 +424,18 @@ namespace {
 // at::_fused_sdp_choice's numbering (sdp::SDPBackend).
 std::string sdpa_backend_name(std::int64_t choice) {
     switch (choice) {
-    case 0: return "math";
-    case 1: return "flash";
-    case 2: return "efficient";
-    case 3: return "cudnn";
-    case 4: return "overrideable";
-    default: return "none";
+    case 0:
+        return "math";
+    case 1:
+        return "flash";
+    case 2:
+        return "efficient";
+    case 3:
+        return "cudnn";
+    case 4:
+        return "overrideable";
+    default:
+        return "none";
     }
 }
 constexpr std::int64_t kSdpaMath = 0;

@@ -55,9 +55,9 @@ const torch::Tensor& nf4_byte_table(torch::Device device, torch::ScalarType dtyp
         const torch::Tensor levels = levels_tensor(device); // [16]
         const torch::Tensor byte =
             torch::arange(256, torch::TensorOptions().dtype(torch::kLong).device(device));
-        table = torch::stack(
-            {levels.index({byte.bitwise_right_shift(4)}), levels.index({byte.bitwise_and(15)})},
-            1)
+        table = torch::stack({levels.index({byte.bitwise_right_shift(4)}),
+                              levels.index({byte.bitwise_and(15)})},
+                             1)
                     .to(dtype); // [256, 2]
     }
     return table;

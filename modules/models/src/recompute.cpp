@@ -84,7 +84,7 @@ void save_recompute_state(torch::autograd::AutogradContext* ctx, const torch::De
 struct RecomputeScope::State {
     torch::Device device;
     torch::Tensor caller_cpu, caller_device; // the caller's RNG states, restored on exit
-    torch::AutoGradMode grad; // enabled, or left as it was (Part::Rng)
+    torch::AutoGradMode grad;                // enabled, or left as it was (Part::Rng)
     std::optional<recompute_detail::AutocastScope> device_autocast, cpu_autocast;
 
     State(const torch::Device& d, bool enable_grad)
@@ -98,18 +98,18 @@ RecomputeScope::RecomputeScope(torch::autograd::AutogradContext* ctx, const torc
     State& s = *state_;
     if (part != Part::Autocast) {
         s.caller_cpu = recompute_detail::rng_state(torch::kCPU);
-        recompute_detail::set_rng_state(torch::kCPU,
-                                        ctx->saved_data[key + "rng_cpu"].toTensor());
+        recompute_detail::set_rng_state(torch::kCPU, ctx->saved_data[key + "rng_cpu"].toTensor());
         if (ctx->saved_data.count(key + "rng_device")) {
             s.caller_device = recompute_detail::rng_state(device);
-            recompute_detail::set_rng_state(device,
-                                            ctx->saved_data[key + "rng_device"].toTensor());
+            recompute_detail::set_rng_state(device, ctx->saved_data[key + "rng_device"].toTensor());
         }
     }
     if (part == Part::Rng) return;
     if (device.type() != c10::DeviceType::CPU)
-        s.device_autocast.emplace(device.type(), recompute_detail::saved_autocast(ctx, key + "device"));
-    s.cpu_autocast.emplace(c10::DeviceType::CPU, recompute_detail::saved_autocast(ctx, key + "cpu"));
+        s.device_autocast.emplace(device.type(),
+                                  recompute_detail::saved_autocast(ctx, key + "device"));
+    s.cpu_autocast.emplace(c10::DeviceType::CPU,
+                           recompute_detail::saved_autocast(ctx, key + "cpu"));
 }
 
 RecomputeScope::~RecomputeScope() {

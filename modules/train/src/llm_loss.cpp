@@ -208,9 +208,8 @@ torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tenso
     if (!torch::GradMode::is_enabled()) {
         torch::Tensor total;
         for (const auto& [b, n] : token_chunks(hidden.size(1), chunks)) {
-            torch::Tensor s =
-                score_logits(model.project(hidden.narrow(1, b, n).contiguous()),
-                             shifted.narrow(1, b, n), kind);
+            torch::Tensor s = score_logits(model.project(hidden.narrow(1, b, n).contiguous()),
+                                           shifted.narrow(1, b, n), kind);
             total = total.defined() ? total + s : s;
         }
         model.end_head_forward();
@@ -221,9 +220,8 @@ torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tenso
     std::vector<torch::Tensor> params;
     for (const torch::Tensor& p : model.head_parameters())
         if (p.requires_grad()) params.push_back(p);
-    torch::Tensor h = hidden.requires_grad() || !params.empty()
-                          ? hidden
-                          : hidden.detach().requires_grad_(true);
+    torch::Tensor h =
+        hidden.requires_grad() || !params.empty() ? hidden : hidden.detach().requires_grad_(true);
     return ChunkedHeadScore::apply(h, shifted, &model, static_cast<std::int64_t>(kind), chunks,
                                    at::TensorList(params));
 }

@@ -16,10 +16,10 @@
 //     the compute-dtype copies of the dense weights (e per weight; per forward, not per token).
 //   LoRA: each adapter keeps A's output (e rank) and, with dropout, the dropped input and mask.
 // QLoRA: the dequantised weight of the largest projection (e per weight) and the int32 indices of
-// one slice of its codes. Once per token: rope cos/sin (2 x 4 head_dim), the final norm (4h, + r h if trainable, + the
-// head's input if the head trains, or always with the chunked loss). Activation checkpointing
-// keeps each layer's input (e h per token and layer) plus one layer's full set during its
-// recompute. The head: the step's peak holds 12 bytes per logit (backward of the fp32 loss:
+// one slice of its codes. Once per token: rope cos/sin (2 x 4 head_dim), the final norm (4h, + r h
+// if trainable, + the head's input if the head trains, or always with the chunked loss). Activation
+// checkpointing keeps each layer's input (e h per token and layer) plus one layer's full set during
+// its recompute. The head: the step's peak holds 12 bytes per logit (backward of the fp32 loss:
 // log-softmax output, the incoming and the outgoing gradient), or in forward the logits (e V),
 // their fp32 upcast (4V unless e = 4) and the log-softmax output (4V), whichever is larger; with
 // llm.loss_chunks > 1 for one chunk's tokens only, plus the head input's gradient (twice r h per
@@ -235,10 +235,11 @@ void plan_fsdp(const LlmMemoryInputs& in, LlmMemoryPlan& p, double head_gradient
         // With dist.prefetch a unit is gathered while its neighbour runs (the next one in
         // forward, the previous one in backward): the largest adjacent pair is in flight.
         if (i + 1 < units.size())
-            largest_pair = std::max(largest_pair, units[i].full_bytes(world) +
-                                                      units[i + 1].full_bytes(world));
+            largest_pair =
+                std::max(largest_pair, units[i].full_bytes(world) + units[i + 1].full_bytes(world));
         largest_grad = std::max(largest_grad, units[i].full_bytes(world, true));
-        if (i + 1 < units.size()) other_grad = std::max(other_grad, units[i].full_bytes(world, true));
+        if (i + 1 < units.size())
+            other_grad = std::max(other_grad, units[i].full_bytes(world, true));
     }
     p.gradient_bytes = p.trainable_weight_bytes;
     p.optimizer_state_bytes = 2.0 * p.trainable_weight_bytes;
@@ -251,8 +252,8 @@ void plan_fsdp(const LlmMemoryInputs& in, LlmMemoryPlan& p, double head_gradient
     // One unit's full gradient before its reduce-scatter. With the chunked loss the head's is in
     // the logits column (twice: the chunks' sum and one chunk's); another unit's exists only once
     // the head's backward has ended, so it adds only what exceeds that.
-    p.unit_gradient_bytes = head_gradient > 0 ? std::max(0.0, other_grad - 2.0 * head_gradient)
-                                              : largest_grad;
+    p.unit_gradient_bytes =
+        head_gradient > 0 ? std::max(0.0, other_grad - 2.0 * head_gradient) : largest_grad;
     // A tied embedding's gradient lives through the whole backward (it is the head's G where
     // the chunked loss counts that).
     if (tied && head_gradient == 0) p.unit_gradient_bytes += units.front().full_bytes(world, true);
@@ -319,12 +320,12 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     const double forward = e_act + (e_act == 4.0 ? 4.0 : 8.0), backward = 12.0;
     p.logits_bytes = chunk_logits * std::max(forward, backward);
     if (chunks > 1) {
-        // The chunked backward (llm_loss.cpp) sums the gradient G of the head's trainable parameters over the
-        // chunks before autograd accumulates it once: G beside a chunk's 12 bytes per logit, or
-        // 2 G (the sum and this chunk's) beside its 4-byte logit gradient, whichever is larger.
-        const bool targeted_head =
-            lora && std::find(in.lora.targets.begin(), in.lora.targets.end(), "lm_head") !=
-                        in.lora.targets.end();
+        // The chunked backward (llm_loss.cpp) sums the gradient G of the head's trainable
+        // parameters over the chunks before autograd accumulates it once: G beside a chunk's 12
+        // bytes per logit, or 2 G (the sum and this chunk's) beside its 4-byte logit gradient,
+        // whichever is larger.
+        const bool targeted_head = lora && std::find(in.lora.targets.begin(), in.lora.targets.end(),
+                                                     "lm_head") != in.lora.targets.end();
         if (!lora)
             G = e_param * static_cast<double>(c.vocab_size * c.hidden_size);
         else if (targeted_head && !c.tie_word_embeddings)
@@ -341,8 +342,8 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
                                             (8.0 - e_act) * static_cast<double>(c.hidden_size));
     p.logits_bytes = std::max(p.logits_bytes, layer_backward);
     if (chunks > 1) // the head input's gradient, alive from the head's backward to the layers'
-        p.logits_bytes += 2.0 * tokens_of(sequences, in.seq_len) *
-                          static_cast<double>(c.hidden_size) * e_param;
+        p.logits_bytes +=
+            2.0 * tokens_of(sequences, in.seq_len) * static_cast<double>(c.hidden_size) * e_param;
     if (in.zero == 3) plan_fsdp(in, p, G);
     return p;
 }

@@ -205,9 +205,8 @@ StepResult LlmTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer, Run
                     ref_r = logp.narrow(0, pairs, pairs);
                 }
                 AutocastScope autocast(s.o.precision, s.o.device);
-                const torch::Tensor logp =
-                    head_score(model, model.hidden_states(ids, pos), labels,
-                               LmScore::SequenceLogProbs, l.loss_chunks);
+                const torch::Tensor logp = head_score(model, model.hidden_states(ids, pos), labels,
+                                                      LmScore::SequenceLogProbs, l.loss_chunks);
                 DpoLoss d = dpo_loss(logp.narrow(0, 0, pairs), logp.narrow(0, pairs, pairs), ref_c,
                                      ref_r, l.dpo_beta, l.dpo_label_smoothing);
                 loss = d.loss / static_cast<double>(accum);

@@ -234,8 +234,8 @@ void LlmWorkload::build() {
     // tensors on the run's device in its compute dtype.
     const torch::ScalarType compute =
         policy.autocast_dtype ? *policy.autocast_dtype : policy.param_dtype;
-    sdpa_ = models::sdpa_choice(llama_, l_.dataset.max_seq_len, l_.packed, env_.device.device,
-                                compute);
+    sdpa_ =
+        models::sdpa_choice(llama_, l_.dataset.max_seq_len, l_.packed, env_.device.device, compute);
 
     // The memory plan: every method for this model, batch and sequence length, per rank.
     LlmMemoryInputs mi;

@@ -35,8 +35,8 @@ struct LlmMemoryInputs {
     std::int64_t seq_len = 2048;
     bool activation_checkpointing = false;
     std::int64_t loss_chunks = 1; // llm.loss_chunks: the logits exist one chunk at a time
-    bool packed = false; // llm.packed: attention takes a per-pack mask ([B, 1, T, T])
-    bool kv_expanded = false; // attention_kernel expands the KV heads (packed GQA on a GPU)
+    bool packed = false;          // llm.packed: attention takes a per-pack mask ([B, 1, T, T])
+    bool kv_expanded = false;     // attention_kernel expands the KV heads (packed GQA on a GPU)
 };
 
 struct LlmMemoryPlan {
