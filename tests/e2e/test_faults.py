@@ -473,6 +473,28 @@ def test_peer_stalled_before_a_flush_ends_the_job_after_dist_timeout(tmp_path):
     assert elapsed < 60
 
 
+def test_peer_stalled_at_the_loss_resolution_ends_the_job_after_dist_timeout(tmp_path):
+    """Rank 1 hangs in the loss resolution after its bounded synchronize, before the loss
+    allreduce (TRAINSCOPE_FAULT=resolve_stall; LLM, whose resolution allreduces the deferred
+    losses): rank 0's allreduce must end after dist.timeout, naming the wait, not after the
+    iteration watchdog (issue 36; with NCCL the read after it is bounded by its own synchronize,
+    which scripts/gpu-check runs)."""
+    timeout = 5
+    job = Job(2, "--config", str(ROOT / "inputs/llm/lora-tiny.ini"), "--train.max_iters=2000",
+              "--llm.save_adapters=none", "--log.every=1", f"--dist.timeout={timeout}",
+              f"--output.file={tmp_path}/resolve.h5",
+              env={"TRAINSCOPE_FAULT": "resolve_stall:rank=1:iteration=4"})
+    t0 = time.monotonic()
+    rc = job.wait(120)
+    elapsed = time.monotonic() - t0
+    print(f"rank 1 stalled in the loss resolution, dist.timeout={timeout}: exit {rc} after "
+          f"{elapsed:.1f} s")
+    assert rc == 5, job.output
+    assert any(l.startswith("[rank 0/2 ") and "allreduce" in l and
+               f"did not complete within dist.timeout={timeout} s" in l for l in job.lines), job.output
+    assert elapsed < 60
+
+
 def test_rank_killed_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, reference):
     """Rank 1 is SIGKILLed half-way through writing its file of the iteration-8 checkpoint: the
     iteration-4 checkpoint stays the newest complete one, and --resume continues from it with the

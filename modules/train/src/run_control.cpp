@@ -58,7 +58,8 @@ FaultInjection FaultInjection::from_environment() {
     auto bad = [&] {
         return core::ConfigError("TRAINSCOPE_FAULT='" + text +
                                  "' (a test hook): expected "
-                                 "stall|nonfinite|checkpoint_stall|flush_stall:rank=R:iteration=I");
+                                 "stall|nonfinite|checkpoint_stall|flush_stall|resolve_stall:rank=R:"
+                                 "iteration=I");
     };
     std::istringstream in(text);
     std::string part;
@@ -71,6 +72,8 @@ FaultInjection FaultInjection::from_environment() {
         f.kind = Kind::CheckpointStall;
     else if (part == "flush_stall")
         f.kind = Kind::FlushStall;
+    else if (part == "resolve_stall")
+        f.kind = Kind::ResolveStall;
     else
         throw bad();
     while (std::getline(in, part, ':')) {
@@ -149,6 +152,14 @@ void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tens
 void inject_flush_fault(const RunControl& control, std::int64_t last_iteration) {
     const FaultInjection& f = control.fault();
     if (f.kind == FaultInjection::Kind::FlushStall && f.rank == control.rank() &&
+        last_iteration >= f.iteration)
+        for (;;)
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+void inject_resolve_fault(const RunControl& control, std::int64_t last_iteration) {
+    const FaultInjection& f = control.fault();
+    if (f.kind == FaultInjection::Kind::ResolveStall && f.rank == control.rank() &&
         last_iteration >= f.iteration)
         for (;;)
             std::this_thread::sleep_for(std::chrono::seconds(1));

@@ -53,6 +53,7 @@ TrainingLoop::TrainingLoop(const LoopOptions& options, TrainStep& step, dist::Co
 void TrainingLoop::resolve_pending() {
     if (pending_.empty()) return;
     comm_.synchronize("the loss resolution"); // NCCL: the host read below, bounded
+    if (control_) inject_resolve_fault(*control_, pending_.back().iteration);
     if (recorder_) // collective durations: their events completed before the synchronize above
         for (const DeferredStep& d : pending_)
             if (IterationValues* v = recorder_->pending_values(d.iteration))

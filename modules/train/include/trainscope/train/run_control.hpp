@@ -44,7 +44,14 @@ int received(); // the first signal's number, 0 when none arrived
 // collective HDF5 write), so that the watchdog, run.nonfinite, a crash during a checkpoint write
 // and dist.timeout around collective I/O can be tested on real runs.
 struct FaultInjection {
-    enum class Kind { None, Stall, NonFinite, CheckpointStall, FlushStall } kind = Kind::None;
+    enum class Kind {
+        None,
+        Stall,
+        NonFinite,
+        CheckpointStall,
+        FlushStall,
+        ResolveStall
+    } kind = Kind::None;
     int rank = -1;
     std::int64_t iteration = -1;
     static FaultInjection from_environment(); // throws ConfigError on a malformed value
@@ -87,6 +94,9 @@ torch::Tensor nonfinite_flag(const torch::Tensor& loss, const std::vector<torch:
 void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tensor& loss);
 // TRAINSCOPE_FAULT=flush_stall at a run-file flush holding iterations up to `last_iteration`.
 void inject_flush_fault(const RunControl& control, std::int64_t last_iteration);
+// resolve_stall: the rank hangs in the loss resolution after the bounded synchronize, before the
+// collectives that follow it (their peers must still end within dist.timeout).
+void inject_resolve_fault(const RunControl& control, std::int64_t last_iteration);
 
 class RunControl {
   public:
