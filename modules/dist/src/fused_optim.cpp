@@ -32,6 +32,13 @@ std::vector<torch::Tensor> pick(const std::vector<torch::Tensor>& v,
     return out;
 }
 
+// The loss closure, as torch.optim's step(closure) runs it: with grad enabled.
+torch::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+    if (!closure) return {};
+    torch::AutoGradMode enable(true);
+    return closure();
+}
+
 } // namespace
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
@@ -39,12 +46,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
         if (o.amsgrad()) return torch::optim::AdamW::step(closure);
     }
+    torch::Tensor loss = run_closure(closure);
     torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure) {
-        torch::AutoGradMode enable(true);
-        loss = closure();
-    }
     for (auto& group : param_groups()) {
         const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
         std::vector<torch::Tensor> params, grads, avgs, sqs, steps;
@@ -89,12 +92,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
 }
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
+    torch::Tensor loss = run_closure(closure);
     torch::NoGradGuard no_grad;
-    torch::Tensor loss;
-    if (closure) {
-        torch::AutoGradMode enable(true);
-        loss = closure();
-    }
     for (auto& group : param_groups()) {
         const auto& o = static_cast<const torch::optim::SGDOptions&>(group.options());
         // Parameters whose momentum buffer starts now and the others: the kernel's first step
