@@ -71,6 +71,7 @@ Result train(const Case& c, int zero, int steps = 3) {
     l.lora.alpha = 8;
     l.qat_start_step = 1; // the first step without fake quantisation, as qat-tiny.ini
     l.activation_checkpointing = c.checkpointing;
+    // llm.loss_chunks stays at its default, 8: the chunked head under FSDP's unit hooks.
     l.gradient_accumulation = c.accumulation;
     l.sharding.zero = static_cast<trainscope::dist::ZeroStage>(zero);
     l.sharding.prefetch = c.prefetch;

@@ -153,7 +153,6 @@ struct ChunkedHeadScore : torch::autograd::Function<ChunkedHeadScore> {
                 add(score_logits(model->project(hidden.narrow(1, b, n).contiguous()),
                                  shifted.narrow(1, b, n), k));
         }
-        model->end_head_forward();
         return total;
     }
     static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
@@ -222,8 +221,14 @@ torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tenso
         if (p.requires_grad()) params.push_back(p);
     torch::Tensor h =
         hidden.requires_grad() || !params.empty() ? hidden : hidden.detach().requires_grad_(true);
-    return ChunkedHeadScore::apply(h, shifted, &model, static_cast<std::int64_t>(kind), chunks,
-                                   at::TensorList(params));
+    torch::Tensor total = ChunkedHeadScore::apply(h, shifted, &model,
+                                                  static_cast<std::int64_t>(kind), chunks,
+                                                  at::TensorList(params));
+    // Here, not in the function's forward, which autograd runs without grad: FSDP's after_forward
+    // must see grad mode on, or it takes this for a forward without backward (DPO's reference)
+    // and neither reduces the head's gradients nor keeps a tied embedding gathered.
+    model.end_head_forward();
+    return total;
 }
 
 double DpoLoss::reward_accuracy() const {
