@@ -143,7 +143,7 @@ LLAMA3_VOCAB_TINY = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
     "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
     "tie_word_embeddings": False, "hidden_act": "silu"}
-TOL_VOCAB_TOTAL = 0.03  # issue 36 asks 10 %; reached 0.2 %
+TOL_VOCAB_TOTAL = 0.03  # issue 36 asks 10 %; reached 1 %
 
 
 @pytest.mark.parametrize("zero", [0, 3])
