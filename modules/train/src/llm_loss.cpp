@@ -1,5 +1,7 @@
 #include "trainscope/train/llm_loss.hpp"
 
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -112,14 +114,21 @@ torch::Tensor chunk_grads(const torch::Tensor& s, const torch::Tensor& h,
 //   The head is projected once forward and once backward, as unchunked (fused linear
 //   cross-entropy).
 //   Recomputing (sequence log-probs with a trainable head: per-sequence factors do not scale a
-//   parameter gradient summed over sequences): forward scores without a graph; backward
-//   recomputes each chunk under the forward's autocast and RNG state and back-propagates it.
+//   parameter gradient summed over sequences; and fp16, whose gradients need the loss scale the
+//   incoming gradient carries): forward scores without a graph; backward recomputes each chunk
+//   under the forward's autocast and RNG state and back-propagates it.
 struct ChunkedHeadScore : torch::autograd::Function<ChunkedHeadScore> {
     static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor hidden,
                                  torch::Tensor shifted, models::LlamaForCausalLMImpl* model,
                                  std::int64_t kind, std::int64_t chunks, at::TensorList params) {
         const auto k = static_cast<LmScore>(kind);
-        const bool eager = k == LmScore::TokenLossSum || params.empty();
+        // fp16 (fp16-mixed's autocast, or fp16 weights) recomputes too: eager gradients would
+        // miss the loss scale, which keeps fp16 gradients from underflowing.
+        const auto type = hidden.device().type();
+        const bool fp16 = hidden.scalar_type() == torch::kHalf ||
+                          (at::autocast::is_autocast_enabled(type) &&
+                           at::autocast::get_autocast_dtype(type) == at::kHalf);
+        const bool eager = (k == LmScore::TokenLossSum || params.empty()) && !fp16;
         const std::vector<torch::Tensor> ps(params.begin(), params.end());
         ctx->saved_data["model"] = reinterpret_cast<std::int64_t>(model);
         ctx->saved_data["kind"] = kind;
@@ -221,9 +230,8 @@ torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tenso
         if (p.requires_grad()) params.push_back(p);
     torch::Tensor h =
         hidden.requires_grad() || !params.empty() ? hidden : hidden.detach().requires_grad_(true);
-    torch::Tensor total = ChunkedHeadScore::apply(h, shifted, &model,
-                                                  static_cast<std::int64_t>(kind), chunks,
-                                                  at::TensorList(params));
+    torch::Tensor total = ChunkedHeadScore::apply(
+        h, shifted, &model, static_cast<std::int64_t>(kind), chunks, at::TensorList(params));
     // Here, not in the function's forward, which autograd runs without grad: FSDP's after_forward
     // must see grad mode on, or it takes this for a forward without backward (DPO's reference)
     // and neither reduces the head's gradients nor keeps a tied embedding gathered.
