@@ -48,6 +48,13 @@ if(TORCH_CUDA_LIBRARIES OR TARGET torch_cuda)
   set(_torch_has_cuda ON)
 endif()
 if(NOT TRAINSCOPE_USE_CUDA STREQUAL "OFF")
+  # CMake 3.25's FindCUDAToolkit marks CUDA::nvToolsExt deprecated without checking that the
+  # target exists; CUDA 13 ships no libnvToolsExt (NVTX 3 is header-only), so on a machine where
+  # nothing else defined it the configure fails there. An empty stand-in (nothing here links it)
+  # keeps the module working.
+  if(NOT TARGET CUDA::nvToolsExt)
+    add_library(CUDA::nvToolsExt INTERFACE IMPORTED)
+  endif()
   find_package(CUDAToolkit QUIET)
   if(CUDAToolkit_FOUND AND _torch_has_cuda)
     set(TRAINSCOPE_HAVE_CUDA ON)
