@@ -56,10 +56,11 @@ FaultInjection FaultInjection::from_environment() {
     if (!env || !*env) return f;
     const std::string text = env;
     auto bad = [&] {
-        return core::ConfigError("TRAINSCOPE_FAULT='" + text +
-                                 "' (a test hook): expected "
-                                 "stall|nonfinite|checkpoint_stall|flush_stall|resolve_stall:rank=R:"
-                                 "iteration=I");
+        return core::ConfigError(
+            "TRAINSCOPE_FAULT='" + text +
+            "' (a test hook): expected "
+            "stall|nonfinite|checkpoint_stall|flush_stall|resolve_stall:rank=R:"
+            "iteration=I");
     };
     std::istringstream in(text);
     std::string part;
