@@ -13,6 +13,7 @@
 #include <functional>
 #include <vector>
 
+#include "../unit/nf4_reference.hpp"
 #include "trainscope/models/nf4.hpp"
 #include "trainscope/prof/memory.hpp"
 
@@ -22,18 +23,7 @@ namespace prof = trainscope::prof;
 namespace {
 
 torch::Tensor former(const tsm::Nf4Tensor& q) {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor scalers =
-        (q.quantized_scalers.to(torch::kFloat32).reshape({-1, tsm::kNf4ScalerBlockSize}) /
-             q.scaler_factors.unsqueeze(1) +
-         q.scaler_mean)
-            .reshape({-1, 1});
-    return (tsm::nf4_byte_table(torch::kCPU)
-                .index_select(0, q.codes.to(torch::kLong))
-                .view({-1, 64}) *
-            scalers)
-        .reshape(q.shape)
-        .to(q.dtype);
+    return trainscope::testing::nf4_dequantize_fp32_path(q);
 }
 
 struct Measure {

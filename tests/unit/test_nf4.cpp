@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "nf4_reference.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/lora.hpp"
@@ -167,19 +168,7 @@ TEST(Nf4, DequantizeInTheComputeDtypeEqualsTheFp32PathAndStaysLean) {
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
         const auto q = tm_::Nf4Tensor::quantize(w, dtype);
         // The former arithmetic: int64 indices, fp32 table, fp32 product, then the cast.
-        auto before = [&] {
-            const torch::Tensor scalers =
-                (q.quantized_scalers.to(torch::kFloat32).reshape({-1, tm_::kNf4ScalerBlockSize}) /
-                     q.scaler_factors.unsqueeze(1) +
-                 q.scaler_mean)
-                    .reshape({-1, 1});
-            return (tm_::nf4_byte_table(torch::kCPU)
-                        .index_select(0, q.codes.to(torch::kLong))
-                        .view({-1, tm_::kNf4BlockSize}) *
-                    scalers)
-                .reshape(q.shape)
-                .to(dtype);
-        };
+        auto before = [&] { return trainscope::testing::nf4_dequantize_fp32_path(q); };
         double base = prof::host_tensor_bytes().current;
         prof::reset_host_tensor_peak();
         const torch::Tensor ref = before();

@@ -150,20 +150,24 @@ void inject_fault(const RunControl& control, std::int64_t iteration, torch::Tens
         loss = loss * std::numeric_limits<double>::quiet_NaN();
 }
 
-void inject_flush_fault(const RunControl& control, std::int64_t last_iteration) {
+namespace {
+
+// Hangs forever once `kind` is armed for this rank and the run reached its iteration.
+void stall_from(const RunControl& control, FaultInjection::Kind kind, std::int64_t last_iteration) {
     const FaultInjection& f = control.fault();
-    if (f.kind == FaultInjection::Kind::FlushStall && f.rank == control.rank() &&
-        last_iteration >= f.iteration)
+    if (f.kind == kind && f.rank == control.rank() && last_iteration >= f.iteration)
         for (;;)
             std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
+} // namespace
+
+void inject_flush_fault(const RunControl& control, std::int64_t last_iteration) {
+    stall_from(control, FaultInjection::Kind::FlushStall, last_iteration);
+}
+
 void inject_resolve_fault(const RunControl& control, std::int64_t last_iteration) {
-    const FaultInjection& f = control.fault();
-    if (f.kind == FaultInjection::Kind::ResolveStall && f.rank == control.rank() &&
-        last_iteration >= f.iteration)
-        for (;;)
-            std::this_thread::sleep_for(std::chrono::seconds(1));
+    stall_from(control, FaultInjection::Kind::ResolveStall, last_iteration);
 }
 
 RunControlOptions RunControlOptions::from_config(const core::Config& c) {
