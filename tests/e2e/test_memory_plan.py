@@ -51,8 +51,6 @@ LLM_CASES = {
                   "--run.precision=bf16"],
     # dist.zero=3 at 2 ranks: shards as model state; the gathered units and a unit's gradient in
     # flight are transient, measured in the phase peaks with the activations.
-    "full-zero1": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
-                   "--dist.zero=1"],
     "full-zero2": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
                    "--dist.zero=2"],
     "full-zero3": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
@@ -60,7 +58,7 @@ LLM_CASES = {
     "qlora-zero3": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
                     "--dist.zero=3"],
 }
-RANKS = {"full-zero1": 2, "full-zero2": 2, "full-zero3": 2, "qlora-zero3": 2}
+RANKS = {"full-zero2": 2, "full-zero3": 2, "qlora-zero3": 2}
 CV_ARGS = ["--config", str(ROOT / "inputs/quickstart.ini"), "--data.dataset=synthetic",
            "--data.synthetic_samples=512", "--train.batch_size=32", "--train.max_iters=3",
            "--train.eval=false", "--log.every=0", "--profile.warmup_iters=0",
