@@ -51,6 +51,10 @@ LLM_CASES = {
                   "--run.precision=bf16"],
     # dist.zero=3 at 2 ranks: shards as model state; the gathered units and a unit's gradient in
     # flight are transient, measured in the phase peaks with the activations.
+    # ZeRO-1 at 2 ranks: its end-of-iteration reading once varied by a shard (the all-gather's
+    # staged input was released by the progress thread after the waiter resumed; now before).
+    "full-zero1": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
+                   "--dist.zero=1"],
     "full-zero2": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
                    "--dist.zero=2"],
     "full-zero3": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
@@ -58,7 +62,7 @@ LLM_CASES = {
     "qlora-zero3": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
                     "--dist.zero=3"],
 }
-RANKS = {"full-zero2": 2, "full-zero3": 2, "qlora-zero3": 2}
+RANKS = {"full-zero1": 2, "full-zero2": 2, "full-zero3": 2, "qlora-zero3": 2}
 CV_ARGS = ["--config", str(ROOT / "inputs/quickstart.ini"), "--data.dataset=synthetic",
            "--data.synthetic_samples=512", "--train.batch_size=32", "--train.max_iters=3",
            "--train.eval=false", "--log.every=0", "--profile.warmup_iters=0",
@@ -166,6 +170,35 @@ def test_llm_plan_with_llama3_vocabulary(run_ts, tmp_path, method, zero):
     assert low * (1 - TOL_VOCAB_TOTAL) <= m <= p * (1 + TOL_VOCAB_TOTAL), (
         f"{method} zero {zero}: measured total {m / MIB:.1f} MiB, plan {p / MIB:.1f} MiB "
         f"(without the units in flight {low / MIB:.1f} MiB)")
+
+
+# Issue 36 point 3: under dist.zero=3 the model is materialised one unit at a time and each unit is
+# sharded before the next is built, so no rank ever holds the whole model. Eight decoder layers and
+# a small vocabulary: the layers are most of the weights, one unit an eighth of them.
+DEEP_TINY = dict(LLAMA3_VOCAB_TINY, vocab_size=1024, num_hidden_layers=8)
+
+
+def test_fsdp_build_peak_falls_with_rank_count(run_ts, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(DEEP_TINY))
+    peaks = {}
+    for ranks in (1, 2, 4):
+        out = tmp_path / f"build-{ranks}.h5"
+        proc = run_ts(ranks, "--config", ROOT / "inputs/llm/lora-tiny.ini", f"--llm.model={config}",
+                      f"--output.file={out}", "--llm.save_adapters=none", "--dist.zero=3",
+                      *LLM_COMMON, "--train.max_iters=1", timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "model build: peak" in proc.stdout + proc.stderr
+        with h5py.File(out, "r") as f:
+            peaks[ranks] = float(f["plan"].attrs["build_peak_bytes"])
+            weights = 4.0 * float(f["plan"].attrs["parameters"])  # fp32
+    print("\nbuild peak per rank (MiB): " + ", ".join(
+        f"{r} ranks {p / MIB:.2f}" for r, p in peaks.items()) + f"; model {weights / MIB:.2f}")
+    # One rank holds every unit (its shards are the whole model) and one unit's flat copy.
+    assert weights <= peaks[1] <= 1.5 * weights, (peaks, weights)
+    assert peaks[1] > peaks[2] > peaks[4], peaks
+    # At 4 ranks: a quarter of the weights and about two units in flight, never the whole model.
+    assert peaks[4] < 0.6 * weights, (peaks, weights)
 
 
 def test_cv_plan_matches_measured(run_ts, tmp_path):

@@ -69,8 +69,15 @@ class OperationLog {
 // communicators without a GPU.
 class RecordingCommunicator final : public dist::Communicator {
   public:
-    RecordingCommunicator(dist::Communicator& inner, std::string name, OperationLog& log)
-        : inner_(inner), name_(std::move(name)), log_(log) {}
+    // with_lane: make_lane() returns a recorder named "<name>.lane" over the same inner
+    // communicator (as NCCL offers one), else the inner communicator's lane (MPI: none).
+    RecordingCommunicator(dist::Communicator& inner, std::string name, OperationLog& log,
+                          bool with_lane = false)
+        : inner_(inner), name_(std::move(name)), log_(log), with_lane_(with_lane) {}
+    std::unique_ptr<dist::Communicator> make_lane() override {
+        if (!with_lane_) return inner_.make_lane();
+        return std::make_unique<RecordingCommunicator>(inner_, name_ + ".lane", log_);
+    }
 
     int rank() const override { return inner_.rank(); }
     int size() const override { return inner_.size(); }
@@ -148,6 +155,7 @@ class RecordingCommunicator final : public dist::Communicator {
     dist::Communicator& inner_;
     std::string name_;
     OperationLog& log_;
+    bool with_lane_ = false;
 };
 
 } // namespace trainscope::testing

@@ -16,6 +16,7 @@
 #include "dist_test_util.hpp"
 #include "trainscope/data/text_dataset.hpp"
 #include "trainscope/data/tokenizer.hpp"
+#include "trainscope/dist/fsdp.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/train/host_sync.hpp"
@@ -90,7 +91,7 @@ Result train(const Case& c, int zero, int steps = 3) {
     policy.mode = tt::Precision::FP64;
     policy.param_dtype = torch::kFloat64;
     torch::manual_seed(5); // as the app: every rank the same seed
-    tt::LlmModel model = tt::build_llm_model(l, config, policy, torch::kCPU);
+    tt::LlmModel model = tt::build_llm_model(l, config, policy, torch::kCPU, 5);
 
     tt::LlmTrainerOptions t;
     t.llm = l;
@@ -250,4 +251,59 @@ TEST(Fsdp, EachRankStoresItsShardAndTheRunFileCountsTheTraffic) {
         EXPECT_TRUE(world == 1 || std::isnan(plain.collective_s_accounted));
         EXPECT_GE(plain.collective_s, 0.0);
     }
+}
+
+TEST(Fsdp, AllGathersRunOnTheLaneTheBackendOffers) {
+    // NCCL gives FSDP's all-gathers their own communicator and stream (Communicator::make_lane),
+    // so a prefetched all-gather does not queue behind a reduce-scatter; MPI offers none. A
+    // recorder standing in for NCCL's lane: every all-gather on the lane, every reduce-scatter
+    // and the set-up broadcasts on the main communicator, the same gradients as without a lane.
+    auto comm = trainscope::testing::mpi_communicator();
+    EXPECT_EQ(comm->make_lane(), nullptr) << "MPI (MPI_THREAD_SERIALIZED) must not offer a lane";
+    auto config = trainscope::models::LlamaConfig::preset("tiny");
+    std::vector<torch::Tensor> params[2];
+    for (bool lane : {false, true}) {
+        trainscope::testing::OperationLog log;
+        trainscope::testing::RecordingCommunicator main(*comm, "main", log, lane);
+        torch::manual_seed(11);
+        trainscope::models::LlamaForCausalLM model(config,
+                                                   torch::TensorOptions().dtype(torch::kFloat64));
+        trainscope::dist::FsdpModel fsdp(main, *model, trainscope::dist::FsdpOptions{});
+        fsdp.begin_iteration();
+        torch::manual_seed(12); // the same batch on every rank
+        const torch::Tensor ids = torch::randint(0, config.vocab_size, {2, 12}, torch::kInt64);
+        model->forward(ids).pow(2).mean().backward();
+        fsdp.end_backward();
+        fsdp.finish_gradients(1.0);
+        fsdp.step(1e-2);
+        const auto trained = log.ops(); // before gather_trainable's own (blocking) all-gathers
+        std::vector<torch::Tensor> full = fsdp.gather_trainable([&] {
+            std::vector<std::string> names;
+            for (const auto& p : model->named_parameters())
+                names.push_back(p.key());
+            return names;
+        }());
+        params[lane] = full;
+        int allgathers = 0, reduce_scatters = 0;
+        for (const auto& op : trained) {
+            if (op.op == "allgather" && op.numel > 0 && op.comm != "main") ++allgathers;
+            if (op.op == "reduce_scatter") {
+                EXPECT_EQ(op.comm, "main");
+                ++reduce_scatters;
+            }
+            if (op.op == "broadcast") EXPECT_EQ(op.comm, "main");
+            if (op.op == "allgather" && lane && op.comm == "main")
+                ADD_FAILURE() << "an all-gather on the main communicator beside a lane";
+        }
+        // Forward and backward gather every unit at least once (the head's stay gathered).
+        if (lane)
+            EXPECT_GE(allgathers, config.num_hidden_layers + 2);
+        else
+            EXPECT_EQ(allgathers, 0);
+        EXPECT_GE(reduce_scatters, config.num_hidden_layers + 2);
+    }
+    // The parameters after one AdamW step agree exactly.
+    ASSERT_EQ(params[0].size(), params[1].size());
+    for (std::size_t i = 0; i < params[0].size(); ++i)
+        EXPECT_TRUE(torch::equal(params[0][i], params[1][i])) << i;
 }

@@ -2,6 +2,7 @@
 // position and pair computed in double, softmax attention with an explicit causal mask, SwiGLU),
 // incl. grouped-query attention and Llama-3.1 frequency scaling; the Meta (interleaved) rotary
 // convention with torchtune's q/k permutation; packed samples; activation checkpointing; configs.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -307,6 +308,64 @@ TEST(Llama, LoadsHuggingFaceSafetensorsAndNamesShapeMismatches) {
         EXPECT_NE(msg.find("[40, 32]"), std::string::npos) << msg;
         EXPECT_NE(msg.find("[44, 32]"), std::string::npos) << msg;
     }
+    fs::remove_all(dir);
+}
+
+TEST(Llama, PerUnitMaterialisationDoesNotDependOnTheOrderAndLoadsUnitByUnit) {
+    // Issue 36 point 3: built on the meta device, each unit materialised from its own generator,
+    // so that FSDP (one unit at a time, sharded before the next) and unsharded runs start from
+    // the same values whatever the order.
+    using Impl = tm_::LlamaForCausalLMImpl;
+    const tm_::LlamaConfig c = small(false);
+    const auto options = torch::TensorOptions().dtype(torch::kFloat64);
+    auto gen = [](int unit) { return at::make_generator<at::CPUGeneratorImpl>(700 + unit); };
+    tm_::LlamaForCausalLM a(c, options, Impl::Materialize::PerUnit);
+    tm_::LlamaForCausalLM b(c, options, Impl::Materialize::PerUnit);
+    for (const auto& p : a->parameters())
+        EXPECT_TRUE(p.is_meta());
+    const int units = static_cast<int>(a->num_units());
+    for (int u = 0; u < units; ++u) {
+        EXPECT_FALSE(a->unit_materialized(u));
+        a->materialize_unit(u, gen(u));
+        EXPECT_TRUE(a->unit_materialized(u));
+    }
+    for (int u = units - 1; u >= 0; --u)
+        b->materialize_unit(u, gen(u));
+    auto pb = b->named_parameters();
+    for (const auto& p : a->named_parameters()) {
+        EXPECT_FALSE(p.value().is_meta()) << p.key();
+        EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+        EXPECT_TRUE(p.value().requires_grad()) << p.key();
+    }
+    EXPECT_TRUE(torch::equal(a->norm->weight, torch::ones_like(a->norm->weight)));
+    EXPECT_NEAR(a->embed_tokens->weight.std().item<double>(), 0.02, 0.002);
+    auto pa = a->named_parameters();
+    EXPECT_FALSE(torch::equal(pa["layers.0.mlp.up_proj.weight"], pa["layers.1.mlp.up_proj.weight"]))
+        << "two layers drew the same values";
+
+    // A checkpoint of `a` loaded unit by unit (last unit first) into a third meta-built model.
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    for (auto& item : a->named_parameters()) {
+        const std::string& k = item.key();
+        tensors.emplace_back(k.rfind("lm_head", 0) == 0 ? k : "model." + k, item.value());
+    }
+    const fs::path dir = trainscope::testing::temp_dir("llama", "per_unit");
+    tm_::save_safetensors((dir / "model.safetensors").string(), tensors);
+    tm_::LlamaForCausalLM d(c, options, Impl::Materialize::PerUnit);
+    tm_::HfWeightLoader loader(*d, dir.string());
+    EXPECT_THROW(loader.load_unit(*d, 1), trainscope::core::InternalError) << "unit still on meta";
+    for (int u = units - 1; u >= 0; --u) {
+        d->materialize_unit(u, gen(100 + u));
+        loader.load_unit(*d, u);
+    }
+    EXPECT_EQ(loader.report().tensors_loaded, static_cast<std::int64_t>(tensors.size()));
+    const torch::Tensor ids = torch::randint(0, c.vocab_size, {2, 6}, torch::kInt64);
+    EXPECT_TRUE(torch::equal(d->forward(ids), a->forward(ids)));
+    // The checks run on the meta model, before any unit has memory.
+    auto other = c;
+    other.intermediate_size = c.intermediate_size + 4;
+    tm_::LlamaForCausalLM wrong(other, options, Impl::Materialize::PerUnit);
+    EXPECT_THROW(tm_::HfWeightLoader(*wrong, dir.string()), trainscope::core::InputError);
     fs::remove_all(dir);
 }
 

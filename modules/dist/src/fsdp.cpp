@@ -64,27 +64,24 @@ struct FsdpModel::PendingReduce {
 };
 
 FsdpModel::FsdpModel(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options)
-    : comm_(comm), model_(model), o_(options), rank_(comm.rank()), world_(comm.size()) {
+    : comm_(comm), gather_lane_(comm.make_lane()), model_(model), o_(options), rank_(comm.rank()),
+      world_(comm.size()) {
     torch::NoGradGuard no_grad;
-    // The units' modules, in forward order, with the prefix of their tensors' names.
-    std::vector<std::pair<std::string, std::vector<std::pair<std::string, torch::nn::Module*>>>>
-        spec;
-    spec.push_back({"embed_tokens", {{"embed_tokens.", model.embed_tokens.get()}}});
-    for (std::size_t i = 0; i < model.layers->size(); ++i) {
-        const std::string name = "layers." + std::to_string(i);
-        spec.push_back({name, {{name + ".", model.layers[i].get()}}});
-    }
-    {
-        std::vector<std::pair<std::string, torch::nn::Module*>> head = {
-            {"norm.", model.norm.get()}};
-        auto children = model.named_children();
-        if (children.contains("lm_head")) head.push_back({"lm_head.", children["lm_head"].get()});
-        spec.push_back({"head", head});
-    }
     std::set<const c10::TensorImpl*> seen; // a tensor registered twice (QAT's weight) once
-    for (const auto& [unit_name, modules] : spec) {
+    for (int index = 0; index < model.num_units(); ++index) {
+        // A model built on the meta device gets this unit's memory and values now; the unit is
+        // sharded and its full buffer released before the next one is materialised, so no rank
+        // ever holds more than its shards and one unit.
+        if (o_.materialize) o_.materialize(index);
+        if (!model.unit_materialized(index))
+            throw core::InternalError("FSDP: unit " + std::to_string(index) +
+                                      " is still on the meta device");
+        const auto modules = model.unit_modules(index);
         auto unit = std::make_unique<Unit>();
-        unit->name = unit_name;
+        unit->name = index == 0                       ? std::string("embed_tokens")
+                     : index == model.num_units() - 1 ? std::string("head")
+                                                      : modules.front().first;
+        if (unit->name.back() == '.') unit->name.pop_back();
         // (dtype, trainable, buffer) -> group; buffers (NF4 codes and scales) apart from the
         // dense weights, so the memory columns can tell them apart.
         std::map<std::tuple<int, bool, bool>, Group> groups;
@@ -134,10 +131,10 @@ FsdpModel::FsdpModel(Communicator& comm, models::LlamaForCausalLMImpl& model, Fs
             unit->groups.push_back(std::move(g));
         }
         unit->state = Unit::State::Gathered;
+        free(*unit);
         units_.push_back(std::move(unit));
     }
-    for (auto& u : units_)
-        free(*u);
+    o_.materialize = nullptr; // what it holds (a checkpoint's mapping) is no longer needed
     model_.set_unit_hooks(this);
 }
 
@@ -159,7 +156,8 @@ void FsdpModel::gather(Unit& u) {
     if (u.state != Unit::State::Sharded) return;
     for (Group& g : u.groups) {
         set_storage_bytes(g.full, static_cast<std::size_t>(g.full_bytes()));
-        u.gathers.push_back(comm_.allgather_async(g.local, g.full));
+        u.gathers.push_back(
+            (gather_lane_ ? *gather_lane_ : comm_).allgather_async(g.local, g.full));
         comm_now_.allgather_bytes += static_cast<double>(g.local.nbytes());
         ++comm_now_.allgathers;
     }
@@ -522,7 +520,11 @@ class FsdpParallelism final : public DataParallelism {
   public:
     FsdpParallelism(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options,
                     std::vector<std::string> names)
-        : names_(std::move(names)), fsdp_(comm, model, options) {}
+        : names_(std::move(names)), fsdp_(comm, model, options) {
+        if (names_.empty()) // known only now when the units were materialised by fsdp_
+            for (const auto& p : model.named_parameters(/*recurse=*/true))
+                if (p.value().requires_grad()) names_.push_back(p.key());
+    }
 
     std::string name() const override { return "fsdp"; }
     void begin_iteration() override { fsdp_.begin_iteration(); }

@@ -44,7 +44,12 @@ void progress_loop(std::shared_ptr<ProgressState> s) {
             s->running = false;
         }
         s->cv.notify_all();
-        task.work->finish(error, seconds);
+        // The closure's tensors (a staged copy of the input, say) are released before the waiter
+        // resumes: released after finish(), they lived on for a moment the waiter could not
+        // predict, and the host tensor counter's end-of-iteration reading varied by that copy.
+        std::shared_ptr<MpiWork> work = std::move(task.work);
+        task.run = nullptr;
+        work->finish(error, seconds);
     }
 }
 

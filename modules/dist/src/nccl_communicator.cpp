@@ -357,9 +357,10 @@ class NcclCommunicator final : public Communicator {
                 NCCL_CHECK(ncclGroupEnd());
             });
         {
-            std::lock_guard<std::mutex> lock(mutex_);
+            NcclCommunicator& owner = stats_owner_ ? *stats_owner_ : *this;
+            std::lock_guard<std::mutex> lock(owner.stats_mutex_);
             for (const P2POp* op : live) {
-                CommStats& st = stats_[op->kind == P2POp::Kind::Send ? "send" : "recv"];
+                CommStats& st = owner.stats_[op->kind == P2POp::Kind::Send ? "send" : "recv"];
                 st.calls += 1;
                 st.bytes += op->tensor.nbytes();
                 st.seconds += work.second / static_cast<double>(live.size());
@@ -369,8 +370,17 @@ class NcclCommunicator final : public Communicator {
     }
 
     std::map<std::string, CommStats> stats() const override {
-        std::lock_guard<std::mutex> lock(mutex_);
+        std::lock_guard<std::mutex> lock(stats_mutex_);
         return stats_;
+    }
+
+    std::unique_ptr<Communicator> make_lane() override {
+        // Its unique id travels over our host communicator (idle here: allreduce_host runs on
+        // the caller's thread, which is constructing the lane).
+        auto lane =
+            std::make_unique<NcclCommunicator>(host_comm_, device_, health_->timeout_s.load());
+        lane->stats_owner_ = this;
+        return lane;
     }
 
   private:
@@ -500,8 +510,9 @@ class NcclCommunicator final : public Communicator {
         auto [work, seconds] =
             launch_group(kind, std::vector<torch::Tensor>(tensors), enqueue, timed);
         if (bytes > 0) {
-            std::lock_guard<std::mutex> lock(mutex_);
-            CommStats& s = stats_[kind];
+            NcclCommunicator& owner = stats_owner_ ? *stats_owner_ : *this;
+            std::lock_guard<std::mutex> lock(owner.stats_mutex_);
+            CommStats& s = owner.stats_[kind];
             s.calls += 1;
             s.bytes += bytes;
             s.seconds += seconds;
@@ -515,9 +526,11 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t comm_ = nullptr; // == health_->comm; used only under health_->m, while live
     // The handle's fate and the event pools, shared with the Works (see NcclHealth).
     std::shared_ptr<NcclHealth> health_;
-    bool host_broken_ = false; // an allreduce_host timed out: its collective stays pending
-    mutable std::mutex mutex_; // launches one at a time; stats_
+    bool host_broken_ = false;       // an allreduce_host timed out: its collective stays pending
+    mutable std::mutex mutex_;       // launches one at a time
+    mutable std::mutex stats_mutex_; // stats_ (a lane's launches count in its owner's)
     std::map<std::string, CommStats> stats_;
+    NcclCommunicator* stats_owner_ = nullptr; // make_lane(): the communicator that made this one
 };
 
 } // namespace

@@ -75,11 +75,11 @@ torch::Tensor QatProjectionImpl::forward(const torch::Tensor& x) {
                                          fake_quantize_weights_int4(weight, group_size_));
 }
 
-std::int64_t apply_qat(torch::nn::Module& model, std::int64_t group_size) {
+std::int64_t apply_qat(torch::nn::Module& model, std::int64_t group_size, const NameScope& scope) {
     std::int64_t n = 0;
     for_each_projection(model, [&](torch::nn::Module& parent, const std::string& child,
                                    const std::string& full, std::shared_ptr<ProjectionImpl> p) {
-        if (full.rfind("layers.", 0) != 0) return;
+        if (full.rfind("layers.", 0) != 0 || !in_scope(scope, full)) return;
         auto lin = std::dynamic_pointer_cast<LinearProjectionImpl>(p);
         if (!lin) return;
         parent.replace_module(child, std::make_shared<QatProjectionImpl>(lin, group_size));

@@ -601,33 +601,111 @@ struct UnitBoundary : torch::autograd::Function<UnitBoundary> {
 } // namespace
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& config,
-                                           const torch::TensorOptions& options)
-    : config_(config) {
+                                           const torch::TensorOptions& options, Materialize when)
+    : config_(config), device_(options.device()) {
     config_.validate();
-    embed_tokens = register_module("embed_tokens",
-                                   torch::nn::Embedding(config.vocab_size, config.hidden_size));
-    embed_tokens->to(options.device(), options.dtype().toScalarType());
-    {
+    const bool now = when == Materialize::Now;
+    // PerUnit: shapes and dtypes only; materialize_unit() gives each unit memory and values.
+    const torch::TensorOptions p = now ? options : options.device(torch::kMeta);
+    if (now) {
+        embed_tokens = register_module("embed_tokens",
+                                       torch::nn::Embedding(config.vocab_size, config.hidden_size));
+        embed_tokens->to(options.device(), options.dtype().toScalarType());
         torch::NoGradGuard no_grad;
         embed_tokens->weight.normal_(0.0, 0.02);
+    } else {
+        embed_tokens = register_module(
+            "embed_tokens",
+            torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size)
+                                     ._weight(torch::empty({config.vocab_size, config.hidden_size},
+                                                           p.requires_grad(false)))));
     }
     layers = register_module("layers", torch::nn::ModuleList());
     for (std::int64_t i = 0; i < config.num_hidden_layers; ++i) {
-        LlamaDecoderLayer layer(config, options);
-        for (torch::nn::Module* block : {static_cast<torch::nn::Module*>(layer->self_attn.get()),
-                                         static_cast<torch::nn::Module*>(layer->mlp.get())})
-            for (const auto& child : block->named_children())
-                init_normal(std::dynamic_pointer_cast<ProjectionImpl>(child.value()));
+        LlamaDecoderLayer layer(config, p);
+        if (now)
+            for (torch::nn::Module* block :
+                 {static_cast<torch::nn::Module*>(layer->self_attn.get()),
+                  static_cast<torch::nn::Module*>(layer->mlp.get())})
+                for (const auto& child : block->named_children())
+                    init_normal(std::dynamic_pointer_cast<ProjectionImpl>(child.value()));
         layers->push_back(layer);
     }
-    norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps, options));
+    norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps, p));
     if (!config.tie_word_embeddings) {
-        auto lm_head = register_module(
-            "lm_head",
-            std::make_shared<LinearProjectionImpl>(config.hidden_size, config.vocab_size, options));
-        init_normal(lm_head);
+        auto lm_head = register_module("lm_head", std::make_shared<LinearProjectionImpl>(
+                                                      config.hidden_size, config.vocab_size, p));
+        if (now) init_normal(lm_head);
     }
     inv_freq_ = rope_inverse_frequencies(config).to(options.device());
+}
+
+std::vector<std::pair<std::string, torch::nn::Module*>>
+LlamaForCausalLMImpl::unit_modules(int unit) {
+    if (unit < 0 || unit >= num_units())
+        throw core::InternalError("unit_modules: no unit " + std::to_string(unit));
+    if (unit == 0) return {{"embed_tokens.", embed_tokens.get()}};
+    if (unit <= config_.num_hidden_layers) {
+        const std::string name = "layers." + std::to_string(unit - 1);
+        return {{name + ".", layers[static_cast<std::size_t>(unit - 1)].get()}};
+    }
+    std::vector<std::pair<std::string, torch::nn::Module*>> head = {{"norm.", norm.get()}};
+    auto children = named_children();
+    if (children.contains("lm_head")) head.push_back({"lm_head.", children["lm_head"].get()});
+    return head;
+}
+
+bool LlamaForCausalLMImpl::unit_materialized(int unit) {
+    for (const auto& [prefix, module] : unit_modules(unit)) {
+        for (const auto& t : module->parameters(/*recurse=*/true))
+            if (t.is_meta()) return false;
+        for (const auto& t : module->buffers(/*recurse=*/true))
+            if (t.is_meta()) return false;
+    }
+    return true;
+}
+
+namespace {
+
+// The registered parameters of any module (torch::nn::Module keeps them protected and refuses to
+// register a name twice): a pointer to the protected member, formed inside a derived class.
+struct ModuleAccess : torch::nn::Module {
+    static torch::OrderedDict<std::string, torch::Tensor>& parameters_of(torch::nn::Module& m) {
+        return m.*(&ModuleAccess::parameters_);
+    }
+};
+
+} // namespace
+
+void LlamaForCausalLMImpl::materialize_unit(int unit, at::Generator generator) {
+    torch::NoGradGuard no_grad;
+    // A meta parameter cannot take real memory in place (set_data refuses the device change), so
+    // the module's registered "weight" and its member are both replaced by a new tensor with the
+    // same requires_grad. Drawn on the host with the given generator, then moved: the same
+    // values on every device.
+    auto fill = [&](torch::nn::Module& owner, torch::Tensor& weight, bool ones) {
+        if (!weight.defined() || !weight.is_meta()) return;
+        const auto host = torch::TensorOptions().dtype(weight.scalar_type());
+        torch::Tensor v = ones ? torch::ones(weight.sizes(), host)
+                               : torch::empty(weight.sizes(), host).normal_(0.0, 0.02, generator);
+        v = v.to(device_);
+        v.set_requires_grad(weight.requires_grad());
+        ModuleAccess::parameters_of(owner)["weight"] = v;
+        weight = v;
+    };
+    for (const auto& [prefix, module] : unit_modules(unit)) {
+        // Registration order (the order a checkpoint or the Now path visits them in).
+        for (const auto& m : module->modules(/*include_self=*/true)) {
+            if (auto* n = dynamic_cast<RMSNormImpl*>(m.get())) fill(*n, n->weight, true);
+            if (auto* e = dynamic_cast<torch::nn::EmbeddingImpl*>(m.get()))
+                fill(*e, e->weight, false);
+            if (auto* l = dynamic_cast<LinearProjectionImpl*>(m.get())) fill(*l, l->weight, false);
+        }
+        for (const auto& t : module->named_parameters(/*recurse=*/true))
+            if (t.value().is_meta())
+                throw core::InternalError("materialize_unit: " + prefix + t.key() +
+                                          " has no initialiser");
+    }
 }
 
 torch::Tensor LlamaForCausalLMImpl::hidden_states(const torch::Tensor& input_ids,
@@ -741,13 +819,12 @@ bool derived_from_config(const std::string& name) {
 
 } // namespace
 
-LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& checkpoint) {
-    const SafetensorsCheckpoint ckpt(checkpoint);
-    LoadReport r;
-    torch::NoGradGuard no_grad;
+HfWeightLoader::HfWeightLoader(LlamaForCausalLMImpl& model, const std::string& checkpoint)
+    : ckpt_(std::make_unique<SafetensorsCheckpoint>(checkpoint)) {
+    const SafetensorsCheckpoint& ckpt = *ckpt_;
+    LoadReport& r = report_;
     // Checkpoint name of every parameter: "model.X" ("lm_head.weight" as is), or "X" for
     // checkpoints saved without the "model." prefix.
-    std::vector<std::pair<std::string, torch::Tensor>> plan; // handles sharing the parameters
     std::set<std::string> used;
     for (auto& item : model.named_parameters(/*recurse=*/true)) {
         const std::string& name = item.key();
@@ -767,7 +844,7 @@ LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& check
                    "config.json that came with these weights";
             throw core::InputError(msg.str());
         }
-        plan.emplace_back(hf, item.value());
+        hf_name_[name] = hf;
         used.insert(hf);
     }
     // Every other tensor is accounted for before anything is copied: derivable ones are skipped
@@ -817,13 +894,32 @@ LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& check
             (biases ? " (trainscope's Llama has no biases)" : "") +
             "; use a Llama-3 / 3.1 / 3.2 checkpoint, or remove tensors that are no weights");
     }
-    for (auto& [hf, param] : plan) {
-        param.copy_(ckpt.tensor(hf));
-        const SafetensorsEntry& e = ckpt.entry(hf);
-        r.bytes_read += static_cast<std::int64_t>(e.end - e.begin);
-        ++r.tensors_loaded;
-    }
-    return r;
+}
+
+HfWeightLoader::~HfWeightLoader() = default;
+
+void HfWeightLoader::load_unit(LlamaForCausalLMImpl& model, int unit) {
+    torch::NoGradGuard no_grad;
+    for (const auto& [prefix, module] : model.unit_modules(unit))
+        for (auto& item : module->named_parameters(/*recurse=*/true)) {
+            const auto it = hf_name_.find(prefix + item.key());
+            if (it == hf_name_.end())
+                throw core::InternalError("HfWeightLoader: parameter " + prefix + item.key() +
+                                          " was not planned (load before applying LoRA/NF4/QAT)");
+            if (item.value().is_meta())
+                throw core::InternalError("HfWeightLoader: " + it->first + " is not materialised");
+            item.value().copy_(ckpt_->tensor(it->second));
+            const SafetensorsEntry& e = ckpt_->entry(it->second);
+            report_.bytes_read += static_cast<std::int64_t>(e.end - e.begin);
+            ++report_.tensors_loaded;
+        }
+}
+
+LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& checkpoint) {
+    HfWeightLoader loader(model, checkpoint);
+    for (int u = 0; u < model.num_units(); ++u)
+        loader.load_unit(model, u);
+    return loader.report();
 }
 
 } // namespace trainscope::models

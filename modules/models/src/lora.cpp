@@ -25,7 +25,8 @@ const std::vector<std::string>& known_targets() {
 }
 } // namespace
 
-LoraProjectionImpl::LoraProjectionImpl(std::shared_ptr<ProjectionImpl> base_, const LoraOptions& o)
+LoraProjectionImpl::LoraProjectionImpl(std::shared_ptr<ProjectionImpl> base_, const LoraOptions& o,
+                                       std::optional<at::Generator> generator)
     : ProjectionImpl(base_->in_features, base_->out_features), base(std::move(base_)),
       scaling(o.alpha / static_cast<double>(o.rank)), dropout_(o.dropout) {
     if (o.rank <= 0) throw core::ConfigError("llm.lora.rank must be positive");
@@ -36,7 +37,10 @@ LoraProjectionImpl::LoraProjectionImpl(std::shared_ptr<ProjectionImpl> base_, co
     // 1 / sqrt(in).
     const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
     lora_a = register_parameter(
-        "lora_a", torch::empty({o.rank, in_features}, options).uniform_(-bound, bound));
+        "lora_a", generator ? torch::empty({o.rank, in_features}, torch::dtype(w.scalar_type()))
+                                  .uniform_(-bound, bound, *generator)
+                                  .to(w.device())
+                            : torch::empty({o.rank, in_features}, options).uniform_(-bound, bound));
     lora_b = register_parameter("lora_b", torch::zeros({out_features, o.rank}, options));
 }
 
@@ -69,10 +73,12 @@ void validate_lora_targets(const std::vector<std::string>& targets) {
                                     "v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head");
 }
 
-std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options) {
+std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options,
+                                    const NameScope& scope,
+                                    std::optional<at::Generator> generator) {
     validate_lora_targets(options.targets);
-    for (auto& p : model.parameters())
-        p.set_requires_grad(false);
+    for (auto& p : model.named_parameters(/*recurse=*/true))
+        if (in_scope(scope, p.key())) p.value().set_requires_grad(false);
     std::vector<std::string> wrapped;
     for_each_projection(model, [&](torch::nn::Module& parent, const std::string& child,
                                    const std::string& full, std::shared_ptr<ProjectionImpl> p) {
@@ -80,7 +86,8 @@ std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions&
             options.targets.end())
             return;
         if (std::dynamic_pointer_cast<LoraProjectionImpl>(p)) return; // already wrapped
-        parent.replace_module(child, std::make_shared<LoraProjectionImpl>(p, options));
+        if (!in_scope(scope, full)) return;
+        parent.replace_module(child, std::make_shared<LoraProjectionImpl>(p, options, generator));
         wrapped.push_back(full);
     });
     return wrapped;

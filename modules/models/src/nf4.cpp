@@ -180,11 +180,13 @@ torch::Tensor Nf4ProjectionImpl::forward(const torch::Tensor& x) {
     return LinearNf4::apply(x, &weight);
 }
 
-std::int64_t quantize_nf4(torch::nn::Module& model, torch::ScalarType compute_dtype) {
+std::int64_t quantize_nf4(torch::nn::Module& model, torch::ScalarType compute_dtype,
+                          const NameScope& scope) {
     std::int64_t saved = 0;
     for_each_projection(model, [&](torch::nn::Module& parent, const std::string& child,
                                    const std::string& full, std::shared_ptr<ProjectionImpl> p) {
         if (full.rfind("layers.", 0) != 0) return; // embeddings, norms and head stay dense
+        if (!in_scope(scope, full)) return;
         auto lin = std::dynamic_pointer_cast<LinearProjectionImpl>(p);
         if (!lin) return;
         auto q = std::make_shared<Nf4ProjectionImpl>(lin->weight, compute_dtype);

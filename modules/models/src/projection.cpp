@@ -40,4 +40,12 @@ void for_each_projection(torch::nn::Module& root, const ProjectionVisitor& fn) {
     visit(root, "", fn);
 }
 
+bool in_scope(const NameScope& scope, const std::string& name) {
+    if (scope.empty()) return true;
+    const std::string dotted = name + ".";
+    for (const auto& prefix : scope)
+        if (dotted.compare(0, prefix.size(), prefix) == 0) return true;
+    return false;
+}
+
 } // namespace trainscope::models

@@ -3,6 +3,9 @@
 // data-parallel kinds).
 #include <malloc.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -31,38 +34,23 @@ std::string LlmModel::describe() const {
     return o.str();
 }
 
-LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
-                         const PrecisionPolicy& policy, torch::Device device) {
-    LlmModel m;
-    const auto options = torch::TensorOptions().dtype(policy.param_dtype).device(device);
-    m.model = models::LlamaForCausalLM(config, options);
-    if (!o.checkpoint.empty()) {
-        const models::LoadReport r = models::load_hf_weights(*m.model, o.checkpoint);
-        core::log::info() << "loaded " << r.tensors_loaded << " tensors ("
-                          << r.bytes_read / (1024.0 * 1024.0) << " MiB) from " << o.checkpoint
-                          << (r.tensors_derived ? ", skipped " + std::to_string(r.tensors_derived) +
-                                                      " derivable (rotary caches, a tied head)"
-                                                : std::string());
-    }
-    m.model->set_activation_checkpointing(o.activation_checkpointing);
-    m.parameters = config.num_parameters();
-    switch (o.method) {
-    case LlmMethod::Full:
-        break;
-    case LlmMethod::Lora:
-    case LlmMethod::Dpo:
-        models::apply_lora(*m.model, o.lora);
-        break;
-    case LlmMethod::Qlora:
-        models::quantize_nf4(*m.model, policy.param_dtype);
-        models::apply_lora(*m.model, o.lora);
-        break;
-    case LlmMethod::Qat:
-        models::apply_qat(*m.model, o.qat_group_size);
-        if (o.qat_lora) models::apply_lora(*m.model, o.lora);
-        models::set_qat_enabled(*m.model, o.qat_start_step == 0);
-        break;
-    }
+namespace {
+
+// Seed of one unit's generator: its initial values depend on the run's seed and the unit only.
+std::uint64_t unit_seed(std::uint64_t seed, int unit) {
+    std::uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(unit + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL; // splitmix64's finaliser
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+} // namespace
+
+void finish_llm_model(LlmModel& m) {
+    m.trainable_names.clear();
+    m.trainable.clear();
+    m.trainable_parameters = 0;
+    m.projections.clear();
     for (const auto& item : m.model->named_parameters(/*recurse=*/true))
         if (item.value().requires_grad()) {
             m.trainable_names.push_back(item.key());
@@ -72,12 +60,85 @@ LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
     models::for_each_projection(
         *m.model, [&](torch::nn::Module&, const std::string&, const std::string&,
                       std::shared_ptr<models::ProjectionImpl> p) { ++m.projections[p->kind()]; });
+    m.materialize_unit = nullptr; // releases the checkpoint's mapping
     // Building and quantising freed large temporaries (the dense weights before NF4, the
     // checkpoint's mapped pages): hand them back to the OS so RSS shows what training holds.
     ::malloc_trim(0);
-    if (m.trainable.empty())
-        throw core::ConfigError("llm.method=" + std::string(to_string(o.method)) +
-                                " left nothing to train (llm.lora.targets matched no projection?)");
+}
+
+LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
+                         const PrecisionPolicy& policy, torch::Device device, std::uint64_t seed) {
+    LlmModel m;
+    const auto options = torch::TensorOptions().dtype(policy.param_dtype).device(device);
+    // Shapes only (the meta device); each unit gets memory, values, checkpoint weights and the
+    // method's transform in materialize_unit, here for every unit or unit by unit under FSDP.
+    m.model = models::LlamaForCausalLM(config, options,
+                                       models::LlamaForCausalLMImpl::Materialize::PerUnit);
+    m.model->set_activation_checkpointing(o.activation_checkpointing);
+    m.parameters = config.num_parameters();
+    if (uses_lora(o)) {
+        // Refused before anything is materialised (and the same on every rank).
+        bool any = false;
+        models::for_each_projection(*m.model, [&](torch::nn::Module&, const std::string& child,
+                                                  const std::string&,
+                                                  std::shared_ptr<models::ProjectionImpl>) {
+            any = any || std::find(o.lora.targets.begin(), o.lora.targets.end(), child) !=
+                             o.lora.targets.end();
+        });
+        models::validate_lora_targets(o.lora.targets);
+        if (!any)
+            throw core::ConfigError("llm.method=" + std::string(to_string(o.method)) +
+                                    " left nothing to train (llm.lora.targets matched no "
+                                    "projection: lm_head alone with tied embeddings?)");
+    }
+    std::shared_ptr<models::HfWeightLoader> loader;
+    if (!o.checkpoint.empty()) // names, shapes and unused tensors checked before any read
+        loader = std::make_shared<models::HfWeightLoader>(*m.model, o.checkpoint);
+    models::LlamaForCausalLMImpl* model = m.model.get();
+    const LlmOptions opts = o;
+    const torch::ScalarType dtype = policy.param_dtype;
+    m.materialize_unit = [model, loader, opts, dtype, seed](int unit) {
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(unit_seed(seed, unit));
+        model->materialize_unit(unit, gen);
+        if (loader) loader->load_unit(*model, unit);
+        models::NameScope scope;
+        for (const auto& [prefix, module] : model->unit_modules(unit))
+            scope.push_back(prefix);
+        switch (opts.method) {
+        case LlmMethod::Full:
+            break;
+        case LlmMethod::Lora:
+        case LlmMethod::Dpo:
+            models::apply_lora(*model, opts.lora, scope, gen);
+            break;
+        case LlmMethod::Qlora:
+            models::quantize_nf4(*model, dtype, scope);
+            models::apply_lora(*model, opts.lora, scope, gen);
+            break;
+        case LlmMethod::Qat:
+            models::apply_qat(*model, opts.qat_group_size, scope);
+            if (opts.qat_lora) models::apply_lora(*model, opts.lora, scope, gen);
+            models::set_qat_enabled(*model, opts.qat_start_step == 0);
+            break;
+        }
+    };
+    if (loader) {
+        const models::LoadReport& r = loader->report();
+        core::log::info() << "checkpoint " << o.checkpoint << ": " << config.num_parameters()
+                          << " parameters planned"
+                          << (r.tensors_derived ? ", " + std::to_string(r.tensors_derived) +
+                                                      " derivable tensors skipped (rotary "
+                                                      "caches, a tied head)"
+                                                : std::string());
+    }
+    if (o.sharding.zero == dist::ZeroStage::Parameters) return m; // FSDP materialises per unit
+    for (int u = 0; u < m.model->num_units(); ++u)
+        m.materialize_unit(u);
+    if (loader)
+        core::log::info() << "loaded " << loader->report().tensors_loaded << " tensors ("
+                          << loader->report().bytes_read / (1024.0 * 1024.0) << " MiB) from "
+                          << o.checkpoint;
+    finish_llm_model(m);
     return m;
 }
 
@@ -125,8 +186,10 @@ std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o,
     fo.reshard_after_forward = o.sharding.reshard_after_forward;
     fo.prefetch = o.sharding.prefetch;
     fo.adamw = h;
-    auto fsdp = dist::make_fsdp(comm, *m.model, fo, m.trainable_names);
-    ::malloc_trim(0); // the full weights built on every rank are gone
+    // Each unit is materialised (initialised, loaded, transformed) just before it is sharded.
+    fo.materialize = m.materialize_unit;
+    auto fsdp = dist::make_fsdp(comm, *m.model, fo, {});
+    finish_llm_model(m);
     return fsdp;
 }
 

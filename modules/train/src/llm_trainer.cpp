@@ -56,15 +56,15 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
         const std::int64_t pad = tokenizer.specials().pad >= 0 ? tokenizer.specials().pad : 0;
         s.packs = data::pack_samples(all, l.dataset.max_seq_len, pad);
     }
+    // Under dist.zero=3 the model is materialised unit by unit here.
+    s.parallel = parallelize_llm(l, s.o.optimizer, s.o.precision.loss_scaling, comm, s.m,
+                                 static_cast<std::size_t>(s.o.bucket_bytes),
+                                 static_cast<std::size_t>(s.o.first_bucket_bytes));
     // Frozen state for the memory columns: dense base weights and NF4 buffers.
     for (const auto& p : s.m.model->parameters())
         if (!p.requires_grad()) s.frozen_bytes += bytes_of(p);
     for (const auto& b : s.m.model->named_buffers())
         s.nf4_bytes += bytes_of(b.value());
-
-    s.parallel = parallelize_llm(l, s.o.optimizer, s.o.precision.loss_scaling, comm, s.m,
-                                 static_cast<std::size_t>(s.o.bucket_bytes),
-                                 static_cast<std::size_t>(s.o.first_bucket_bytes));
     // Per rank: what the kind holds of the frozen tensors (FSDP: the shards).
     s.parallel->frozen_bytes(s.frozen_bytes, s.nf4_bytes);
     GradScaler::Options so;

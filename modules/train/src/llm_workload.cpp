@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <utility>
@@ -114,6 +115,9 @@ class LlmWorkload final : public Workload {
     std::unique_ptr<dist::Communicator> comm_;
     std::unique_ptr<LlmTrainer> trainer_;
     std::string dataset_description_, plan_text_;
+    // Largest tensor peak of any rank while the model was built and parallelised (NaN: not
+    // measured, i.e. the host tensor counter is off).
+    double build_peak_bytes_ = std::numeric_limits<double>::quiet_NaN();
     LlmMemoryPlan memory_; // this run's method
 };
 
@@ -329,11 +333,19 @@ void LlmWorkload::build() {
     plan_text_ = o.str();
     if (env_.dry_run) return;
 
-    // The model (on every rank the same seed, then rank 0's values broadcast by the trainer).
+    // The model (initial values from the seed per unit, the same on every rank; rank 0's values
+    // broadcast by the trainer). The build's tensor peak on this rank is measured from here to the
+    // parallelised model: under dist.zero=3 it is the shards and one unit, not the whole model.
     torch::manual_seed(static_cast<std::int64_t>(env_.train.seed));
+    const int cuda_index = cuda ? env_.device.device.index() : -1;
+    if (cuda)
+        prof::reset_device_peaks(cuda_index);
+    else
+        prof::reset_host_tensor_peak();
     LlmModel model;
-    dist::agree_on_errors(env_.world,
-                          [&] { model = build_llm_model(l_, llama_, policy, env_.device.device); });
+    dist::agree_on_errors(env_.world, [&] {
+        model = build_llm_model(l_, llama_, policy, env_.device.device, env_.train.seed);
+    });
     core::log::info() << "model " << llama_.name << ": " << model.describe();
     LlmTrainerOptions t;
     t.llm = l_;
@@ -354,6 +366,15 @@ void LlmWorkload::build() {
         trainer_ = std::make_unique<LlmTrainer>(t, std::move(model), *text_, *tokenizer_, *comm_,
                                                 env_.world, validation);
     });
+    const double build_peak =
+        cuda ? prof::device_allocated_peak_bytes(cuda_index) : prof::host_tensor_bytes().peak;
+    if (std::isfinite(build_peak)) {
+        core::log::info() << "model build: peak " << std::fixed << std::setprecision(1)
+                          << build_peak / (1024.0 * 1024.0) << " MiB of tensors on this rank";
+        double max = build_peak;
+        MPI_Allreduce(MPI_IN_PLACE, &max, 1, MPI_DOUBLE, MPI_MAX, env_.world);
+        build_peak_bytes_ = max;
+    }
     if (env_.resumed) trainer_->restore(*env_.resumed);
 }
 
@@ -413,6 +434,7 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         a.push_back({"trainable_parameters", m.trainable_parameters});
         a.push_back({"projections", kinds});
         a.push_back({"flops_per_token", trainer_->flops_per_token()});
+        if (std::isfinite(build_peak_bytes_)) a.push_back({"build_peak_bytes", build_peak_bytes_});
     }
     return a;
 }

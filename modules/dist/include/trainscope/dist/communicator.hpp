@@ -172,6 +172,15 @@ class Communicator {
     // batch on the communicator's stream, then a host wait for the end event (bounded by
     // dist.timeout, polling NCCL's errors); no event per operation is created for it.
     virtual double time_batch(const std::function<void()>& ops);
+
+    // A second communicator over the same ranks whose collectives run beside this one's, for
+    // FSDP's all-gathers (FSDP2 issues them on a stream apart from its reduce-scatters, so a
+    // prefetched all-gather never queues behind the previous unit's reduce-scatter). NCCL: its
+    // own NCCL communicator and high-priority stream; its operations count in this
+    // communicator's stats(). Collective over the ranks. Null (the default) where the backend
+    // cannot run two collectives at once: MPI runs at MPI_THREAD_SERIALIZED, where two progress
+    // threads, each inside a different collective, would deadlock across ranks.
+    virtual std::unique_ptr<Communicator> make_lane() { return nullptr; }
 };
 
 // backend "mpi" or "nccl". Collective over `comm` (duplicates it, so user traffic on `comm` never

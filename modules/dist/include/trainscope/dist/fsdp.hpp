@@ -43,6 +43,9 @@ struct FsdpOptions {
     bool reshard_after_forward = true;
     bool prefetch = true;
     ZeroAdamW adamw;
+    // Called with each unit's index before that unit is sharded, for models built on the meta
+    // device (LlamaForCausalLMImpl::Materialize::PerUnit); empty when the model is materialised.
+    std::function<void(int unit)> materialize;
 };
 
 // Communication of one iteration. *_s: the collectives' own durations (Work::seconds; MPI: on the
@@ -134,6 +137,9 @@ class FsdpModel final : public models::UnitHooks {
     double sum_groups(const std::function<double(const Group&)>& bytes) const;
 
     Communicator& comm_;
+    // The all-gathers' own communicator where the backend has one (Communicator::make_lane:
+    // NCCL), else null and they share comm_ with the reduce-scatters.
+    std::unique_ptr<Communicator> gather_lane_;
     models::LlamaForCausalLMImpl& model_;
     FsdpOptions o_;
     int rank_ = 0, world_ = 1;
@@ -145,7 +151,8 @@ class FsdpModel final : public models::UnitHooks {
 };
 
 // FSDP as a DataParallelism. `trainable_names`: the model's trainable parameters in the order
-// full_trainable() returns them.
+// full_trainable() returns them; empty = those that require grad once every unit is materialised,
+// in the model's order.
 std::unique_ptr<DataParallelism> make_fsdp(Communicator& comm, models::LlamaForCausalLMImpl& model,
                                            FsdpOptions options,
                                            std::vector<std::string> trainable_names);

@@ -40,7 +40,9 @@ class QatProjectionImpl : public ProjectionImpl {
 
 // Wraps every plain projection inside the decoder layers (attention and MLP) in a QatProjection;
 // returns how many. Apply before LoRA for QAT + LoRA (LoRA then wraps the QAT projection).
-std::int64_t apply_qat(torch::nn::Module& model, std::int64_t group_size = 256);
+// With a scope (projection.hpp), only the projections in it.
+std::int64_t apply_qat(torch::nn::Module& model, std::int64_t group_size = 256,
+                       const NameScope& scope = {});
 // Turns fake quantisation on/off everywhere (llm.qat.start_step).
 void set_qat_enabled(torch::nn::Module& model, bool on);
 

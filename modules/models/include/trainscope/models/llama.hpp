@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -174,10 +175,15 @@ class UnitHooks {
 // LinearProjection, absent when tied: the head then reuses embed_tokens.weight).
 class LlamaForCausalLMImpl : public torch::nn::Module {
   public:
-    // Parameters are created in options' dtype and device and initialised as HF does for training
-    // from scratch (normal(0, 0.02) for projections and embeddings, ones for norms), seeded by the
-    // caller's torch::manual_seed.
-    LlamaForCausalLMImpl(const LlamaConfig& config, const torch::TensorOptions& options);
+    // Materialize::Now: parameters are created in options' dtype and device and initialised as HF
+    // does for training from scratch (normal(0, 0.02) for projections and embeddings, ones for
+    // norms), seeded by the caller's torch::manual_seed. Materialize::PerUnit: every parameter is
+    // created on the meta device (shapes and dtypes, no memory) and materialize_unit() allocates
+    // and initialises one unit at a time, so that sharded data parallelism never holds the whole
+    // model (torchtune initialises on meta and materialises shards the same way).
+    enum class Materialize { Now, PerUnit };
+    LlamaForCausalLMImpl(const LlamaConfig& config, const torch::TensorOptions& options,
+                         Materialize when = Materialize::Now);
 
     // input_ids [B, T] int64 -> logits [B, T, vocab] (in the parameters' dtype). position_ids
     // [B, T] (default 0..T-1 per row); segment_ids [B, T] int64 (packed samples: attention stays
@@ -209,6 +215,16 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
     // FSDP (see UnitHooks); null = none. Not owned. num_units() = layers + 2.
     void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
     std::int64_t num_units() const { return config_.num_hidden_layers + 2; }
+    // The modules of a unit with the prefix of their tensors' names ("layers.3."): the embedding;
+    // one decoder layer; the head's norm and, when untied, lm_head (as registered now: LoRA may
+    // have wrapped it).
+    std::vector<std::pair<std::string, torch::nn::Module*>> unit_modules(int unit);
+    // The unit's tensors still on the meta device get memory on the model's device and HF's
+    // initial values, drawn from `generator` (a CPU generator: the values do not depend on the
+    // device, the order units are materialised in, or the rank count). Tensors already
+    // materialised are left alone.
+    void materialize_unit(int unit, at::Generator generator);
+    bool unit_materialized(int unit);
 
     torch::nn::Embedding embed_tokens{nullptr};
     torch::nn::ModuleList layers{nullptr};
@@ -217,7 +233,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
   private:
     LlamaConfig config_;
-    torch::Tensor inv_freq_; // buffer-like, not a parameter, fp32
+    torch::Device device_ = torch::kCPU; // where materialize_unit() puts tensors
+    torch::Tensor inv_freq_;             // buffer-like, not a parameter, fp32
     bool checkpointing_ = false;
     UnitHooks* hooks_ = nullptr;
 };
@@ -239,5 +256,22 @@ struct LoadReport {
     std::int64_t bytes_read = 0;
 };
 LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& checkpoint);
+
+// The same load one unit at a time (models built with Materialize::PerUnit): the constructor
+// checks every name, shape and unused tensor against the model (its meta tensors have shapes),
+// before anything is read; load_unit() copies one materialised unit's parameters.
+class SafetensorsCheckpoint;
+class HfWeightLoader {
+  public:
+    HfWeightLoader(LlamaForCausalLMImpl& model, const std::string& checkpoint);
+    ~HfWeightLoader();
+    void load_unit(LlamaForCausalLMImpl& model, int unit);
+    const LoadReport& report() const { return report_; }
+
+  private:
+    std::unique_ptr<SafetensorsCheckpoint> ckpt_;
+    std::map<std::string, std::string> hf_name_; // model parameter -> checkpoint tensor
+    LoadReport report_;
+};
 
 } // namespace trainscope::models

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,7 +33,10 @@ struct LoraOptions {
 // compute dtype, trainable.
 class LoraProjectionImpl : public ProjectionImpl {
   public:
-    LoraProjectionImpl(std::shared_ptr<ProjectionImpl> base, const LoraOptions& options);
+    // lora_a's initial values come from `generator` when given (drawn on the host), else from
+    // the default generator of the base's device.
+    LoraProjectionImpl(std::shared_ptr<ProjectionImpl> base, const LoraOptions& options,
+                       std::optional<at::Generator> generator = std::nullopt);
     torch::Tensor forward(const torch::Tensor& x) override;
     torch::Tensor dense_weight() const override { return base->dense_weight(); }
     std::string kind() const override;
@@ -56,8 +60,11 @@ void validate_lora_targets(const std::vector<std::string>& targets);
 
 // Wraps every projection of `model` whose name is in options.targets (validated: an unknown target
 // throws core::ConfigError listing the valid ones), freezes every other parameter of the model,
-// and returns the full names of the wrapped projections.
-std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options);
+// and returns the full names of the wrapped projections. With a scope, only the projections and
+// parameters in it (projection.hpp), lora_a drawn from `generator` when given.
+std::vector<std::string> apply_lora(torch::nn::Module& model, const LoraOptions& options,
+                                    const NameScope& scope = {},
+                                    std::optional<at::Generator> generator = std::nullopt);
 
 // All LoRA parameters ("<projection>.lora_a", "<projection>.lora_b") in model order.
 std::vector<std::pair<std::string, torch::Tensor>> lora_parameters(torch::nn::Module& model);

@@ -64,6 +64,8 @@ class Nf4ProjectionImpl : public ProjectionImpl {
 
 // Replaces every plain LinearProjection inside the decoder layers (attention and MLP; not the
 // embeddings, norms or head) by an Nf4Projection in compute_dtype. Returns the bytes saved.
-std::int64_t quantize_nf4(torch::nn::Module& model, torch::ScalarType compute_dtype);
+// With a scope (projection.hpp), only the projections in it.
+std::int64_t quantize_nf4(torch::nn::Module& model, torch::ScalarType compute_dtype,
+                          const NameScope& scope = {});
 
 } // namespace trainscope::models

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace trainscope::models {
 
@@ -48,5 +49,12 @@ using ProjectionVisitor =
     std::function<void(torch::nn::Module& parent, const std::string& child_name,
                        const std::string& full_name, std::shared_ptr<ProjectionImpl> projection)>;
 void for_each_projection(torch::nn::Module& root, const ProjectionVisitor& fn);
+
+// The part of a model a transform (LoRA, NF4, QAT) applies to, as prefixes of dotted names
+// ("layers.3.", "lm_head."): empty = the whole model. A model materialised one unit at a time is
+// transformed one unit at a time, each call touching only that unit's projections and parameters.
+using NameScope = std::vector<std::string>;
+// True when `name` ("layers.3.mlp.up_proj", or "lm_head" for the prefix "lm_head.") is in scope.
+bool in_scope(const NameScope& scope, const std::string& name);
 
 } // namespace trainscope::models

@@ -40,14 +40,23 @@ struct LlmModel {
     std::int64_t parameters = 0; // all model weights (NF4 ones counted as weights)
     std::int64_t trainable_parameters = 0;
     std::map<std::string, std::int64_t> projections; // kind ("linear", "lora", "nf4+lora") -> count
+    // Set while units are still on the meta device (dist.zero=3 until FSDP shards them): gives
+    // unit u memory, its values and the method's transform. Empty once the model is complete.
+    std::function<void(int unit)> materialize_unit;
     std::string describe() const;
 };
 
-// Builds the Llama model on `device` in the policy's parameter dtype (random init seeded by the
-// caller, or the checkpoint's weights), then applies the method: LoRA (lora, dpo), NF4 + LoRA
-// (qlora), fake quantisation (qat, + LoRA with llm.qat.lora), nothing (full).
+// Builds the Llama model on `device` in the policy's parameter dtype, one unit (embedding, layer,
+// head) at a time: random init from a generator seeded by (seed, unit), so that the values do not
+// depend on how the model is sharded, or the checkpoint's weights; then the method per unit: LoRA
+// (lora, dpo), NF4 + LoRA (qlora), fake quantisation (qat, + LoRA with llm.qat.lora), nothing
+// (full). Under dist.zero=3 the units stay on the meta device and parallelize_llm materialises
+// each just before FSDP shards it, so no rank ever holds the whole model.
 LlmModel build_llm_model(const LlmOptions& options, const models::LlamaConfig& config,
-                         const PrecisionPolicy& policy, torch::Device device);
+                         const PrecisionPolicy& policy, torch::Device device, std::uint64_t seed);
+// The trainable lists and projection counts of a complete model (build_llm_model and
+// parallelize_llm call it).
+void finish_llm_model(LlmModel& model);
 
 // Parallelises the model once, as the configuration asks (dist.zero: 0 DDP with a local AdamW or
 // SGD, 1-2 ZeRO, 3 FSDP; rank 0's values everywhere). The one place that knows the kinds: the
