@@ -1,8 +1,12 @@
 // trainscope: one MPI job that trains a configured workload and writes every timing, memory
 // counter and per-rank profile into one parallel HDF5 file. Reads top to bottom:
 // bootstrap → configuration → build the workload → run → write → finalize.
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string_view>
+#include <vector>
 
 #include "trainscope/core/build_info.hpp"
 #include "trainscope/core/config.hpp"
@@ -18,6 +22,48 @@
 
 using namespace trainscope;
 
+namespace {
+
+// This process's rank as the launcher tells it (mpirun, srun, PMI), without starting MPI: 0 when
+// no launcher set one.
+int launcher_rank() {
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+        if (const char* v = std::getenv(var)) {
+            char* end = nullptr;
+            const long r = std::strtol(v, &end, 10);
+            if (end != v && *end == '\0' && r >= 0) return static_cast<int>(r);
+        }
+    return 0;
+}
+
+// --print-schema: the rest of the command line must be valid (an unknown option is an error, not
+// ignored); printed once per job (rank 0), and a failed write (a full disk, a closed pipe) is an
+// output error, not a silent truncation.
+int print_schema(int argc, char** argv) {
+    try {
+        std::vector<const char*> rest; // the command line without --print-schema itself
+        for (int i = 0; i < argc; ++i)
+            if (i == 0 || std::string_view(argv[i]) != "--print-schema") rest.push_back(argv[i]);
+        core::CommandLine::parse(train::all_options(), static_cast<int>(rest.size()), rest.data());
+    } catch (const core::Error& e) {
+        std::cerr << "error: " << core::to_string(e.kind()) << ": " << e.what() << "\n";
+        return e.exit_code();
+    }
+    if (launcher_rank() != 0) return 0;
+    std::cout << io::schema::to_json();
+    std::cout.flush();
+    if (!std::cout) {
+        const int err = errno;
+        std::cerr << "error: output error: --print-schema could not write to standard output"
+                  << (err ? std::string(" (") + std::strerror(err) + ")" : std::string())
+                  << ": redirect it to a writable file (scripts/gen_schema reads it from a pipe)\n";
+        return static_cast<int>(core::ErrorKind::Output);
+    }
+    return 0;
+}
+
+} // namespace
+
 int main(int argc, char** argv) {
     // Count live CPU tensor bytes from the first allocation on (host_tensor_* in /iterations).
     prof::install_host_tensor_counter();
@@ -28,10 +74,7 @@ int main(int argc, char** argv) {
     // --print-schema: the run file's schema table as JSON (scripts/gen_schema turns it into the
     // readers' Python module and docs/run_file_schema.md); needs neither MPI nor a configuration.
     for (int i = 1; i < argc; ++i)
-        if (std::string_view(argv[i]) == "--print-schema") {
-            std::cout << io::schema::to_json();
-            return 0;
-        }
+        if (std::string_view(argv[i]) == "--print-schema") return print_schema(argc, argv);
     // Bootstrap: MPI, this rank's place in the world, log prefix "[rank r/N host]". The MPI thread
     // level depends on the workload, so the command line is read once quietly before MPI starts
     // (errors are reported properly below, on every rank).
@@ -81,7 +124,11 @@ int main(int argc, char** argv) {
         core::log::error() << core::to_string(e.kind()) << ": " << e.what();
         if (e.collective()) { // every rank is here together: fail cleanly, keep the file
             try {
-                if (session && session->run_file_open())
+                const bool refused =
+                    e.kind() == core::ErrorKind::Input || e.kind() == core::ErrorKind::Config;
+                if (session && session->run_file_open() && refused && session->refused_resume())
+                    session->discard_run_file(); // a refused --resume leaves no continuation
+                else if (session && session->run_file_open())
                     session->close_run_file("failed", e.what());
             } catch (const std::exception& close_error) {
                 // A failed HDF5 write (full disk) may leave the peers inside a collective call:

@@ -11,6 +11,12 @@ below --min-efficiency. The survivors are ranked by the objective:
   throughput  highest throughput (samples/s or tokens/s)
   efficiency  highest parallel efficiency (then throughput)
   energy      lowest energy per sample (only where the runs measured energy)
+
+Before anything is modelled, check_recorded refuses a run file whose recorded values cannot be
+true (a world size or node count out of range, a shard count above the run's ranks, a negative
+or non-finite byte count, a step time that is not positive and finite, a negative phase time):
+advice extrapolated from them would look as confident as any other, so the file and field are
+named instead.
 """
 
 from __future__ import annotations
@@ -18,13 +24,149 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
-from .model import ConfigModel
-from .study import StudyError
+from . import schema
+from .model import COMPUTE_PHASES, ConfigModel
+from .study import Run, Study, StudyError
 
 OBJECTIVES = ("time", "throughput", "efficiency", "energy")
 GIB = 2.0**30
+
+
+# Bounds of what a run file can truthfully record; beyond them a value is a damaged or hand-made
+# file. Generous: the largest machines have ~10^5 accelerators and ~10^7 cores.
+MAX_RANKS = 2**24
+MAX_SECONDS = 1e6         # one iteration or phase: ~12 days
+MAX_BYTES = 2.0**60       # one device's memory category, one message: 1 EiB
+MAX_COUNT = 1e12          # samples per batch, iterations
+MAX_PER_RANK = 2**20      # threads per rank, gradient accumulation steps
+REFUSED_FIX = "advise cannot recommend from it (re-run that point or leave the file out)"
+
+
+def _scalar(v) -> float | None:
+    """`v` as a float, None when it is text, an array or not a number."""
+    if isinstance(v, (str, bytes, bool, np.bool_)) or np.ndim(v) != 0:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _show(v) -> str:
+    f = _scalar(v)
+    return f"{f:.6g}" if f is not None else repr(v)
+
+
+def _check(path, where: str, key: str, value, lo: float, hi: float, what: str,
+           integer: bool = False, nan_ok: bool = False, lo_open: bool = False) -> None:
+    """StudyError naming the file and field unless `value` is a number in [lo, hi] ((lo, hi]
+    with lo_open; whole with integer; NaN, meaning "not measured", with nan_ok)."""
+    f = _scalar(value)
+    if f is not None and math.isnan(f) and nan_ok:
+        return
+    ok = f is not None and math.isfinite(f) and (f > lo if lo_open else f >= lo) and f <= hi \
+        and (not integer or f.is_integer())
+    if not ok:
+        field = f"attribute {key}" if where == schema.ROOT else f"{where}@{key}"
+        raise StudyError(f"{path}: {field} = {_show(value)}: {what}; {REFUSED_FIX}")
+
+
+def _check_array(path, where: str, values, what: str, nan_ok: bool) -> None:
+    """Every element of `values` finite (or NaN with nan_ok), >= 0 and <= MAX_BYTES."""
+    a = np.asarray(values, dtype=np.float64)
+    bad = ~np.isfinite(a) | (a < 0) | (a > MAX_BYTES)
+    if nan_ok:
+        bad &= ~np.isnan(a)
+    if bad.any():
+        first = a[bad].flat[0]
+        raise StudyError(f"{path}: {where} holds {first:.6g} ({int(bad.sum())} such value(s)): "
+                         f"{what}; {REFUSED_FIX}")
+
+
+def _check_training_run(r: Run) -> None:
+    s = r.summary
+    step = s.get("median_step_s", math.nan)
+    _check(r.path, schema.SUMMARY, "median_step_s", step, 0.0, MAX_SECONDS,
+           f"not a positive step time (at most {MAX_SECONDS:g} s)", lo_open=True)
+    for ph in (*COMPUTE_PHASES, "comm_wait", "control"):
+        key = f"median_{ph}_s"
+        if key in s:  # NaN: a phase the run did not time
+            _check(r.path, schema.SUMMARY, key, s[key], 0.0, MAX_SECONDS,
+                   f"not a phase time in [0, {MAX_SECONDS:g}] s", nan_ok=True)
+    if "global_batch_samples" in s:
+        _check(r.path, schema.SUMMARY, "global_batch_samples", s["global_batch_samples"], 0.0,
+               MAX_COUNT, f"not a batch of (0, {MAX_COUNT:g}] samples", lo_open=True)
+    for key in ("throughput_tokens_per_s", "throughput_samples_per_s", "energy_per_sample_j"):
+        if key in s:
+            _check(r.path, schema.SUMMARY, key, s[key], 0.0, math.inf,
+                   "not a non-negative finite rate", nan_ok=True)
+    with r.open() as rf:
+        plan = rf.plan
+        for key, v in plan.items():
+            if key.startswith("memory_plan_") and key.endswith("_shards"):
+                _check(r.path, schema.PLAN, key, v, 1, r.ranks,
+                       f"not a shard count in [1, the run's world_size {r.ranks}]",
+                       integer=True)
+            elif (key.startswith("memory_plan_") and key.endswith("_bytes")) or \
+                    key == "memory_estimate_bytes":
+                _check(r.path, schema.PLAN, key, v, 0.0, MAX_BYTES,
+                       "not a byte count (finite, in [0, 2^60])")
+        for key, lo, hi in (("batch_per_rank", 0, MAX_COUNT), ("global_batch", 0, MAX_COUNT),
+                            ("total_iterations", 0, MAX_COUNT),
+                            ("gradient_accumulation", 1, MAX_PER_RANK),
+                            ("threads_per_rank", 1, MAX_PER_RANK), ("zero", 0, 3)):
+            if key in plan:
+                _check(r.path, schema.PLAN, key, plan[key], lo, hi,
+                       f"not a whole number in [{lo:g}, {hi:g}]", integer=True)
+        comm_bytes = rf.measured("comm_bytes")
+        if comm_bytes.size:
+            _check_array(r.path, schema.child(schema.ITERATIONS, "comm_bytes"), comm_bytes,
+                         "not a byte count (finite, >= 0)", nan_ok=True)
+        if rf.has(schema.COMM_BUCKETS_BYTES):
+            _check_array(r.path, schema.COMM_BUCKETS_BYTES,
+                         rf.series(schema.COMM_BUCKETS, "bytes").values,
+                         "not a bucket size in bytes (finite, >= 0)", nan_ok=False)
+
+
+def _check_comm_run(r: Run) -> None:
+    from .model import OPS
+    with r.open() as rf:
+        g = rf.group(schema.COMM)
+        if g is None:
+            return
+        for op in OPS:
+            if op not in g:
+                continue
+            for name, what, nan_ok in (("bytes", "not a message size in bytes (finite, >= 0)",
+                                        False),
+                                       ("time_s", "not a time (finite, >= 0)", True)):
+                if name in g[op]:
+                    _check_array(r.path, schema.child(schema.fill(schema.COMM_OP, op), name),
+                                 g[op][name][...], what, nan_ok)
+
+
+def check_recorded(study: Study, include_incomplete: bool) -> None:
+    """Refuses (StudyError naming the file, the field and the value) a run whose recorded values
+    cannot be true; NaN stays allowed where it means "not measured" (a phase, energy). A run
+    file the loader found damaged (a world size below 1, series of the wrong shape) is refused
+    too: other commands skip it, but advice from the rest would not be what was asked for."""
+    if study.damaged:
+        raise StudyError(f"{study.damaged[0]}; {REFUSED_FIX}")
+    for r in study.usable(include_incomplete):
+        if r.workload not in ("cv", "llm", "comm"):
+            continue
+        _check(r.path, schema.ROOT, "world_size", r.attrs.get("world_size"), 1, MAX_RANKS,
+               f"not a rank count in [1, {MAX_RANKS}]", integer=True)
+        if "num_nodes" in r.attrs:
+            _check(r.path, schema.ROOT, "num_nodes", r.attrs["num_nodes"], 1, r.ranks,
+                   f"not a node count in [1, world_size {r.ranks}]", integer=True)
+        if r.workload == "comm":
+            _check_comm_run(r)
+        elif r.summary:
+            _check_training_run(r)
 
 
 def parse_bytes(text: str) -> float:

@@ -233,13 +233,16 @@ def cmd_report(args) -> int:
 def _load_models(args, check=None):
     from .model import build_models
     study = load(list(args.files) + list(args.comm or []))
-    rc = _warn_study(study, args.include_incomplete)
-    if check is not None:
+    if check is not None:  # a refusal first: its one line is the answer
         check(study, args.include_incomplete)
+    rc = _warn_study(study, args.include_incomplete)
     resolve_mode(args, study)
+    skipped: list[str] = []
     models, comm = build_models(study, args.mode, args.cores_per_node, args.shared_host_cores,
-                                   args.include_incomplete)
-    return study, models, comm, rc
+                                args.include_incomplete, skipped=skipped)
+    for line in skipped:  # runs or whole configurations without a usable step time
+        print(f"trainscope-post {args.command}: {line}", file=sys.stderr)
+    return study, models, comm, max(rc, 1 if skipped else 0)
 
 
 def cmd_model(args) -> int:
@@ -309,8 +312,8 @@ def cmd_model(args) -> int:
 
 def cmd_advise(args) -> int:
     import pandas as pd
-    from .advise import (Job, candidate_table, candidates, coallocate, parse_bytes, rank,
-                         recommendation)
+    from .advise import (Job, candidate_table, candidates, check_recorded, coallocate,
+                         parse_bytes, rank, recommendation)
     from .model import build_models
     mem = parse_bytes(args.memory_per_device) if args.memory_per_device else None
     if args.min_efficiency is not None and not 0 < args.min_efficiency <= 1:
@@ -344,8 +347,8 @@ def cmd_advise(args) -> int:
         jobs, rc = [], 0
         for i, path in enumerate(args.files):
             study = load([path] + list(args.comm or []))
+            check_recorded(study, args.include_incomplete)
             rc = max(rc, _warn_study(study, args.include_incomplete))
-            check_step_times(study, args.include_incomplete)
             mode = resolve_mode(argparse.Namespace(mode=args.mode), study)
             models, _ = build_models(study, mode, args.cores_per_node,
                                         args.shared_host_cores, args.include_incomplete)
@@ -369,7 +372,7 @@ def cmd_advise(args) -> int:
     if not args.gpus_per_node or not args.max_nodes:
         raise StudyError("advise needs --gpus-per-node G and --max-nodes N (or --jobs ... "
                          "--gpus G for a co-allocation)")
-    study, models, _, rc = _load_models(args, check_step_times)
+    study, models, _, rc = _load_models(args, check_recorded)
     # Throughputs in samples/s and tokens/s do not compare: one recommendation per workload.
     by_workload: dict[str, list] = {}
     for cm in models:
@@ -393,20 +396,6 @@ def cmd_advise(args) -> int:
 
 
 MAX_SPLIT_UNITS = 256  # allocation steps of advise --jobs (its search is quadratic in them)
-
-
-def check_step_times(study: Study, include_incomplete: bool) -> None:
-    """advise recommends from measured step times: a zero, negative or NaN one is a broken or
-    hand-edited file, refused by name rather than ranked."""
-    for r in study.usable(include_incomplete):
-        if r.workload not in ("cv", "llm") or not r.summary:
-            continue
-        v = r.summary.get("median_step_s", math.nan)
-        if not (isinstance(v, (int, float)) or hasattr(v, "dtype")) or not float(v) > 0 or \
-                not math.isfinite(float(v)):
-            raise StudyError(f"{r.path}: /summary median_step_s = {v!r}: not a positive step "
-                             "time; advise cannot recommend from it (re-run that point or leave "
-                             "the file out)")
 
 
 def _count(text: str) -> int:

@@ -84,7 +84,28 @@ def _refit_without_constant(terms, points):
     return [dict(t, coefficient=float(c)) for t, c in zip(terms, coef)]
 
 
+def check(request):
+    """Every series has as many value lists as points and only positive rank counts and finite
+    values: Extra-P fits NaN into NaN models (or fails deep inside), so a bad series is named
+    here instead. trainscope_post.model sends only finite times; this guards other callers."""
+    for s in request.get("series", []):
+        name = s.get("name", "?")
+        if len(s["points"]) != len(s["values"]):
+            raise ValueError(f"series {name!r}: {len(s['points'])} points but "
+                             f"{len(s['values'])} value lists")
+        if not all(isinstance(p, (int, float)) and math.isfinite(p) and p > 0
+                   for p in s["points"]):
+            raise ValueError(f"series {name!r}: points {s['points']!r} are not positive rank "
+                             "counts")
+        for p, vals in zip(s["points"], s["values"]):
+            if not vals or not all(isinstance(v, (int, float)) and math.isfinite(v)
+                                   for v in vals):
+                raise ValueError(f"series {name!r} at p = {p}: values {vals!r} are not finite "
+                                 "numbers (a NaN time cannot be fitted)")
+
+
 def fit(request):
+    check(request)
     import extrap
     from extrap.entities.callpath import Callpath
     from extrap.entities.coordinate import Coordinate
@@ -158,4 +179,8 @@ def fit(request):
 
 
 if __name__ == "__main__":
-    json.dump(fit(json.load(sys.stdin)), sys.stdout)
+    try:
+        answer = fit(json.load(sys.stdin))
+    except (ValueError, KeyError, TypeError) as e:  # one line for the caller's message
+        sys.exit(f"extrap_fit: {type(e).__name__}: {e}")
+    json.dump(answer, sys.stdout)

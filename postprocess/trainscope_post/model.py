@@ -59,6 +59,7 @@ SCHEMA = "trainscope-model/1"
 # itself is uncertain there (two or three points cannot tell p^-1 from p^-1/2 or a log term).
 # Calibrated against the held-out and leave-one-out errors of docs/advisor.md.
 EXTRAPOLATION_SIGMA = 0.05
+EXTRAP_TIMEOUT_S = 600  # one Extra-P process fits every series of a study
 
 
 def algorithm(op: str, n: int) -> tuple[float, float]:
@@ -93,10 +94,16 @@ def extrap_fit(series: list[dict], evaluate=()) -> dict:
                          "--tests, which makes that environment, or set TRAINSCOPE_EXTRAP_PYTHON to a "
                          "Python that has `pip install extrap`")
     req = json.dumps({"series": series, "evaluate": sorted(set(float(p) for p in evaluate))})
-    proc = subprocess.run([py, str(Path(__file__).with_name("extrap_fit.py"))], input=req,
-                          capture_output=True, text=True, timeout=600)
+    try:
+        proc = subprocess.run([py, str(Path(__file__).with_name("extrap_fit.py"))], input=req,
+                              capture_output=True, text=True, timeout=EXTRAP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise StudyError(f"Extra-P did not answer within {EXTRAP_TIMEOUT_S} s ({py}): fewer "
+                         "configurations at a time, or check that environment") from None
     if proc.returncode != 0:
-        err = proc.stderr.strip()[-2000:] or f"no error output from {py}"
+        # its last line: extrap_fit's own one-line message, or the exception of a traceback
+        lines = proc.stderr.strip().splitlines()
+        err = lines[-1][-2000:] if lines else f"no error output from {py}"
         raise StudyError(f"Extra-P failed (exit {proc.returncode}): {err}")
     return json.loads(proc.stdout)
 
@@ -285,10 +292,29 @@ class Measured:
         return self.step - sum(self.phases.values()) - self.sync
 
 
+def _seconds(summary: dict, key: str) -> float:
+    """A /summary median time that may be missing or NaN (a phase the run did not time): 0."""
+    v = float(summary.get(key, 0.0) or 0.0)
+    return 0.0 if v != v else v
+
+
+def step_problem(run: Run) -> str:
+    """Why `run` cannot be modelled, as "median_step_s = <value>" ("" when it can): its median
+    step, which every model term is fitted to, must be a positive, finite time. A run whose
+    iterations were all warm-up records NaN medians (the binary warns so in /summary)."""
+    v = run.summary.get("median_step_s")
+    if v is None:
+        return "median_step_s missing"
+    try:
+        t = float(v)
+    except (TypeError, ValueError):
+        return f"median_step_s = {v!r}"
+    return "" if math.isfinite(t) and t > 0 else f"median_step_s = {t:g}"
+
+
 def measure(run: Run) -> Measured:
     s = run.summary
-    phases = {p: float(s.get(f"median_{p}_s", 0.0) or 0.0) for p in COMPUTE_PHASES}
-    phases = {p: (0.0 if v != v else v) for p, v in phases.items()}
+    phases = {p: _seconds(s, f"median_{p}_s") for p in COMPUTE_PHASES}
     with run.open() as rf:
         def med(col):
             v = rf.measured(col)
@@ -315,10 +341,10 @@ def measure(run: Run) -> Measured:
     except (TypeError, ValueError):
         zero = 0
     return Measured(str(run.path), run.ranks, run.nodes, step, phases,
-                    float(s.get("median_comm_wait_s", 0.0) or 0.0), collective, comm_bytes,
+                    _seconds(s, "median_comm_wait_s"), collective, comm_bytes,
                     buckets, str(plan.get("device", run.config.get("run.device", "cpu"))),
                     int(plan.get("threads_per_rank", 1) or 1), work, unit, samples, power,
-                    dict(plan), zero, control=float(s.get("median_control_s", 0.0) or 0.0))
+                    dict(plan), zero, control=_seconds(s, "median_control_s"))
 
 
 def state_shards(plan, zero: int, ranks: int) -> dict:
@@ -630,9 +656,19 @@ def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str
 
 def build_models(study: Study, mode: str = "strong", cores_per_node: float | None = None,
                  shared_host_cores: float | None = None, include_incomplete: bool = False,
-                 exclude=None) -> tuple[list[ConfigModel], dict]:
+                 exclude=None, skipped: list[str] | None = None
+                 ) -> tuple[list[ConfigModel], dict]:
     """Models of every cv/llm configuration of `study` and the alpha-beta models of its comm runs.
-    `exclude(run) -> bool` leaves runs out (held-out points). Returns (models, comm models)."""
+    `exclude(run) -> bool` leaves runs out (held-out points). Returns (models, comm models).
+
+    A run without a positive, finite median step (step_problem) is left out, and a configuration
+    left with no run is dropped: one line each, naming the files, the field and the fix, goes to
+    `skipped` (to stderr when None), never silently. StudyError when no configuration is left."""
+    def tell(line: str) -> None:
+        if skipped is None:
+            print(f"trainscope-post: {line}", file=sys.stderr)
+        else:
+            skipped.append(line)
     usable = [r for r in study.usable(include_incomplete) if r.summary or r.workload == "comm"]
     if exclude is not None:
         usable = [r for r in usable if not exclude(r)]
@@ -642,16 +678,31 @@ def build_models(study: Study, mode: str = "strong", cores_per_node: float | Non
         raise StudyError("no completed cv or llm runs to model")
     comm_models = fit_comm(comm_runs)
     groups = group_by_config(train, ignore=("dist.nodes",), mode=mode)
-    models = []
+    models, dropped = [], []
+    fix = ("re-run those points with measured iterations (profile.warmup_iters below "
+           "train.max_iters) or leave the files out")
     for g in groups:
-        ms = [measure(r) for r in g]
-        ms = [m for m in ms if m.step == m.step]
-        if not ms:
-            continue
         same = [h for h in groups if h[0].workload == g[0].workload]
         name = describe_group(g, same, mode)
         if len({h[0].workload for h in groups}) > 1 and name != g[0].workload:
             name = f"{g[0].workload}: {name}"
+        problems = [(r, step_problem(r)) for r in g]
+        bad = [(r, why) for r, why in problems if why]
+        if len(bad) == len(g):
+            by_why: dict[str, list[str]] = {}
+            for r, why in bad:
+                by_why.setdefault(why, []).append(str(r.path))
+            files = "; ".join(f"{why} in {', '.join(ps[:3])}" +
+                              (f" and {len(ps) - 3} more" if len(ps) > 3 else "")
+                              for why, ps in by_why.items())
+            dropped.append(f"configuration {name!r} dropped from the model: none of its "
+                           f"{len(bad)} run(s) has a positive, finite /summary median_step_s "
+                           f"({files}); {fix}")
+            continue
+        for r, why in bad:
+            tell(f"{r.path}: /summary {why} is not a positive, finite step time: left out of "
+                 f"the model of configuration {name!r}; {fix}")
+        ms = [measure(r) for r, why in problems if not why]
         cm = ConfigModel(name, g[0].workload, mode,
                          point_config(g[0], mode=mode), ms, comm_models=comm_models,
                          cores_per_node=cores_per_node, shared_host_cores=shared_host_cores)
@@ -659,6 +710,11 @@ def build_models(study: Study, mode: str = "strong", cores_per_node: float | Non
             m.kfactor = cm.kfactor(m.ranks, m.nodes)
         cm.comm, cm.notes = _comm_setup(ms, comm_models)
         models.append(cm)
+    if not models:
+        raise StudyError("no configuration can be modelled: " + "; ".join(dropped[:3]) +
+                         (f"; and {len(dropped) - 3} more" if len(dropped) > 3 else ""))
+    for line in dropped:
+        tell(line)
     _fit_phases(models)
     return models, comm_models
 

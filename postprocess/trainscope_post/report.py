@@ -237,8 +237,9 @@ def _model_parts(study: Study, mode: str, include_incomplete: bool, model_kw: di
         return [("p", f"No models: no configuration was measured at two or more rank counts "
                       f"under {mode} scaling (of {len(groups)} configurations), and a model of "
                       "how the step scales needs at least two.")]
+    skipped: list[str] = []  # runs and configurations without a usable step time
     models, comm = model.build_models(study, mode, include_incomplete=include_incomplete,
-                                         **model_kw)
+                                      skipped=skipped, **model_kw)
     fitted = [cm for cm in models if len(cm.rank_counts) >= 2]
     parts = [("p", f"Performance models of the median step per configuration ({mode} scaling; "
                    "trainscope-post model, docs/advisor.md): Extra-P fits each compute phase "
@@ -246,6 +247,7 @@ def _model_parts(study: Study, mode: str, include_incomplete: bool, model_kw: di
                    "alpha-beta models of the comm runs (run.workload=comm) where the study has "
                    "them, and the band is +-2 sigma (fit residuals, repeats and comm model, "
                    "widened beyond the measured ranks).")]
+    parts += [("p", f"Not modelled: {line}.") for line in skipped]
     single = [cm.workload for cm in models if len(cm.rank_counts) < 2]
     if single:
         counts = ", ".join(f"{single.count(w)} {w}" for w in ("cv", "llm") if w in single)

@@ -23,6 +23,11 @@ class SchemaError(ValueError):
     """The file is not a trainscope run file this reader understands."""
 
 
+class DamagedRunError(SchemaError):
+    """A trainscope run file (its schema matches) whose structure or recorded values cannot be
+    true: a world size below 1, a series of the wrong shape, negative row counts."""
+
+
 class IncompleteRunError(ValueError):
     """The run file is valid but its run did not complete (status running, failed, interrupted)."""
 
@@ -81,12 +86,13 @@ class RunFile:
         """The structure every reader relies on (docs/run_file_schema.md), so that a hand-made or
         damaged file is refused here, named, instead of failing deep inside a table."""
         def bad(what):
-            return SchemaError(f"{self.path}: {what} (docs/run_file_schema.md)")
+            return DamagedRunError(f"{self.path}: {what} (docs/run_file_schema.md)")
         root = self._h5.attrs
         ws = root.get("world_size", 1)
         if isinstance(ws, (str, bytes)) or np.ndim(ws) != 0 or not float(ws) >= 1 or \
-                float(ws) != int(ws):
-            raise bad(f"attribute world_size = {ws!r}, expected a positive integer")
+                not np.isfinite(float(ws)) or float(ws) != int(ws):
+            shown = ws.item() if isinstance(ws, np.generic) else ws  # 0, not np.int64(0)
+            raise bad(f"attribute world_size = {shown!r}, expected a positive integer")
         world = int(ws)
         for key in ("status", "workload"):
             if key in root and not isinstance(root[key], (str, bytes)):

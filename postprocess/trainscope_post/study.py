@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from . import schema
-from .runfile import RunFile, SchemaError
+from .runfile import DamagedRunError, RunFile, SchemaError
 
 PHASES = ["data", "h2d", "forward", "backward", "comm_wait", "optimizer", "control"]
 
@@ -103,6 +103,9 @@ class Run:
 class Study:
     runs: list[Run] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # The errors of files that are trainscope run files with impossible content (also in
+    # `errors`): a table skips them, advise refuses to recommend while one is in the study.
+    damaged: list[str] = field(default_factory=list)
 
     def usable(self, include_incomplete: bool = False) -> list[Run]:
         return [r for r in self.runs if include_incomplete or r.completed]
@@ -144,6 +147,8 @@ def load(paths) -> Study:
         except (SchemaError, OSError, KeyError, ValueError, TypeError, IndexError) as e:
             msg = str(e)
             study.errors.append(msg if str(f) in msg else f"{f}: {type(e).__name__}: {msg}")
+            if isinstance(e, DamagedRunError):
+                study.damaged.append(study.errors[-1])
     return study
 
 

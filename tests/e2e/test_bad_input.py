@@ -155,6 +155,10 @@ def tiny_model_dir(tmp, safetensors_bytes):
     return ["--llm.model=" + str(d), "--llm.init=checkpoint"]
 
 
+def tiny_model_dir_args(tmp):
+    return ["--llm.model=" + str(tmp / "model"), "--llm.init=checkpoint"]
+
+
 def safetensors(header, data=b"", length=None):
     h = header if isinstance(header, bytes) else json.dumps(header).encode()
     return struct.pack("<Q", len(h) if length is None else length) + h + data
@@ -610,6 +614,35 @@ CASES = [
                                                  "not a safetensors file"),
          setup=lambda tmp, m: tiny_model_dir(tmp, safetensors(b"{}", length=1 << 60)),
          base=tuple(LLM)),
+    # -- model files (issue 37): FIFOs and devices refused before opening, not read forever --
+    Case("model-is-a-device", I, ("llm.model = '/dev/zero' is a character device",
+                                  "Hugging Face model directory"),
+         ("--llm.model=/dev/zero",), base=tuple(LLM)),
+    Case("model-is-a-fifo", I, ("llm.model = '{tmp}/m.json' is a FIFO", "config.json"),
+         base=tuple(LLM), setup=lambda tmp, m: [f"--llm.model={fifo(tmp, 'm.json')}"]),
+    Case("model-config-json-is-a-fifo", I, ("config.json is a FIFO (named pipe), not a regular "
+                                            "file",), base=tuple(LLM),
+         setup=lambda tmp, m: [(tmp / "md").mkdir() or fifo(tmp / "md", "config.json")
+                               and f"--llm.model={tmp}/md"]),
+    Case("model-safetensors-is-a-fifo", I, ("model.safetensors is a FIFO (named pipe), not a "
+                                            "regular file",), base=tuple(LLM),
+         setup=lambda tmp, m: tiny_model_dir(tmp, b"") and (tmp / "model" / "model.safetensors").unlink()
+         or [*tiny_model_dir_args(tmp), str(fifo(tmp / "model", "model.safetensors")) and "--log.every=0"]),
+    Case("model-safetensors-is-a-device", I, ("model.safetensors is a character device",),
+         base=tuple(LLM),
+         setup=lambda tmp, m: tiny_model_dir(tmp, b"") and (tmp / "model" / "model.safetensors").unlink()
+         or [*tiny_model_dir_args(tmp), os.symlink("/dev/zero", tmp / "model" / "model.safetensors")
+             or "--log.every=0"]),
+    Case("model-index-is-a-fifo", I, ("model.safetensors.index.json is a FIFO",), base=tuple(LLM),
+         setup=lambda tmp, m: tiny_model_dir(tmp, b"") and (tmp / "model" / "model.safetensors").unlink()
+         or [*tiny_model_dir_args(tmp), str(fifo(tmp / "model", "model.safetensors.index.json"))
+             and "--log.every=0"]),
+    Case("model-shard-is-a-fifo", I, ("shard-1.safetensors': is a FIFO", "not a regular file"),
+         base=tuple(LLM),
+         setup=lambda tmp, m: tiny_model_dir(tmp, b"") and (tmp / "model" / "model.safetensors").unlink()
+         or [*tiny_model_dir_args(tmp), write(tmp / "model", "model.safetensors.index.json", json.dumps(
+             {"weight_map": {"lm_head.weight": "shard-1.safetensors"}}))
+             and str(fifo(tmp / "model", "shard-1.safetensors")) and "--log.every=0"]),
     # -- output (exit 4): the run file is never overwritten; unwritable places are named --
     Case("output-exists", O, ("output file '{tmp}/keep.h5' exists", "output.overwrite=true"),
          ("--output.file={tmp}/keep.h5",), output=False,
@@ -632,6 +665,10 @@ CASES = [
     Case("adapters-read-only", O, ("directory '{tmp}/ro' is not writable "
                                    "(llm.save_adapters={tmp}/ro/a)",), base=tuple(LLM),
          setup=lambda tmp, m: [f"--llm.save_adapters={read_only_dir(tmp, m)}/a"]),
+    # Root passes access(), /proc does not take a directory: refused at start, not after training.
+    Case("adapters-under-proc", O, ("directory '/proc' is not writable "
+                                    "(llm.save_adapters=/proc/adapters)", "llm.save_adapters=none"),
+         base=tuple(LLM), args=("--llm.save_adapters=/proc/adapters",)),
     Case("output-directory-missing", O, ("directory '{tmp}/missing/dir' does not exist",
                                          "mkdir -p {tmp}/missing/dir"),
          ("--output.file={tmp}/missing/dir/x.h5",), output=False),
@@ -804,6 +841,41 @@ def test_help_and_version(run_ts):
     assert "[output]" in proc.stdout and "--output.overwrite" in proc.stdout
     proc = run_ts(1, "--version", timeout=60)
     assert proc.returncode == 0 and "libtorch: 2." in proc.stdout
+
+
+@pytest.mark.parametrize("how", ["two ranks", "unknown option", "bad value", "/dev/full",
+                                 "closed pipe"])
+def test_print_schema_prints_once_and_fails_on_bad_input(run_ts, trainscope, tmp_path, how):
+    """--print-schema (issue 37): once per job (rank 0), the rest of the command line validated,
+    a failed write an output error (exit 4) rather than a silent truncation."""
+    if how == "two ranks":
+        proc = run_ts(2, "--print-schema", timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        json.loads(proc.stdout)  # one document: a second rank's copy would not parse
+        return
+    if how in ("unknown option", "bad value"):
+        extra = "--no-such-option=1" if how == "unknown option" else "--train.batch_size=-3"
+        proc = subprocess.run([str(trainscope), "--print-schema", extra], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert proc.stdout == "" and "configuration error" in proc.stderr
+        assert extra.split("=")[0].lstrip("-") in proc.stderr, proc.stderr
+        return
+    if how == "/dev/full":
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([str(trainscope), "--print-schema"], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)
+        assert proc.returncode == 4, proc.stderr
+        assert "output error: --print-schema could not write to standard output" in proc.stderr
+        assert "No space left on device" in proc.stderr
+        return
+    # A reader that went away: not exit 0 (SIGPIPE, or EPIPE reported as an output error).
+    p = subprocess.Popen([str(trainscope), "--print-schema"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()
+    _, err = p.communicate(timeout=60)
+    assert p.returncode != 0, err
+    assert b"Traceback" not in err and b"terminate called" not in err
 
 
 def test_cpu_on_purpose_trains_where_gpus_were_granted_and_says_pinning_was_dropped(run_ts, tmp_path):

@@ -8,6 +8,7 @@ jobs sharing one checkpoint.dir, mpirun killed, damaged checkpoints (truncated o
 file, garbage manifest), checkpoint.dir that is a file or read-only, and --resume with another
 world size or model."""
 
+import json
 import os
 import signal
 import subprocess
@@ -598,6 +599,19 @@ def resume_damaged(run_ts, tmp_path, ckpt):
     return proc
 
 
+def edit_manifest(ckpt, **values):
+    m = json.loads((ckpt / "MANIFEST.json").read_text())
+    m.update(values)
+    (ckpt / "MANIFEST.json").write_text(json.dumps(m))
+
+
+def swap_rank_files(ckpt):
+    a, b = ckpt / "rank00000.pt", ckpt / "rank00001.pt"
+    a.rename(ckpt / "tmp.pt")
+    b.rename(a)
+    (ckpt / "tmp.pt").rename(b)
+
+
 def truncate(path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
@@ -615,17 +629,51 @@ def truncate(path):
     ("manifest of the wrong shape", lambda c: (c / "MANIFEST.json").write_text(
         '{"next_iteration": "four", "world_size": 2}'),
      ("ckpt-000000004/MANIFEST.json is not valid", "delete that checkpoint directory")),
+    # Issue 37: the manifest is data. Values out of range, rank files that disagree with it or
+    # with each other, a run file outside the job's output: refused naming the file and field.
+    ("negative next_iteration", lambda c: edit_manifest(c, next_iteration=-4),
+     ("ckpt-000000004/MANIFEST.json: field next_iteration is -4", "resume from an older")),
+    ("world_size 0", lambda c: edit_manifest(c, world_size=0),
+     ("MANIFEST.json: field world_size is 0",)),
+    ("absurd world_size", lambda c: edit_manifest(c, world_size=10**12),
+     ("MANIFEST.json", "world_size")),
+    ("negative global_batch", lambda c: edit_manifest(c, global_batch=-128),
+     ("MANIFEST.json: field global_batch is -128",)),
+    ("negative restart_index", lambda c: edit_manifest(c, restart_index=-1),
+     ("MANIFEST.json: field restart_index is -1",)),
+    ("files list too short", lambda c: edit_manifest(c, files=["rank00000.pt"]),
+     ("MANIFEST.json: field files lists 1 rank files for world_size 2",)),
+    ("files list renamed", lambda c: edit_manifest(c, files=["rank00001.pt", "rank00000.pt"]),
+     ("MANIFEST.json: field files entry 0 is 'rank00001.pt'",)),
+    ("wrong format", lambda c: edit_manifest(c, format="something-else/9"),
+     ("MANIFEST.json: field format is not trainscope-checkpoint/1",)),
+    ("run_file of another job", lambda c: edit_manifest(c, run_file=str(c.parent.parent / "other.h5")),
+     ("MANIFEST.json: field run_file", "other.h5' is not the checkpointed job's output.file")),
+    ("run_file outside", lambda c: edit_manifest(c, run_file="/etc/passwd"),
+     ("field run_file '/etc/passwd' is not the checkpointed job's output.file",)),
+    ("swapped rank files", swap_rank_files,
+     ("ckpt-000000004/rank0000", "'s state for iteration 4, but the manifest MANIFEST.json "
+      "expects rank", "rank files swapped")),
+    ("rank file of another iteration", lambda c: __import__("shutil").copy(
+        c.parent / "ckpt-000000002" / "rank00001.pt", c / "rank00001.pt"),
+     ("ckpt-000000004/rank00001.pt holds rank 1's state for iteration 2",
+      "expects rank 1 at iteration 4")),
 ], ids=lambda c: c[0])
 def test_resume_from_a_damaged_checkpoint_is_refused_clearly(tmp_path, run_ts, checkpoints,
                                                             case):
     _, damage, needles = case
+    other = tmp_path / "other.h5"
+    other.write_bytes(b"another job's run file")
     ckpt = damaged_copy(checkpoints, tmp_path, damage)
     proc = resume_damaged(run_ts, tmp_path, ckpt)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     both_ranks_said(proc, *needles)
-    for sign in ("Segmentation fault", "terminate called", "core dumped"):
+    for sign in ("Segmentation fault", "terminate called", "core dumped", "internal error"):
         assert sign not in proc.stdout + proc.stderr
-    assert not (tmp_path / "resumed.h5").exists() or status_of(tmp_path / "resumed.h5") != "completed"
+    # A refused --resume leaves no continuation file and writes into no other file.
+    assert not (tmp_path / "resumed.h5").exists(), proc.stdout + proc.stderr
+    assert other.read_bytes() == b"another job's run file"
+
 
 
 def test_checkpoint_dir_that_is_a_file_or_read_only(tmp_path, run_ts, mounts):

@@ -220,12 +220,14 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kPlan, "flops_per_token", "", "float", "run.workload=llm",
          "Training FLOPs per token used for MFU: 4 N_matmul + 2 N_trainable + attention."},
         {Kind::attribute, kPlan, "build_peak_bytes", "B", "float",
-         "run.workload=llm, not --dry-run, the host tensor counter or a GPU",
+         "run.workload=llm, not --dry-run",
          "Largest tensor peak of any rank while the model was built, loaded, transformed by its "
          "method and parallelised (host tensor counter on CPU, the caching allocator on GPUs). "
          "Models are materialised one unit (embedding, decoder layer, head) at a time; under "
          "`dist.zero=3` each unit is sharded before the next is built, so this falls with the "
-         "rank count (a rank's shards plus about two units)."},
+         "rank count (a rank's shards plus about two units). Absent where nothing counts tensors "
+         "(a "
+         "CPU run without the host tensor counter)."},
         {Kind::attribute, kPlan, "memory_estimate_bytes", "", "float", "run.workload=cv or llm",
          "The `--dry-run` memory plan per rank (LLM: of this method, see "
          "[llm.md](llm.md#memory-plan---dry-run)), with its categories `memory_plan_*_bytes`. The "

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -10,6 +11,7 @@
 #include <sstream>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 #include "trainscope/models/recompute.hpp"
 #include "trainscope/models/safetensors.hpp"
 
@@ -252,6 +254,11 @@ LlamaConfig LlamaConfig::from_hf_json_text(const std::string& text, const std::s
 }
 
 LlamaConfig LlamaConfig::from_hf_json_file(const std::string& path) {
+    if (!std::filesystem::is_regular_file(path))
+        throw core::InputError("the model configuration '" + path + "' is " +
+                               core::file_kind(path) +
+                               ", not a regular file: llm.model must be a Hugging Face model "
+                               "directory holding config.json, or that config.json itself");
     std::ifstream in(path);
     if (!in)
         throw core::ConfigError("cannot read the model configuration '" + path +

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainscope/core/error.hpp"
+#include "trainscope/core/text.hpp"
 #include "trainscope/models/safetensors_header.hpp"
 
 namespace trainscope::models {
@@ -73,7 +74,13 @@ struct SafetensorsFile::Mapping {
 };
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY);
+    // open() of a FIFO blocks until a writer comes, and a device has no size to map: refused
+    // before opening (O_NONBLOCK as well, should one appear between the check and the open).
+    if (fs::exists(fs::symlink_status(path)) && !fs::is_regular_file(path))
+        safetensors_error(path, "is " + core::file_kind(path) +
+                                    ", not a regular file: a checkpoint shard must be a "
+                                    ".safetensors file");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);
     if (fd < 0) safetensors_error(path, std::string("cannot open: ") + std::strerror(errno));
     struct stat st {};
     if (::fstat(fd, &st) != 0) {

@@ -168,9 +168,18 @@ std::string printable(const std::string& text) {
     return out;
 }
 
+[[noreturn]] void bad_manifest(const std::string& dir, const std::string& field,
+                               const std::string& what) {
+    throw core::InputError("checkpoint manifest " + dir + "/" + kManifest + ": field " + field +
+                           " " + what + ", which no checkpoint of trainscope writes (delete " +
+                           dir + " to resume from an older checkpoint)");
+}
+
 CheckpointManifest parse_manifest(const std::string& dir, const std::string& text) {
     CheckpointManifest m;
     m.path = dir;
+    bool has_files = false;
+    std::vector<std::string> files;
     try {
         const nlohmann::json j = nlohmann::json::parse(text);
         m.next_iteration = j.at("next_iteration").get<std::int64_t>();
@@ -182,15 +191,72 @@ CheckpointManifest parse_manifest(const std::string& dir, const std::string& tex
         m.global_batch = j.value("global_batch", std::int64_t{0}); // absent before elastic resume
         for (const auto& [k, v] : j.at("config").items())
             m.config.emplace_back(k, v.get<std::string>());
+        if (j.contains("format") && j["format"] != "trainscope-checkpoint/1")
+            throw core::InputError("checkpoint manifest " + dir + "/" + kManifest +
+                                   ": field format is not trainscope-checkpoint/1 (delete that "
+                                   "checkpoint directory to resume from an older one)");
+        if (j.contains("files")) {
+            has_files = true;
+            files = j.at("files").get<std::vector<std::string>>();
+        }
     } catch (const nlohmann::json::exception& e) {
         throw core::InputError("checkpoint manifest " + dir + "/" + kManifest +
                                " is not valid: " + printable(e.what()) +
                                " (delete that checkpoint directory to resume from an older one)");
     }
+    // Values in range (a manifest is data: a hand-edited or damaged one must not size buffers,
+    // divide by zero or name another job's files).
+    if (m.next_iteration < 0)
+        bad_manifest(dir, "next_iteration", "is " + std::to_string(m.next_iteration));
+    if (m.world_size < 1 || m.world_size > (1 << 24))
+        bad_manifest(dir, "world_size", "is " + std::to_string(m.world_size));
+    if (m.restart_index < 0 || m.restart_index > 1000000)
+        bad_manifest(dir, "restart_index", "is " + std::to_string(m.restart_index));
+    if (m.global_batch < 0)
+        bad_manifest(dir, "global_batch", "is " + std::to_string(m.global_batch));
+    if (has_files) {
+        if (static_cast<std::int64_t>(files.size()) != m.world_size)
+            bad_manifest(dir, "files",
+                         "lists " + std::to_string(files.size()) + " rank files for world_size " +
+                             std::to_string(m.world_size));
+        for (int r = 0; r < m.world_size; ++r)
+            if (files[static_cast<std::size_t>(r)] !=
+                fs::path(rank_file(dir, r)).filename().string())
+                bad_manifest(dir, "files",
+                             "entry " + std::to_string(r) + " is '" +
+                                 printable(files[static_cast<std::size_t>(r)]) + "', not rank " +
+                                 std::to_string(r) + "'s file");
+    }
+    // The interrupted run's file: the checkpointed job's own output.file or one of its
+    // continuations (<stem>.resume<k><ext> beside it), never another path.
+    std::string output;
+    for (const auto& [k, v] : m.config)
+        if (k == "output.file") output = v;
+    if (m.run_file.empty() || output.empty() || !in_output_series(m.run_file, output))
+        bad_manifest(dir, "run_file",
+                     "'" + printable(m.run_file) +
+                         "' is not the checkpointed job's output.file ('" + printable(output) +
+                         "') or one of its <stem>.resume<k> continuations");
     return m;
 }
 
 } // namespace
+
+bool in_output_series(const std::string& file, const std::string& output) {
+    std::error_code ea, eb;
+    const fs::path f = fs::weakly_canonical(fs::absolute(file, ea), ea);
+    const fs::path o = fs::weakly_canonical(fs::absolute(output, eb), eb);
+    if (ea || eb || f.parent_path() != o.parent_path()) return false;
+    if (f.filename() == o.filename()) return true;
+    const std::string name = f.filename().string();
+    const std::string head = o.stem().string() + ".resume", tail = o.extension().string();
+    if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+        name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+        return false;
+    const std::string k = name.substr(head.size(), name.size() - head.size() - tail.size());
+    return k.size() <= 7 &&
+           std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
 
 bool may_differ_on_resume(const std::string& key) {
     for (const char* prefix : {"output.", "log.", "checkpoint.", "profile.", "telemetry."})
@@ -427,13 +493,26 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
 void Checkpointer::load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in,
                         torch::Device device) {
     const std::string file = rank_file(m.path, rank);
+    std::int64_t saved_rank = -1, saved_iteration = -1;
     try {
         in.load_from(file, device);
+        saved_rank = read_int(in, "rank");
+        saved_iteration = read_int(in, "next_iteration");
     } catch (const c10::Error& e) {
         throw core::InputError("checkpoint file " + file +
                                " cannot be read: " + std::string(e.what_without_backtrace()) +
                                " (delete " + m.path + " to resume from an older checkpoint)");
     }
+    // Each rank file says whose state it holds: swapped files, or one from another checkpoint,
+    // would resume silently from mixed state.
+    if (saved_rank != rank || saved_iteration != m.next_iteration)
+        throw core::InputError("checkpoint file " + file + " holds rank " +
+                               std::to_string(saved_rank) + "'s state for iteration " +
+                               std::to_string(saved_iteration) + ", but the manifest " + kManifest +
+                               " expects rank " + std::to_string(rank) + " at iteration " +
+                               std::to_string(m.next_iteration) +
+                               " (rank files swapped or copied from another checkpoint): delete " +
+                               m.path + " to resume from an older checkpoint");
 }
 
 CheckpointShards::CheckpointShards(const CheckpointManifest& m, torch::Device device)

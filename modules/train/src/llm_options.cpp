@@ -3,7 +3,11 @@
 
 #include <filesystem>
 #include <sstream>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
@@ -146,6 +150,24 @@ LlmOptions LlmOptions::from_config(const core::Config& c, const TrainConfig& tra
                                 "' is neither a preset (llama3-8b, llama3.1-8b, llama3.2-1b, "
                                 "llama3.2-3b, tiny) nor an existing model directory or "
                                 "config.json");
+    // A FIFO would block the read and a device never ends: a directory or a regular config.json,
+    // and inside a directory only regular files, refused before anything is opened (as the
+    // tokenizer and the datasets are).
+    if (!o.model_is_preset && !fs::is_directory(o.model) && !fs::is_regular_file(o.model))
+        throw core::InputError("llm.model = '" + o.model + "' is " + core::file_kind(o.model) +
+                               ": set llm.model to a Hugging Face model directory, its "
+                               "config.json, or a preset");
+    if (!o.model_is_preset && fs::is_directory(o.model))
+        for (const char* name :
+             {"config.json", "model.safetensors", "model.safetensors.index.json"}) {
+            const fs::path f = fs::path(o.model) / name;
+            std::error_code ec;
+            if (fs::exists(fs::symlink_status(f, ec)) && !fs::is_regular_file(f))
+                throw core::InputError("llm.model = '" + o.model + "': " + f.string() + " is " +
+                                       core::file_kind(f.string()) +
+                                       ", not a regular file: replace it with the model's " + name +
+                                       " (a FIFO or device cannot be read as one)");
+        }
     const fs::path model_dir = o.model_is_preset           ? fs::path()
                                : fs::is_directory(o.model) ? fs::path(o.model)
                                                            : fs::path(o.model).parent_path();
@@ -318,11 +340,19 @@ void check_adapter_dir(const std::string& dir, const std::string& setting, bool 
         throw core::OutputError(
             "directory '" + parent.string() + "' does not exist (llm.save_adapters=" + setting +
             "): create it first (mkdir -p " + parent.string() + ") or choose another path");
-    if (::access(parent.c_str(), W_OK | X_OK) != 0)
+    // Permission bits do not tell (root passes access(); /proc, read-only mounts and full quotas
+    // refuse anyway): create and remove a directory there, as the end of the run will.
+    const fs::path probe =
+        parent / (".trainscope-adapter-probe-" + std::to_string(static_cast<long>(::getpid())));
+    if (::mkdir(probe.c_str(), 0700) != 0) {
+        const int err = errno;
         throw core::OutputError("directory '" + parent.string() +
                                 "' is not writable (llm.save_adapters=" + setting +
-                                "): the adapters would be lost at the end of the run; choose a "
+                                "): creating a directory there failed (" + std::strerror(err) +
+                                "), so the adapters would be lost at the end of the run; choose a "
                                 "writable path or llm.save_adapters=none");
+    }
+    ::rmdir(probe.c_str());
 }
 
 models::LlamaConfig resolve_llama_config(const LlmOptions& o, std::int64_t tokenizer_vocab) {

@@ -56,6 +56,9 @@ struct Session::State {
     std::unique_ptr<Workload> workload;
     std::unique_ptr<io::RunFile> file;
     std::unique_ptr<Checkpointer> checkpointer;
+    std::string path;     // the run file this job writes
+    bool resumed = false; // --resume: the checkpoint's state is restored in prepare()
+    bool restored = false;
 };
 
 Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_Comm world)
@@ -226,6 +229,8 @@ void Session::open_run_file() {
     s.checkpointer = std::make_unique<Checkpointer>(
         c.get_string("checkpoint.dir"), static_cast<int>(c.get_int("checkpoint.keep")), world, c,
         path, restart_index, s.env.layout.global_batch());
+    s.path = path;
+    s.resumed = s.env.resumed.has_value();
     if (s.env.resumed && topo.rank == 0) {
         const CheckpointManifest& m = *s.env.resumed;
         core::log::info() << "resuming from " << m.path << " at iteration " << m.next_iteration
@@ -235,15 +240,6 @@ void Session::open_run_file() {
                               << " ranks, this job has " << topo.world_size << "; global batch "
                               << s.env.layout.global_batch()
                               << " samples per step as before, sharded state cut again";
-        // Link the interrupted run's file to its continuation; a missing or unreadable old file
-        // only costs the link.
-        try {
-            if (std::filesystem::exists(m.run_file) && m.run_file != path)
-                io::annotate_closed_run_file(m.run_file, {{"continued_in", path}});
-        } catch (const std::exception& e) {
-            core::log::warn() << "could not mark " << m.run_file << " as continued in " << path
-                              << ": " << e.what();
-        }
     }
 
     std::vector<io::Attribute> config;
@@ -291,8 +287,44 @@ void Session::open_run_file() {
 
 void Session::prepare() {
     State& s = *s_;
-    s.workload->build();
+    s.workload->build(); // with --resume: restores the checkpoint (its rank files checked)
     if (s.file) s.file->set_attributes(schema::kPlan, s.workload->plan_attributes());
+    if (s.resumed && s.file && s.env.topo.rank == 0) {
+        // Link the interrupted run's file to its continuation, now that the resume holds; only a
+        // file of this job's output series (the manifest is data: it may name any path), and a
+        // missing or unreadable old file only costs the link.
+        const CheckpointManifest& m = *s.env.resumed;
+        const std::string output = s.env.cfg.get_string("output.file");
+        try {
+            if (!in_output_series(m.run_file, output))
+                core::log::info() << "not marking " << m.run_file << " as continued in " << s.path
+                                  << ": it is not output.file (" << output
+                                  << ") or one of its continuations";
+            else if (std::filesystem::exists(m.run_file) && m.run_file != s.path)
+                io::annotate_closed_run_file(m.run_file, {{"continued_in", s.path}});
+        } catch (const std::exception& e) {
+            core::log::warn() << "could not mark " << m.run_file << " as continued in " << s.path
+                              << ": " << e.what();
+        }
+    }
+    s.restored = true;
+}
+
+bool Session::refused_resume() const {
+    return s_->resumed && !s_->restored;
+}
+
+void Session::discard_run_file() {
+    State& s = *s_;
+    if (!s.file) return;
+    s.file->close();
+    s.file.reset();
+    if (s.env.topo.rank != 0) return;
+    std::error_code ec;
+    std::filesystem::remove(s.path, ec);
+    if (ec)
+        core::log::warn() << "could not remove " << s.path
+                          << " after the refused resume: " << ec.message();
 }
 
 void Session::run() {

@@ -44,6 +44,9 @@ struct CheckpointManifest {
 // Options that may change between the interrupted run and its resumption: they do not change
 // what is trained (output, logging, profiling, checkpointing, timeouts, loader threads).
 bool may_differ_on_resume(const std::string& key);
+// True when `file` is `output` or one of its continuations (<stem>.resume<k><ext> in the same
+// directory): the only run files a resume may name or annotate.
+bool in_output_series(const std::string& file, const std::string& output);
 
 // Options that spell the batch per rank or per step: on a resume they are compared through the
 // global batch they give (an elastic resume on another rank count changes the per-rank batch).

@@ -30,6 +30,11 @@ class Session {
     bool interrupted() const; // after run(): a stop signal ended it early (checkpointed)
     void close_run_file(const std::string& status, const std::string& error = ""); // collective
     bool run_file_open() const;
+    // --resume failed before the checkpoint's state was restored (the checkpoint was refused):
+    // the continuation file holds nothing, so discard_run_file() (collective) closes and removes
+    // it instead of keeping a "failed" file.
+    bool refused_resume() const;
+    void discard_run_file();
 
   private:
     struct State;
