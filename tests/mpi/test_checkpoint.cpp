@@ -60,7 +60,8 @@ core::Config config(std::map<std::string, std::string> values) {
 
 TEST(Checkpoint, SavesEveryRankFindsTheNewestCompleteAndPrunes) {
     const std::string dir = shared_dir("save");
-    const core::Config cfg = config({{"checkpoint.dir", dir}, {"checkpoint.keep", "2"}});
+    const core::Config cfg =
+        config({{"checkpoint.dir", dir}, {"checkpoint.keep", "2"}, {"output.file", "runs/x.h5"}});
     tt::Checkpointer ck(dir, 2, MPI_COMM_WORLD, cfg, "runs/x.h5", 0, 8);
     for (std::int64_t it : {5, 10, 15})
         ck.save(it, [&](torch::serialize::OutputArchive& out) {
@@ -144,7 +145,7 @@ static void expect_loaded_onto(const tt::CheckpointManifest& m, torch::Device de
 
 TEST(Checkpoint, LoadMapsEveryTensorOntoTheRanksDevice) {
     const std::string dir = shared_dir("device");
-    const core::Config cfg = config({{"checkpoint.dir", dir}});
+    const core::Config cfg = config({{"checkpoint.dir", dir}, {"output.file", "d.h5"}});
     tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "d.h5", 0, 8);
     save_optimizer_checkpoint(ck, torch::kCPU);
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
@@ -159,7 +160,7 @@ TEST(Checkpoint, LoadMapsEveryTensorOntoTheRanksDevice) {
 TEST(Checkpoint, CudaSavedStateLoadsOntoTheRequestedDevice) {
     if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
     const std::string dir = shared_dir("cuda");
-    const core::Config cfg = config({{"checkpoint.dir", dir}});
+    const core::Config cfg = config({{"checkpoint.dir", dir}, {"output.file", "c.h5"}});
     tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "c.h5", 0, 8);
     const int gpus = static_cast<int>(torch::cuda::device_count());
     save_optimizer_checkpoint(ck, torch::Device(torch::kCUDA, 0));
@@ -177,7 +178,8 @@ TEST(Checkpoint, CudaSavedStateLoadsOntoTheRequestedDevice) {
 
 TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
     const std::string dir = shared_dir("compat");
-    const core::Config saved = config({{"checkpoint.dir", dir}, {"train.lr", "0.01"}});
+    const core::Config saved =
+        config({{"checkpoint.dir", dir}, {"train.lr", "0.01"}, {"output.file", "a.h5"}});
     tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, saved, "a.h5", 0, 8);
     ck.save(3, [](torch::serialize::OutputArchive&) {});
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
@@ -241,7 +243,7 @@ TEST(Checkpoint, FlatShardsAreCutAgainForAnotherRankCount) {
     const std::int64_t shard = (numel + world() - 1) / world();
     const torch::Tensor padded =
         torch::cat({full, torch::zeros({shard * world() - numel}, torch::kFloat64)});
-    const core::Config cfg = config({{"checkpoint.dir", dir}});
+    const core::Config cfg = config({{"checkpoint.dir", dir}, {"output.file", "s.h5"}});
     tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "s.h5", 0, 8);
     ck.save(2, [&](torch::serialize::OutputArchive& out) {
         torch::serialize::OutputArchive part;
