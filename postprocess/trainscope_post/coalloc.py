@@ -23,29 +23,39 @@ script `--scheduler slurm` submits runs this module there). Plan file format: do
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
-import itertools
+import datetime
+import errno
+import fcntl
 import json
 import math
 import os
 import re
 import shlex
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import sweep
 from .launch import launch_env, mpirun_flags
 from .study import StudyError
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("equal", "static", "dynamic")
 LAUNCHERS = ("mpirun", "srun")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_OPTION = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
+# Names and option keys are checked with fullmatch: `$` would let a trailing line break pass.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_OPTION = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Characters of a path that a #SBATCH/#PBS line names unquoted (--output, -o): no space, quote,
+# '%' (Slurm expands %j, %u, ... in --output) or ':' (PBS reads host:path).
+_DIRECTIVE_PATH = re.compile(r"[A-Za-z0-9._/+,@=~-]+")
 # Options the executor sets for every launch; a plan that sets them would be overridden silently.
 _OWNED = {
     "train.max_iters": "the job's `iterations`",
@@ -59,8 +69,17 @@ _OWNED = {
 }
 MAX_JOBS = 8
 MAX_UNITS = 4096
+# The planner is exhaustive, so its work is counted before it starts (count_splits, search_size)
+# and a plan above these bounds is refused at load time, naming the mode, jobs and units.
+MAX_SPLITS = 200_000     # static splits the planner may simulate (one simulation each)
 MAX_SEARCH = 2_000_000   # allocations the dynamic planner may evaluate (events x splits)
 STOP_TIMEOUT_S = 600     # a job told to stop (SIGUSR1) that has not exited by then is killed
+# Strategies elastic resume supports (docs/faults.md): every job is resized (the calibration's
+# resize probe, the dynamic mode), so a job of another strategy could never run.
+ELASTIC_STRATEGIES = ("ddp-ds",)
+LOCK = "coalloc.lock"    # held (flock) by the executor that writes --out
+MAX_CALIBRATION_BYTES = 16 << 20
+MAX_MODEL_S = 1e6        # a calibrated time (step, start-up, stop, restore) above this is no model
 
 
 # --- the plan file --------------------------------------------------------------------------------
@@ -88,7 +107,7 @@ class Plan:
     name: str
     path: Path
     units: int
-    units_per_node: int
+    units_per_node: int | None  # None: not given (Slurm places the units; here: one node)
     repeats: int
     modes: list[str]
     calibration_iterations: int
@@ -120,7 +139,7 @@ def _check_keys(path, where, d, allowed):
 
 
 def _resolve(path: Path, text) -> Path:
-    if not isinstance(text, str) or not text or _CONTROL.search(text):
+    if not isinstance(text, str) or not text or _CONTROL.search(text) or not text.isprintable():
         raise _bad(path, f"config {text!r}: give a file path as a one-line string")
     p = Path(text)
     for base in ((path.parent, ROOT) if not p.is_absolute() else (Path("/"),)):
@@ -151,11 +170,17 @@ def load_plan(path: Path) -> Plan:
     _check_keys(path, "plan", doc, {"name", "units", "units_per_node", "repeats", "modes",
                                     "calibration", "binary", "job"})
     name = doc.get("name", path.stem)
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise _bad(path, f"name {name!r}: letters, digits, '.', '_' and '-' only (it names "
-                   "directories)")
+                   "directories and the batch job)")
     units = _int(path, "plan", doc, "units", hi=MAX_UNITS)
-    upn = _int(path, "plan", doc, "units_per_node", default=units, hi=MAX_UNITS)
+    upn = None
+    if "units_per_node" in doc:
+        upn = _int(path, "plan", doc, "units_per_node", hi=MAX_UNITS)
+        if upn > units or units % upn:
+            raise _bad(path, f"units_per_node = {upn} for units = {units}: every node holds "
+                       "the same number of units, so it must divide units (units_per_node = "
+                       "units: one node)")
     repeats = _int(path, "plan", doc, "repeats", default=3, hi=100)
     raw = doc.get("job", [])
     if not isinstance(raw, list) or not 2 <= len(raw) <= MAX_JOBS:
@@ -179,8 +204,12 @@ def load_plan(path: Path) -> Plan:
             isinstance(r, bool) or not isinstance(r, int) or not 1 <= r <= units for r in cal_ranks):
         raise _bad(path, f"calibration.ranks {cal_ranks!r}: 2 or more rank counts from 1 to "
                    f"units ({units}); the model needs two to scale from")
+    twice = sorted({r for r in cal_ranks if cal_ranks.count(r) > 1})
+    if twice:
+        raise _bad(path, f"calibration.ranks {cal_ranks!r}: {', '.join(map(str, twice))} "
+                   "given twice; give each rank count once")
     binary = doc.get("binary", str(ROOT / "build" / "app" / "trainscope"))
-    if not isinstance(binary, str) or _CONTROL.search(binary):
+    if not isinstance(binary, str) or _CONTROL.search(binary) or not binary.isprintable():
         raise _bad(path, f"binary {binary!r}: a one-line path")
     binary = Path(binary) if Path(binary).is_absolute() else (ROOT / binary)
     jobs = []
@@ -191,7 +220,7 @@ def load_plan(path: Path) -> Plan:
         _check_keys(path, where, j, {"name", "configs", "iterations", "global_batch", "arrive",
                                      "options"})
         jname = j.get("name")
-        if not isinstance(jname, str) or not _NAME.match(jname):
+        if not isinstance(jname, str) or not _NAME.fullmatch(jname):
             raise _bad(path, f"{where}: name {jname!r}: letters, digits, '.', '_' and '-' only")
         where = f"job {jname}"
         if any(jname == o.name for o in jobs):
@@ -212,7 +241,7 @@ def load_plan(path: Path) -> Plan:
             raise _bad(path, f"{where}: options: a table of trainscope options")
         clean = {}
         for k, v in opts.items():
-            if not _OPTION.match(k):
+            if not _OPTION.fullmatch(k):
                 raise _bad(path, f"{where}: option {k!r}: not a trainscope option name "
                            "(section.key, see docs/options.md)")
             if k in _OWNED:
@@ -220,10 +249,18 @@ def load_plan(path: Path) -> Plan:
                            f"{_OWNED[k]}")
             if isinstance(v, bool):
                 v = "true" if v else "false"
-            if not isinstance(v, (str, int, float)) or _CONTROL.search(str(v)):
+            if not isinstance(v, (str, int, float)) or _CONTROL.search(str(v)) or \
+                    not str(v).isprintable():
                 raise _bad(path, f"{where}: option {k} = {v!r}: a one-line value")
             clean[k] = str(v)
         spec = JobSpec(jname, configs, iters, gb, float(arrive), clean)
+        strategy, source = job_strategy(spec)
+        if strategy not in ELASTIC_STRATEGIES:
+            raise _bad(path, f"{where}: run.strategy = {strategy} (from {source}): elastic "
+                       "resume refuses it (pipeline: per-stage state cannot be resized; ddp, "
+                       "dp: a step's samples depend on the rank count), and every job is "
+                       "resized (the calibration's resize probe, the dynamic mode); use "
+                       "run.strategy = \"ddp-ds\" (with dist.zero or FSDP if needed)")
         counts = [r for r in cal_ranks if r in spec.counts(units)]
         if len(counts) < 2:
             raise _bad(path, f"{where}: global_batch {gb} splits evenly over only "
@@ -231,7 +268,40 @@ def load_plan(path: Path) -> Plan:
                        "two; choose a global batch divisible by them")
         jobs.append(spec)
     return Plan(name, path.resolve(), units, upn, repeats, modes, cal_iters,
-                sorted(set(cal_ranks)), binary, jobs)
+                sorted(cal_ranks), binary, jobs)
+
+
+def _ini_value(files: list[Path], section: str, key: str) -> tuple[str, Path] | None:
+    """The value of section.key in trainscope INI files (the last file that sets it wins, as in
+    trainscope: `[section]` headers, `key = value` lines, '#' starts a comment), with its file."""
+    found = None
+    for f in files:
+        try:  # never blocks: a config swapped for a FIFO since _resolve is read as empty
+            with os.fdopen(os.open(f, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
+                text = fh.read(1 << 20).decode("utf-8", "replace") \
+                    if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) else ""
+        except OSError:
+            continue  # trainscope names the file when it cannot read it
+        current = ""
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("[") and line.endswith("]"):
+                current = line[1:-1].strip()
+            elif "=" in line:
+                k, v = (x.strip() for x in line.split("=", 1))
+                if (current, k) == (section, key) or (not current and k == f"{section}.{key}"):
+                    found = (v, f)
+    return found
+
+
+def job_strategy(job: JobSpec) -> tuple[str, str]:
+    """The job's run.strategy and where it comes from: its options, its configs, or the default."""
+    if "run.strategy" in job.options:
+        return job.options["run.strategy"], "the job's options"
+    found = _ini_value(job.configs, "run", "strategy")
+    if found:
+        return found[0], str(found[1])
+    return "ddp-ds", "the default"
 
 
 # --- launching one segment of a job ---------------------------------------------------------------
@@ -313,7 +383,10 @@ class Launcher:
             f.unlink(missing_ok=True)
         cmd, cores = self.command(job, ranks, units, iterations, jobdir / "ckpt", run_file,
                                   resume)
-        with open(log, "w") as fh:
+        # jobdir was just emptied (_clean) under a --out without links: a new file, never a link
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        with os.fdopen(fd, "w") as fh:
             fh.write("# " + shlex.join(cmd) + "\n")
             fh.flush()
             t = time.monotonic()
@@ -321,12 +394,13 @@ class Launcher:
             # (each job's ranks then bind to the GPUs they see, in local rank order).
             extra = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, units))} \
                 if self.gpus and self.kind == "mpirun" else {}
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    env=launch_env(OMP_NUM_THREADS="1", **extra),
-                                    start_new_session=True)
-        seg = Segment(job.name, index, ranks, list(units), run_file, log, resume, t, proc,
-                      cores=cores)
-        _LIVE.append(seg)
+            with _signals_held():  # registered in _LIVE before an interrupt can leave it unknown
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                                        env=launch_env(OMP_NUM_THREADS="1", **extra),
+                                        start_new_session=True)
+                seg = Segment(job.name, index, ranks, list(units), run_file, log, resume, t,
+                              proc, cores=cores)
+                _LIVE.append(seg)
         return seg
 
 
@@ -460,14 +534,7 @@ class JobModel:
         return {"name": self.name, "iterations": self.iterations, "arrive": self.arrive,
                 "counts": self.counts, "step_s": self.step, "startup_s": self.startup,
                 "stop_s": self.stop_s, "restore_s": self.restore_s, "range": self.range_}
-
-    @staticmethod
-    def from_json(d: dict) -> "JobModel":
-        def by_ranks(m):  # JSON object keys are strings
-            return {int(k): v for k, v in m.items()}
-        return JobModel(d["name"], d["iterations"], d["arrive"], d["counts"],
-                        by_ranks(d["step_s"]), by_ranks(d["startup_s"]), d["stop_s"],
-                        d["restore_s"], by_ranks(d.get("range", {})))
+    # read back, checked against the plan, by load_calibration
 
 
 def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobModel]:
@@ -480,7 +547,7 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
     # One discarded launch first: the first launch on a machine (or the first job step of an
     # allocation) pays for loading the libraries from disk, which no later launch does.
     d = out / "calibration" / "warm-up"
-    _clean(d)
+    _clean(d, out)
     log("calibration: warm-up launch (discarded) ...")
     seg = launcher.start(plan.jobs[0], 0, 1, [0], 2, d, resume=False)
     _wait(seg, STOP_TIMEOUT_S * 4)
@@ -492,7 +559,7 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
         walls = {}
         for r in counts:
             d = base / f"n{r}"
-            _clean(d)
+            _clean(d, out)
             log(f"calibrating {job.name} on {r} rank(s): {n} iterations ...")
             seg = launcher.start(job, 0, r, list(range(r)), n, d, resume=False)
             _wait(seg, STOP_TIMEOUT_S * 4)
@@ -517,7 +584,7 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
         # resize probe
         lo, hi = counts[0], counts[-1]
         d = base / "probe"
-        _clean(d)
+        _clean(d, out)
         log(f"calibrating {job.name}: resize probe {lo} -> {hi} rank(s) ...")
         seg = launcher.start(job, 0, lo, list(range(lo)), 2 * n, d, resume=False)
         # Stopped about half-way, timed from this launch's own start (every rank in main), not
@@ -548,12 +615,49 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
     return models
 
 
-def _clean(d: Path) -> None:
-    """A launch directory starts empty: no stale checkpoint may be resumed by mistake."""
+def _clean(d: Path, out: Path) -> None:
+    """A launch directory starts empty: no stale checkpoint may be resumed by mistake. d is inside
+    --out, and nothing is deleted or created through a link on the way there (a link would lead
+    the deletion out of --out); rmtree itself never follows the links inside d."""
     import shutil
+    _no_links(out, d)
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
+
+
+def _no_links(out: Path, d: Path) -> None:
+    """Every existing component of d below out is a directory of its own, not a link."""
+    p = out
+    for part in d.relative_to(out).parts:
+        p = p / part
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise StudyError(f"{p}: a symbolic link (to {os.readlink(p)}) inside --out; the "
+                             "executor never writes or deletes through one: remove the link")
+        if not stat.S_ISDIR(st.st_mode):
+            raise StudyError(f"{p}: not a directory, where the executor keeps one; remove it")
+
+
+def _write(path: Path, data: str | bytes) -> Path:
+    """Writes a file of --out as a new file renamed over the old name: never through a link
+    (the link itself is replaced), never into a FIFO or device, never into a file hard-linked
+    elsewhere, and a reader sees the old or the new content, not half of one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 # --- the planner ----------------------------------------------------------------------------------
@@ -572,11 +676,100 @@ def _active(models: list[JobModel], st: list[JState], t: float) -> list[int]:
 
 
 def _splits(active: list[int], models: list[JobModel], units: int):
-    """Every allocation of at most `units` to the active jobs, each an allowed count >= 1."""
+    """Every allocation of at most `units` to the active jobs, each an allowed count >= 1, in
+    the order of itertools.product over their counts; a branch that leaves the later jobs too
+    few units is cut, so the work is that of the allocations made (count_splits), not of the
+    product of the counts (16 counts each for 8 jobs: 4e9 tuples, 12870 allocations)."""
     choices = [models[j].counts for j in active]
-    for combo in itertools.product(*choices):
-        if sum(combo) <= units:
+    need = [0] * (len(choices) + 1)   # the fewest units the jobs from position i on need
+    for i in range(len(choices) - 1, -1, -1):
+        need[i] = need[i + 1] + min(choices[i])
+    combo: list[int] = []
+
+    def extend(i: int, left: int):
+        if i == len(choices):
             yield dict(zip(active, combo))
+            return
+        for c in choices[i]:
+            if c + need[i + 1] <= left:
+                combo.append(c)
+                yield from extend(i + 1, left - c)
+                combo.pop()
+
+    yield from extend(0, units)
+
+
+def _fold(ways, counts: list[int], units: int, cap: int):
+    """ways[s] = allocations so far that sum to s units; the same with one more job whose
+    allowed counts are `counts`, each entry capped at `cap` (so that it stays a small number)."""
+    import numpy as np
+    new = np.zeros(units + 1, dtype=np.int64)
+    for c in counts:
+        if c <= units:
+            new[c:] += ways[:units + 1 - c]
+    return np.minimum(new, cap)
+
+
+def count_splits(choices: list[list[int]], units: int, cap: int) -> int:
+    """How many allocations _splits yields for jobs with these allowed counts (at most `cap`),
+    counted without making them: O(jobs x counts) vector operations over the unit sum."""
+    import numpy as np
+    ways = np.zeros(units + 1, dtype=np.int64)
+    ways[0] = 1
+    for counts in choices:
+        ways = _fold(ways, counts, units, cap)
+    return int(min(int(ways.sum()), cap))
+
+
+def search_size(choices: list[list[int]], arrivals: list[float], units: int, cap: int) -> int:
+    """An upper bound (at most `cap`) on the allocations DynamicPolicy evaluates in one call.
+    Its search tree has one level per event: at a level where s of the jobs present run, every
+    split of them is tried (at most the most splits any s of them have), and each is followed to
+    the next event, an arrival (more jobs present) or a completion (one job fewer; more at once
+    is a deeper level, which only shrinks the tree). So the evaluations below a level are at
+    most its splits x (1 + the larger of its two next levels)."""
+    import numpy as np
+    jobs = len(choices)
+    splits = [1] * (1 << jobs)     # splits of every subset of the jobs (bit j: job j)
+    ways = {0: np.eye(1, units + 1, dtype=np.int64)[0]}
+    for mask in range(1, 1 << jobs):
+        top = mask.bit_length() - 1
+        ways[mask] = _fold(ways[mask & ~(1 << top)], choices[top], units, cap)
+        splits[mask] = int(min(int(ways[mask].sum()), cap))
+    groups = sorted(set(arrivals))
+    present = [sum(1 << j for j in range(jobs) if arrivals[j] <= g) for g in groups]
+
+    def widest(g: int, s: int) -> int:  # most splits of s jobs among those present at group g
+        return max(splits[m] for m in range(1 << jobs)
+                   if m & present[g] == m and bin(m).count("1") == s)
+
+    memo: dict[tuple[int, int], int] = {}
+
+    def below(g: int, done: int) -> int:
+        if (g, done) not in memo:
+            s = bin(present[g]).count("1") - done
+            nxt = ([below(g + 1, done)] if g + 1 < len(groups) else []) + \
+                ([below(g, done + 1)] if s > 0 else [])
+            memo[(g, done)] = 0 if not nxt and s == 0 else \
+                min(cap, (widest(g, s) if s else 1) * (1 + max(nxt, default=0)))
+        return memo[(g, done)]
+
+    return below(0, 0)
+
+
+def check_search(choices: list[list[int]], arrivals: list[float], units: int,
+                 modes) -> None:
+    """Refuses a static or dynamic search above its bound before it starts, naming the fix."""
+    for mode, limit, count in (
+            ("static", MAX_SPLITS, lambda: count_splits(choices, units, MAX_SPLITS + 1)),
+            ("dynamic", MAX_SEARCH, lambda: search_size(choices, arrivals, units,
+                                                        MAX_SEARCH + 1))):
+        if mode in modes and count() > limit:
+            others = ",".join(m for m in MODES if m != mode)
+            raise StudyError(f"the {mode} mode's search of {len(choices)} jobs on {units} "
+                             f"units would evaluate more than {limit:,} allocations: use fewer "
+                             f"jobs or units (or global batches that fewer rank counts "
+                             f"divide), or leave the mode out (--modes {others})")
 
 
 def _apply(t: float, st: list[JState], alloc: dict, models: list[JobModel]) -> list[JState]:
@@ -594,17 +787,21 @@ def _apply(t: float, st: list[JState], alloc: dict, models: list[JobModel]) -> l
 
 
 def _advance(t: float, st: list[JState], models: list[JobModel], arrivals: list[float]):
-    """To the next event (a completion or an arrival): returns its time and the new states."""
+    """To the next event (a completion or an arrival): returns its time and the new states.
+    The job whose end is the event ends there whatever its rounded remainder says, so that every
+    call makes progress (at large times t + a tiny remainder x step rounds back to t)."""
     nxt = min((a for a in arrivals if a > t + 1e-9), default=math.inf)
+    end = {}
     for j, s in enumerate(st):
         if s.ranks and s.done_at is None:
-            nxt = min(nxt, max(s.ready, t) + s.rem * models[j].step[s.ranks])
+            end[j] = max(s.ready, t) + s.rem * models[j].step[s.ranks]
+            nxt = min(nxt, end[j])
     if nxt == math.inf:
         return nxt, st
     for j, s in enumerate(st):
-        if s.ranks and s.done_at is None:
+        if j in end:
             s.rem -= max(0.0, nxt - max(s.ready, t)) / models[j].step[s.ranks]
-            if s.rem <= 1e-6:
+            if s.rem <= 1e-6 or end[j] <= nxt:
                 s.rem, s.done_at, s.ranks = 0.0, nxt, 0
     return nxt, st
 
@@ -616,7 +813,10 @@ def simulate(models: list[JobModel], units: int, policy, t: float = 0.0,
     st = st or [JState(float(m.iterations)) for m in models]
     arrivals = sorted({m.arrive for m in models})
     phases = []
-    while any(s.done_at is None for s in st):
+    # every event ends a job or passes an arrival: more steps than that is a bug, not a plan
+    for _ in range(2 * (len(models) + len(arrivals)) + 2):
+        if all(s.done_at is not None for s in st):
+            break
         active = _active(models, st, t)
         if active:
             alloc = policy(t, st)
@@ -626,6 +826,8 @@ def simulate(models: list[JobModel], units: int, policy, t: float = 0.0,
         t, st = _advance(t, st, models, arrivals)
         if t == math.inf:
             raise StudyError("the plan leaves a job without units (internal)")
+    else:
+        raise StudyError("the simulation of the plan did not end (internal)")
     return max(s.done_at for s in st), phases
 
 
@@ -643,6 +845,7 @@ def equal_split(models: list[JobModel], units: int) -> dict:
 
 
 def best_static(models: list[JobModel], units: int) -> tuple[dict, float]:
+    check_search([m.counts for m in models], [m.arrive for m in models], units, ("static",))
     best = (None, math.inf)
     for alloc in _splits(list(range(len(models))), models, units):
         ms, _ = simulate(models, units, static_policy(alloc))
@@ -657,6 +860,8 @@ class DynamicPolicy:
     MAX_SEARCH evaluations)."""
 
     def __init__(self, models: list[JobModel], units: int):
+        check_search([m.counts for m in models], [m.arrive for m in models], units,
+                     ("dynamic",))
         self.models, self.units = models, units
         self.arrivals = sorted({m.arrive for m in models})
         self.evals = 0
@@ -691,30 +896,33 @@ class DynamicPolicy:
         return alloc
 
 
-def predict(models: list[JobModel], units: int) -> dict:
-    """Every mode's split or phases and predicted makespan."""
+def predict(models: list[JobModel], units: int, modes=MODES) -> dict:
+    """The split or phases and predicted makespan of the equal split and of the other modes
+    asked for (a mode left out is never searched: its bound may be what left it out)."""
     eq = equal_split(models, units)
     eq_ms, eq_ph = simulate(models, units, static_policy(eq))
-    st_alloc, st_ms = best_static(models, units)
-    _, st_ph = simulate(models, units, static_policy(st_alloc))
-    dyn = DynamicPolicy(models, units)
-    dy_ms, dy_ph = simulate(models, units, dyn)
     names = [m.name for m in models]
-    return {
-        "equal": {"makespan_s": eq_ms, "split": {names[j]: u for j, u in eq.items()},
-                  "phases": eq_ph},
-        "static": {"makespan_s": st_ms, "split": {names[j]: u for j, u in st_alloc.items()},
-                   "phases": st_ph, "same_as_equal": st_alloc == eq},
-        "dynamic": {"makespan_s": dy_ms, "phases": dy_ph},
-    }
+    pred = {"equal": {"makespan_s": eq_ms, "split": {names[j]: u for j, u in eq.items()},
+                      "phases": eq_ph}}
+    if "static" in modes:
+        st_alloc, st_ms = best_static(models, units)
+        _, st_ph = simulate(models, units, static_policy(st_alloc))
+        pred["static"] = {"makespan_s": st_ms,
+                          "split": {names[j]: u for j, u in st_alloc.items()},
+                          "phases": st_ph, "same_as_equal": st_alloc == eq}
+    if "dynamic" in modes:
+        dy_ms, dy_ph = simulate(models, units, DynamicPolicy(models, units))
+        pred["dynamic"] = {"makespan_s": dy_ms, "phases": dy_ph}
+    return pred
 
 
 # --- the executor ---------------------------------------------------------------------------------
 def execute(plan: Plan, models: list[JobModel], mode: str, policy, launcher: Launcher,
-            rundir: Path, log=print) -> dict:
+            rundir: Path, out: Path, log=print) -> dict:
     """Runs the jobs under `policy` (called at every arrival and completion with the states
-    estimated from the models) and returns the measured makespan and every segment."""
-    _clean(rundir)
+    estimated from the models) and returns the measured makespan and every segment. rundir is
+    inside --out (`out`)."""
+    _clean(rundir, out)
     specs = {j.name: j for j in plan.jobs}
     st = [JState(float(m.iterations)) for m in models]
     segs: list[Segment] = []
@@ -817,7 +1025,7 @@ def summarise(results: dict) -> list[dict]:
     for mode in MODES:
         runs = [r for r in results["runs"] if r["mode"] == mode]
         src = mode
-        if mode == "static" and not runs and pred["static"].get("same_as_equal"):
+        if mode == "static" and not runs and pred.get("static", {}).get("same_as_equal"):
             runs, src = [r for r in results["runs"] if r["mode"] == "equal"], "equal"
         if not runs:
             continue
@@ -887,9 +1095,11 @@ def timeline_figure(results: dict, path: Path) -> Path:
                 plt.Line2D([], [], color="red", ls="--", label="predicted makespan")]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=110)
+    import io
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    return path
+    return _write(path, png.getvalue())
 
 
 def write_report(results: dict, out: Path) -> Path:
@@ -915,9 +1125,7 @@ def write_report(results: dict, out: Path) -> Path:
               f"![timeline]({fig.name})", "",
               "Timeline: which job held which unit when (first repeat of each mode); hatched: "
               "the job was told to stop and was writing its checkpoint."]
-    path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return _write(out / "report.md", "\n".join(lines) + "\n")
 
 
 def _markdown(df) -> str:
@@ -931,7 +1139,6 @@ def _markdown(df) -> str:
 
 # --- command line ---------------------------------------------------------------------------------
 def _setup(launcher: str, gpus: bool = False) -> dict:
-    import datetime
     import platform
     unit = ("one GPU per rank" if gpus else "one core per rank") + (
         ", mpirun --cpu-set/--bind-to core" if launcher == "mpirun" else
@@ -953,12 +1160,129 @@ def save_calibration(out: Path, plan: Plan, launcher_kind: str, models: list[Job
     """<out>/calibration.json: the job models, and what they were measured for (the jobs, the
     calibration settings, the units and the launcher); reused while all of these match."""
     pj = _plan_json(plan)
-    f = out / "calibration.json"
     out.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps({**{k: pj[k] for k in ("jobs", "calibration", "units")},
-                             "launcher": launcher_kind,
-                             "models": [m.to_json() for m in models]}, indent=1))
-    return f
+    return _write(out / "calibration.json", json.dumps(
+        {**{k: pj[k] for k in ("jobs", "calibration", "units")}, "launcher": launcher_kind,
+         "models": [m.to_json() for m in models]}, indent=1))
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a calibration holds")
+
+
+def load_calibration(f: Path, plan: Plan, launcher_kind: str) -> list[JobModel] | None:
+    """The job models in <out>/calibration.json when they were measured for this plan (its jobs,
+    calibration settings and units) on this launcher; None when the file is absent or was
+    measured for something else (the caller measures again). The planner divides by these
+    numbers and simulates until every job ends, so a file that is not such a calibration, or
+    holds a model this plan cannot have (a missing job, a rank count it cannot run, a time that
+    is not a positive finite number of seconds), is refused naming the field, never used."""
+    def bad(what: str) -> StudyError:
+        return StudyError(f"{f}: {what}; run with --recalibrate to measure again (it replaces "
+                          "the file)")
+    try:
+        st = os.lstat(f)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):   # check_out refuses these first
+        raise bad("not a regular file")
+    if st.st_size > MAX_CALIBRATION_BYTES:
+        raise bad(f"{st.st_size} bytes, more than a calibration holds")
+    with os.fdopen(os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC),
+                   "rb") as fh:
+        raw = fh.read(MAX_CALIBRATION_BYTES + 1)
+    try:
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:   # JSON, UTF-8, NaN/Infinity, nesting
+        raise bad(f"not valid JSON ({str(e)[:160]})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), list):
+        raise bad("not a calibration written by trainscope-study coalloc (an object with jobs, "
+                  "calibration, units, launcher and models)")
+    pj = _plan_json(plan)
+    differs = [k for k, want in (("jobs", pj["jobs"]), ("calibration", pj["calibration"]),
+                                 ("units", plan.units), ("launcher", launcher_kind))
+               if doc.get(k) != want]
+    if differs:
+        print(f"calibration: {f} was measured for another plan or launcher (its "
+              f"{', '.join(differs)} differ); measuring again")
+        return None
+    raw_models = doc["models"]
+    if len(raw_models) != len(plan.jobs):
+        raise bad(f"models: {len(raw_models)} job model(s) for the plan's {len(plan.jobs)} jobs")
+    return [_model(m, i, job, plan.units, bad) for i, (m, job) in
+            enumerate(zip(raw_models, plan.jobs))]
+
+
+def _model(m, i: int, job: JobSpec, units: int, bad) -> JobModel:
+    """One job's model from calibration.json, checked against the plan's job."""
+    where = f"models[{i}]"
+    if not isinstance(m, dict):
+        raise bad(f"{where}: {type(m).__name__}, not a job model (an object)")
+    if m.get("name") != job.name:
+        raise bad(f"{where}: name {m.get('name')!r}, but the plan's job {i + 1} is {job.name!r}")
+    where = f"models[{i}] ({job.name})"
+    allowed = job.counts(units)
+    for key, want in (("iterations", job.iterations), ("arrive", job.arrive),
+                      ("counts", allowed)):
+        v = m.get(key)
+        if isinstance(v, bool) or v != want:
+            raise bad(f"{where}: {key} = {_short(v)}, but the plan's job has {_short(want)}")
+
+    def seconds(key, v, positive):
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and \
+            (v > 0 if positive else v >= 0) and v <= MAX_MODEL_S
+        if not ok:
+            raise bad(f"{where}: {key} = {_short(v)}: a time in seconds, "
+                      f"{'above' if positive else 'at least'} 0 and at most {MAX_MODEL_S:g}")
+        return float(v)
+
+    def by_ranks(key, positive):
+        d = m.get(key)
+        if not isinstance(d, dict):
+            raise bad(f"{where}: {key} = {_short(d)}: an object of seconds by rank count")
+        got = {}
+        for k, v in d.items():
+            if not re.fullmatch(r"[1-9][0-9]{0,5}", k) or int(k) not in allowed:
+                raise bad(f"{where}: {key} has a model for {_short(k)} rank(s), which the plan "
+                          f"cannot run (its rank counts: {', '.join(map(str, allowed))})")
+            got[int(k)] = seconds(f"{key}[{k!r}]", v, positive)
+        missing = [u for u in allowed if u not in got]
+        if missing:
+            raise bad(f"{where}: {key} has no model for {', '.join(map(str, missing))} rank(s)")
+        return got
+
+    step, startup = by_ranks("step_s", True), by_ranks("startup_s", False)
+    stop, restore = seconds("stop_s", m.get("stop_s"), False), \
+        seconds("restore_s", m.get("restore_s"), False)
+    rng = m.get("range", {})
+    if not isinstance(rng, dict) or not all(
+            isinstance(k, str) and k.isdigit() and k.isascii() and int(k) in allowed and
+            isinstance(v, str) and len(v) < 200 for k, v in rng.items()):
+        raise bad(f"{where}: range = {_short(rng)}: an object of words by rank count")
+    return JobModel(job.name, job.iterations, job.arrive, allowed, step, startup, stop,
+                    restore, {int(k): v for k, v in rng.items()})
+
+
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def gpu_count() -> int:
+    """GPUs this machine has: NVIDIA's driver lists them in /proc/driver/nvidia/gpus, else
+    `nvidia-smi -L` does; 0 when neither is there."""
+    try:
+        n = sum(1 for _ in Path("/proc/driver/nvidia/gpus").iterdir())
+        if n:
+            return n
+    except OSError:
+        pass
+    try:
+        p = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in p.stdout.splitlines()) \
+        if p.returncode == 0 else 0
 
 
 def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeats: int,
@@ -967,45 +1291,40 @@ def run_here(plan: Plan, out: Path, launcher_kind: str, modes: list[str], repeat
     out.mkdir(parents=True, exist_ok=True)
     cal_file = out / "calibration.json"
     pj = _plan_json(plan)
-    models = None
-    if cal_file.is_file() and not recalibrate:
-        try:
-            old = json.loads(cal_file.read_text())
-            if old.get("jobs") == pj["jobs"] and old.get("calibration") == pj["calibration"] \
-                    and old.get("units") == plan.units and old.get("launcher") == launcher_kind:
-                models = [JobModel.from_json(m) for m in old["models"]]
-                print(f"calibration: reusing {cal_file} (--recalibrate measures again)")
-        except (ValueError, KeyError, TypeError):
-            print(f"calibration: {cal_file} unreadable; measuring again")
-    if models is None:
+    models = None if recalibrate else load_calibration(cal_file, plan, launcher_kind)
+    if models is not None:
+        print(f"calibration: reusing {cal_file} (--recalibrate measures again)")
+    else:
         models = calibrate(plan, out, launcher)
         save_calibration(out, plan, launcher_kind, models)
-    pred = predict(models, plan.units)
-    for mode in MODES:
+    pred = predict(models, plan.units, modes)
+    for mode in (m for m in MODES if m in pred):
         print(f"predicted {mode:8s} {pred[mode]['makespan_s']:8.1f} s  {_split_text(pred[mode])}")
     if plan_only:
         print(f"calibration: {cal_file}; nothing run (--plan-only)")
         return 0
-    results = {"plan": pj, "setup": _setup(launcher_kind, gpus), "models": [m.to_json() for m in models],
-               "predicted": pred, "runs": []}
+    results = {"plan": pj, "setup": _setup(launcher_kind, gpus),
+               "models": [m.to_json() for m in models], "predicted": pred, "runs": []}
     todo = [m for m in modes if not (m == "static" and pred["static"]["same_as_equal"] and
                                      "equal" in modes)]
     if "static" in modes and "static" not in todo:
         print("static: the best static split is the equal split; its runs are the equal split's")
-    policies = {"equal": static_policy(equal_split(models, plan.units)),
-                "static": static_policy({j: u for j, u in enumerate(
+    policies = {"equal": lambda: static_policy(equal_split(models, plan.units)),
+                "static": lambda: static_policy({j: u for j, u in enumerate(
                     pred["static"]["split"][m.name] for m in models)}),
-                "dynamic": DynamicPolicy(models, plan.units)}
+                "dynamic": lambda: DynamicPolicy(models, plan.units)}
+    policies = {m: policies[m]() for m in todo}
     res_file = out / "results.json"
     for rep in range(1, repeats + 1):
         for mode in todo:   # modes interleaved, so that drift over time spreads over all of them
             print(f"{mode} repeat {rep}:")
-            r = execute(plan, models, mode, policies[mode], launcher, out / mode / f"rep{rep}")
+            r = execute(plan, models, mode, policies[mode], launcher, out / mode / f"rep{rep}",
+                        out)
             r["repeat"] = rep
             results["runs"].append(r)
             print(f"{mode} repeat {rep}: makespan {r['makespan_s']:.1f} s (predicted "
                   f"{pred[mode]['makespan_s']:.1f} s)")
-            res_file.write_text(json.dumps(results, indent=1))
+            _write(res_file, json.dumps(results, indent=1))
     report = write_report(results, out)
     for row in summarise(results):
         print(f"{row['mode']:8s} predicted {row['predicted [s]']:7.1f} s  measured "
@@ -1024,7 +1343,7 @@ exec {python} -m trainscope_post.coalloc {plan} --out {out} --inside --launcher 
 """
 SLURM_TEMPLATE = """#!/bin/bash
 #SBATCH --job-name=coalloc-{name}
-#SBATCH --ntasks={units}
+{layout}#SBATCH --ntasks={units}
 #SBATCH --cpus-per-task=1
 {gpus}#SBATCH --time={time}
 #SBATCH --output={out}/slurm-%j.out
@@ -1044,33 +1363,22 @@ PBS_TEMPLATE = """#!/bin/bash
     + _BATCH_BODY
 
 
-def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
-    extra_args = []
-    if a.modes:
-        extra_args += ["--modes", a.modes]
-    if a.repeats:
-        extra_args += ["--repeats", str(a.repeats)]
-    if a.recalibrate:
-        extra_args.append("--recalibrate")
-    if a.plan_only:
-        extra_args.append("--plan-only")
-    if a.gpus:
-        extra_args.append("--gpus")
-    for d in a.directive:
-        if _CONTROL.search(d):
-            raise StudyError(f"--directive {d!r}: one line")
+def submit(plan: Plan, out: Path, scheduler: str, a, walltime: str, args: list[str]) -> int:
+    """Renders the batch script (every value checked by _main) and submits it. `args`: the
+    executor's options inside the job (--modes, --repeats, ... as checked)."""
     prefix = "#SBATCH " if scheduler == "slurm" else "#PBS "
+    upn = plan.units_per_node
+    layout = f"#SBATCH --nodes={plan.units // upn}\n#SBATCH --ntasks-per-node={upn}\n" \
+        if upn else ""
     text = (SLURM_TEMPLATE if scheduler == "slurm" else PBS_TEMPLATE).format(
-        name=plan.name, units=plan.units, time=a.time, out=shlex.quote(str(out)),
+        name=plan.name, units=plan.units, time=walltime, out=shlex.quote(str(out)),
         root=shlex.quote(str(ROOT)), python=shlex.quote(sys.executable),
-        plan=shlex.quote(str(plan.path)), args=shlex.join(extra_args),
-        extra="\n".join(prefix + d for d in a.directive),
+        plan=shlex.quote(str(plan.path)), args=shlex.join(args),
+        extra="\n".join(prefix + d for d in a.directive), layout=layout,
         launcher="srun" if scheduler == "slurm" else "mpirun",
         gpus=("#SBATCH --gpus-per-task=1\n" if scheduler == "slurm" else f":ngpus={plan.units}")
         if a.gpus else "")
-    out.mkdir(parents=True, exist_ok=True)
-    script = out / ("coalloc.sbatch" if scheduler == "slurm" else "coalloc.pbs")
-    script.write_text(text)
+    script = _write(out / ("coalloc.sbatch" if scheduler == "slurm" else "coalloc.pbs"), text)
     if a.dry_run:
         print(f"rendered {script}; nothing submitted (--dry-run)")
         return 0
@@ -1081,34 +1389,124 @@ def submit(plan: Plan, out: Path, scheduler: str, a) -> int:
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     except FileNotFoundError:
         raise StudyError(f"{cmd[0]} not found: is this a {scheduler} login node?") from None
+    except subprocess.TimeoutExpired:
+        raise StudyError(f"{cmd[0]} did not answer within 120 s; {script} was not submitted "
+                         "(or its job id was lost: check the queue)") from None
     if p.returncode != 0:
         raise StudyError(f"{cmd[0]} refused {script}: {p.stderr.strip()}")
     job = p.stdout.strip().split(";")[0]
-    (out / "job.id").write_text(f"{scheduler} {job}\n")
+    _write(out / "job.id", f"{scheduler} {job}\n")
     print(f"submitted {scheduler} job {job}: {script}; results in {out}/results.json")
     return 0
 
 
 # What a co-allocation writes in --out; each run deletes and rewrites its own parts of it.
-_OURS = {"calibration", "calibration.json", "results.json", "report.md", "timeline.png",
-         "coalloc.sbatch", "coalloc.pbs", "job.id", "pbs.out", *MODES}
+_DIRS = {"calibration", *MODES}
+_OURS = {"calibration.json", "results.json", "report.md", "timeline.png", "coalloc.sbatch",
+         "coalloc.pbs", "job.id", "pbs.out", LOCK, *_DIRS}
+
+
+def _kind(mode: int) -> str:
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a regular file")
 
 
 def check_out(out: Path) -> None:
     """--out must be new, empty, or a co-allocation's own directory: the executor deletes and
     rewrites <out>/<mode>/rep<r> and <out>/calibration, so a directory of anything else is
-    refused, never cleaned."""
+    refused, never cleaned. What it writes or deletes stays inside: a link where it keeps a file
+    or directory (or anywhere below its directories), and a FIFO or device where it writes a file,
+    are refused before anything is written, never followed."""
     if not out.exists():
         return
     if not out.is_dir():
         raise StudyError(f"--out {out}: exists and is not a directory; give a new directory")
-    other = sorted(p.name for p in out.iterdir()
-                   if p.name not in _OURS and not re.fullmatch(r"slurm-\d+\.out", p.name))
+    names = sorted(p.name for p in out.iterdir())
+    ours = [n for n in names if n in _OURS or re.fullmatch(r"slurm-[0-9]+\.out", n) or
+            re.fullmatch(r"\.[a-z.]+\.tmp-[0-9]+", n)]
+    other = [n if n.isprintable() else repr(n) for n in names if n not in ours]
     if other:
         raise StudyError(f"--out {out}: holds {', '.join(other[:5])}"
                          f"{' ...' if len(other) > 5 else ''}, which a co-allocation did not "
                          "write (it deletes and rewrites its own files there); give a new or "
                          "empty directory, or an earlier co-allocation's")
+    for n in ours:
+        p = out / n
+        mode = os.lstat(p).st_mode
+        if stat.S_ISLNK(mode):
+            raise StudyError(f"--out {out}: {n} is a symbolic link (to {os.readlink(p)}); the "
+                             "executor writes and deletes only inside --out, never through a "
+                             "link: remove the link")
+        want_dir = n in _DIRS
+        if want_dir != stat.S_ISDIR(mode) or not (want_dir or stat.S_ISREG(mode)):
+            raise StudyError(f"--out {out}: {n} is {_kind(mode)}, where the executor keeps "
+                             f"{'a directory' if want_dir else 'a regular file'}: remove it")
+        if want_dir:
+            for d, dirs, files in os.walk(p):
+                for x in sorted(dirs + files):
+                    if os.path.islink(os.path.join(d, x)):
+                        q = Path(d) / x
+                        raise StudyError(f"--out {out}: {q.relative_to(out)} is a symbolic "
+                                         f"link (to {os.readlink(q)}); the executor deletes "
+                                         f"and rewrites {n}/ and never follows a link out of "
+                                         "--out: remove the link")
+
+
+# The executor's lock on --out (LOCK): held for the whole run, released by the kernel however
+# the process ends, as trainscope holds checkpoint.dir/.lock.
+_LOCK_FD: int | None = None
+
+
+def lock_out(out: Path, wait_s: float = 0.0) -> None:
+    """An exclusive flock on <out>/coalloc.lock for as long as this process runs: a second
+    executor on the same --out is refused, naming the holder (two would delete each other's
+    launch directories and calibration). `wait_s`: how long a held lock is retried (the batch
+    job's executor: its submitter may still be exiting)."""
+    global _LOCK_FD
+    f = out / LOCK
+    try:
+        fd = os.open(f, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StudyError(f"{f}: a symbolic link; remove it (the executor's lock file is a "
+                             "regular file of --out)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StudyError(f"{f}: not a regular file; remove it (the executor's lock file)")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+            holder = "".join(c if c.isprintable() else "?" for c in holder)[:200]
+            os.close(fd)
+            raise StudyError(f"--out {out} is in use by another co-allocation "
+                             f"({holder or 'holder unknown'}; lock {f}): two executors in one "
+                             "directory would delete each other's launches and calibration; "
+                             "wait until it has ended, or give another --out") from None
+        except OSError as e:  # a file system without locks
+            print(f"warning: cannot lock {f} ({e.strerror}): a second co-allocation on this "
+                  "--out would not be noticed", file=sys.stderr)
+            break
+    since = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {since}\n".encode(), 0)
+    _LOCK_FD = fd
+
+
+def unlock_out() -> None:
+    global _LOCK_FD
+    if _LOCK_FD is not None:
+        os.close(_LOCK_FD)
+        _LOCK_FD = None
 
 
 def parse(argv=None):
@@ -1121,7 +1519,7 @@ def parse(argv=None):
                    help="local: run here now (default); slurm/pbs: submit one job that runs it")
     p.add_argument("--modes", help="comma-separated subset of equal,static,dynamic "
                                    "(default: the plan's)")
-    p.add_argument("--repeats", type=int, help="runs of each mode (default: the plan's)")
+    p.add_argument("--repeats", help="runs of each mode, 1 to 100 (default: the plan's)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the jobs again even if calibration.json matches the plan")
     p.add_argument("--gpus", action="store_true",
@@ -1131,7 +1529,7 @@ def parse(argv=None):
     p.add_argument("--plan-only", action="store_true",
                    help="calibrate (or reuse the calibration) and print every mode's predicted "
                         "split and makespan; run no mode")
-    p.add_argument("--time", default="01:00:00", help="slurm/pbs: walltime (HH:MM:SS)")
+    p.add_argument("--time", help="slurm/pbs: walltime (HH:MM:SS, default 01:00:00)")
     p.add_argument("--directive", action="append", default=[],
                    help="slurm/pbs: an extra #SBATCH/#PBS line, e.g. --directive=--partition=gpu")
     p.add_argument("--dry-run", action="store_true",
@@ -1141,50 +1539,170 @@ def parse(argv=None):
     return p.parse_args(argv)
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt  # a scheduler's cancel: end like Ctrl-C, the launches killed
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not text.isascii() or not text.isprintable() or not modes or \
+            any(m not in MODES for m in modes):
+        raise StudyError(f"--modes {text!r}: use one or more of {', '.join(MODES)}, "
+                         "comma-separated")
+    twice = sorted({m for m in modes if modes.count(m) > 1})
+    if twice:
+        raise StudyError(f"--modes {text!r}: {', '.join(twice)} given twice; give each mode "
+                         "once")
+    return modes
+
+
+def _repeats(text: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,3}", text) or not 1 <= int(text) <= 100:
+        raise StudyError(f"--repeats {text!r}: a whole number from 1 to 100 (ASCII digits)")
+    return int(text)
+
+
+def _directive(d: str) -> str:
+    sweep.script_value("--directive", d, "one #SBATCH/#PBS line each")
+    if not d.startswith("-"):
+        raise StudyError(f"--directive {d!r}: an option of sbatch or qsub (it starts with '-', "
+                         "e.g. --directive=--partition=gpu or --directive='-q debug')")
+    return d
+
+
+# Signals that end the co-allocation: Ctrl-C, a scheduler's cancel, the terminal closing.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOPPING = False   # the first signal was acted on: the rest are ignored
+_HOLDING = False    # a launch is being started and registered: a signal waits for its end
+_HELD = False       # a signal arrived while _HOLDING
+
+
+def _interrupt(signum, frame):
+    """The first signal ends the co-allocation as Ctrl-C does (every launch it started is killed
+    on the way out); a repeat while it ends is ignored, so that a second Ctrl-C cannot cut the
+    killing short and leave launches running in their own sessions."""
+    global _STOPPING, _HELD
+    if _STOPPING:
+        return
+    if _HOLDING:
+        _HELD = True
+        return
+    _STOPPING = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """A signal that arrives inside is acted on at its end: an interrupt between a launch's
+    start and its registration in _LIVE would leave it running, unknown to kill_live."""
+    global _HOLDING, _HELD, _STOPPING
+    _HOLDING = True
+    try:
+        yield
+    finally:
+        _HOLDING = False
+        if _HELD and not _STOPPING:
+            _HELD, _STOPPING = False, True
+            raise KeyboardInterrupt
+
+
+def _say(text: str) -> None:
+    try:
+        print(f"trainscope-study coalloc: {text}", file=sys.stderr)
+    except OSError:  # the terminal is gone (SIGHUP)
+        pass
 
 
 def main(argv=None) -> int:
+    global _STOPPING, _HELD
     a = parse(argv)
-    previous = signal.signal(signal.SIGTERM, _sigterm)
+    _STOPPING = _HELD = False
+    previous = {s: signal.signal(s, _interrupt) for s in _SIGNALS}
     try:
         return _main(a)
+    except KeyboardInterrupt:  # a signal while an error was being reported
+        _say("interrupted; the jobs it started were killed")
+        return 130
     finally:
-        kill_live()
-        signal.signal(signal.SIGTERM, previous)
+        _STOPPING = True    # from here on, signals are ignored until the launches are gone
+        try:
+            kill_live()
+        finally:
+            unlock_out()
+            for s, h in previous.items():
+                signal.signal(s, h)
 
 
 def _main(a) -> int:
     try:
-        if a.out is not None and _CONTROL.search(str(a.out)):
-            raise StudyError(f"--out {str(a.out)!r}: a plain directory name, one line")
-        plan = load_plan(a.plan)
-        out = (a.out or ROOT / "coalloc" / plan.name).resolve()
-        check_out(out)
-        modes = plan.modes
-        if a.modes:
-            modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-            bad = [m for m in modes if m not in MODES]
-            if bad or not modes:
-                raise StudyError(f"--modes {a.modes!r}: use one or more of {', '.join(MODES)}")
-        repeats = a.repeats if a.repeats is not None else plan.repeats
-        if not 1 <= repeats <= 100:
-            raise StudyError(f"--repeats {repeats}: from 1 to 100")
-        if a.scheduler != "local" and not a.inside:
-            return submit(plan, out, a.scheduler, a)
-        return run_here(plan, out, a.launcher or "mpirun", modes, repeats, a.recalibrate,
-                        a.plan_only, a.gpus)
-    except StudyError as e:
-        print(f"trainscope-study coalloc: {e}", file=sys.stderr)
+        return _checked_main(a)
+    except (StudyError, sweep.SweepError) as e:
+        _say(str(e))
         return 2
     except OSError as e:
-        print(f"trainscope-study coalloc: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        _say(f"{e.filename or ''}: {e.strerror or e}")
         return 2
     except KeyboardInterrupt:
-        print("trainscope-study coalloc: interrupted; the jobs it started were killed",
-              file=sys.stderr)
+        _say("interrupted; the jobs it started were killed")
         return 130
+
+
+def _checked_main(a) -> int:
+    """Every option and plan value is checked before anything is written."""
+    if a.out is not None and (_CONTROL.search(str(a.out)) or not str(a.out).isprintable()):
+        raise StudyError(f"--out {str(a.out)!r}: a plain directory name, one line")
+    plan = load_plan(a.plan)
+    out = (a.out or ROOT / "coalloc" / plan.name).resolve()
+    modes = _modes(a.modes) if a.modes is not None else plan.modes
+    repeats = _repeats(a.repeats) if a.repeats is not None else plan.repeats
+    submitting = a.scheduler != "local" and not a.inside
+    launcher = a.launcher or ("srun" if a.scheduler == "slurm" else "mpirun")
+    if not submitting:
+        for flag, given in (("--time", a.time is not None), ("--directive", a.directive),
+                            ("--dry-run", a.dry_run)):
+            if given:
+                raise StudyError(f"{flag}: for --scheduler slurm or pbs (the batch script); "
+                                 "nothing is submitted here" + (
+                                     ": --plan-only predicts without running a mode"
+                                     if flag == "--dry-run" else ""))
+    upn = plan.units_per_node
+    if upn and upn < plan.units and launcher == "mpirun":
+        raise StudyError(f"{plan.path}: units_per_node = {upn} puts the {plan.units} units on "
+                         f"{plan.units // upn} nodes, but "
+                         f"{'PBS' if a.scheduler == 'pbs' else 'this launcher'} runs every job "
+                         "with mpirun on the cores of one node: leave units_per_node out (or "
+                         "set it to units), or use --scheduler slurm (job steps span nodes)")
+    check_search([j.counts(plan.units) for j in plan.jobs], [j.arrive for j in plan.jobs],
+                 plan.units, modes)
+    if a.gpus and not submitting:
+        have, need = gpu_count(), (plan.units if launcher == "mpirun" else upn or 1)
+        if have < need:
+            raise StudyError(f"--gpus: the units are GPUs, {need} of them on this node, but "
+                             f"it has {have} (nvidia-smi -L, /proc/driver/nvidia): drop --gpus "
+                             "to share CPU cores, or run where the GPUs are")
+    if submitting:
+        walltime = sweep.walltime("--time", a.time or "01:00:00")
+        for d in a.directive:
+            _directive(d)
+        if not _DIRECTIVE_PATH.fullmatch(str(out)):
+            raise StudyError(f"--out {out}: the batch script names it in an #SBATCH/#PBS line, "
+                             "which is not shell-parsed: use a path of letters, digits and "
+                             "./_+,@=~- only (no space, quote, '%' or ':')")
+        if not str(plan.path).isprintable():
+            raise StudyError(f"plan {str(plan.path)!r}: the batch script names it: a one-line "
+                             "path")
+        late = [j for j in plan.jobs if j.arrive >= sweep.walltime_seconds(walltime)]
+        if late:
+            raise StudyError(f"{plan.path}: job {late[0].name} arrives at {late[0].arrive:g} s, "
+                             f"at or after the end of the allocation (--time {walltime} = "
+                             f"{sweep.walltime_seconds(walltime)} s): it could never run; "
+                             "lower its `arrive` or raise --time")
+    check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    lock_out(out, wait_s=10.0 if a.inside else 0.0)
+    if submitting:
+        args = (["--modes", ",".join(modes)] if a.modes is not None else []) + \
+            (["--repeats", str(repeats)] if a.repeats is not None else []) + \
+            [flag for flag, on in (("--recalibrate", a.recalibrate),
+                                   ("--plan-only", a.plan_only), ("--gpus", a.gpus)) if on]
+        return submit(plan, out, a.scheduler, a, walltime, args)
+    return run_here(plan, out, launcher, modes, repeats, a.recalibrate, a.plan_only, a.gpus)
 
 
 if __name__ == "__main__":

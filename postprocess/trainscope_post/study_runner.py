@@ -81,6 +81,15 @@ def _one_line(path: Path, key: str, value: str) -> str:
     return value
 
 
+def _script_value(path: Path, key: str, value: str, check=sweep.script_value) -> str:
+    """A value rendered into a #SBATCH/#PBS line, checked by the sweep's one copy of the rule
+    (printable ASCII on one line; `check` may add a format, e.g. sweep.walltime)."""
+    try:
+        return check(key, value)
+    except StudyError as e:
+        raise _fail(path, str(e)) from None
+
+
 def _option_text(path: Path, key: str, value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -209,9 +218,9 @@ def load_study(path: Path) -> dict:
     study["cpus_per_task"] = _typed(path, "[scale]", scale, "cpus_per_task", int, 1, 1)
     study["repeats"] = _typed(path, "[scale]", scale, "repeats", int, 1, 1)
 
-    study["time"] = _typed(path, "[scheduler]", sched, "time", str, "00:30:00")
-    if not re.fullmatch(r"\d+:\d\d:\d\d", study["time"]):
-        raise _fail(path, f"[scheduler] time = {study['time']!r}: use \"HH:MM:SS\"")
+    study["time"] = _script_value(path, "[scheduler] time",
+                                  _typed(path, "[scheduler]", sched, "time", str, "00:30:00"),
+                                  sweep.walltime)
     site = _typed(path, "[scheduler]", sched, "site", str, "default")
     try:
         study["site"] = sweep.site_file(site)
@@ -224,9 +233,11 @@ def load_study(path: Path) -> dict:
     extra = sched.get("extra", [])
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise _fail(path, "[scheduler] extra = [\"--directive=value\", ...]: a list of strings")
-    study["where"] = {k: _typed(path, "[scheduler]", sched, k, str)
+    study["where"] = {k: _script_value(path, f"[scheduler] {k}",
+                                       _typed(path, "[scheduler]", sched, k, str))
                       for k in ("partition", "account", "qos") if k in sched}
-    study["extra"] = [_one_line(path, "[scheduler] extra", x) for x in extra]
+    study["extra"] = [_script_value(path, "[scheduler] extra",
+                                    _one_line(path, "[scheduler] extra", x)) for x in extra]
     study["array_threshold"] = _typed(path, "[scheduler]", sched, "array_threshold", int, 8, 0)
     study["array_throttle"] = _typed(path, "[scheduler]", sched, "array_throttle", int, 0, 0)
     study["serialize"] = _typed(path, "[scheduler]", sched, "serialize", bool, False)

@@ -253,11 +253,47 @@ def gpu_device_args(trainscope_args: list[str]) -> list[str]:
 
 def directive_lines(scheduler: str, directives: list[str]) -> str:
     for d in directives:  # each its own line: a line break would add a directive
-        if re.search(r"[\x00-\x1f\x7f]", d):
-            raise SweepError(f"directive {d!r} contains a line break or another control "
-                             "character (partition, account, qos and extra directives must be "
-                             "one line each)")
+        script_value("directive", d, "partition, account, qos and extra directives must be "
+                     "one line each")
     return "\n".join(("#SBATCH " if scheduler == "slurm" else "#PBS ") + d for d in directives)
+
+
+# --- values rendered into a job script ------------------------------------------------------------
+# #SBATCH/#PBS lines are not shell-quoted, so a line break in a value would add a directive (or a
+# shell line). Non-ASCII is refused too: a look-alike digit (Arabic-Indic "٠١:٣٠:٠٠" matches \d)
+# or a Unicode line separator would pass a check written for ASCII and mean something else.
+# One copy of these checks for jobscripts/sweep, jobscripts/study and trainscope-study coalloc.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_WALLTIME = re.compile(r"([0-9]{1,5}):([0-5][0-9]):([0-5][0-9])")
+
+
+def script_value(what: str, value, rule: str = "give it on one line") -> str:
+    """`value` if it can be one field of a job script: a string of printable ASCII, one line."""
+    if not isinstance(value, str):
+        raise SweepError(f"{what} {value!r}: a string")
+    if _CONTROL.search(value):
+        raise SweepError(f"{what} {value!r} contains a line break or another control character "
+                         f"({rule})")
+    if not value.isascii() or not value.isprintable():
+        raise SweepError(f"{what} {value!r} contains characters outside printable ASCII "
+                         "(a look-alike digit or letter, a Unicode space or line separator); "
+                         "type it in plain ASCII")
+    return value
+
+
+def walltime(what: str, value) -> str:
+    """A walltime "HH:MM:SS" in ASCII digits (minutes and seconds below 60), not zero."""
+    script_value(what, value)
+    m = _WALLTIME.fullmatch(value)
+    if not m or not any(int(g) for g in m.groups()):
+        raise SweepError(f"{what} {value!r}: use HH:MM:SS (e.g. 01:30:00; minutes and seconds "
+                         "below 60, not all zero)")
+    return value
+
+
+def walltime_seconds(value: str) -> int:
+    h, m, s = (int(g) for g in _WALLTIME.fullmatch(value).groups())
+    return 3600 * h + 60 * m + s
 
 
 def write_manifest(out: Path, rows: list[dict]) -> None:
@@ -274,8 +310,7 @@ def write_manifest(out: Path, rows: list[dict]) -> None:
 def check_common(repeats: int, time: str) -> None:
     if repeats < 1:
         raise SweepError(f"--repeats {repeats}: at least 1")
-    if not re.fullmatch(r"\d+:\d\d:\d\d", time):
-        raise SweepError(f"--time {time!r}: use HH:MM:SS")
+    walltime("--time", time)
 
 
 def main(argv=None) -> int:
