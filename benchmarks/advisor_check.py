@@ -1,9 +1,10 @@
 """How far off is trainscope-post's model? The held-out check of issue 19 on the runs of
 benchmarks/advisor_runs.py (two emulated nodes, rate-limited link):
 
-1. held-out: per study (cv, llm), models fitted on the 1- and 2-rank runs (and every comm run)
-   predict the 4-rank point (2 nodes x 2 ranks), which is then compared with its measured median
-   step (the median over its repeats);
+1. held-out: per study (cv, llm), models fitted on the 1- and 2-rank runs predict the 4-rank
+   point (2 nodes x 2 ranks), which is then compared with its measured median step (the median
+   over its repeats), under two protocols: with every comm run in the fit (issue 19), and
+   strict, without the comm runs at 2 + 2 either (issue 38: nothing at the predicted placement);
 2. leave-one-out: models fitted on every point, each (ranks, nodes) point left out in turn.
 
   python benchmarks/advisor_check.py DATA_DIR [--cores 2] [--json OUT]
@@ -42,30 +43,42 @@ def main():
     def held(r):
         return r.workload in ("cv", "llm") and (r.ranks, r.nodes) == HELD_OUT
 
-    models, comm = build_models(study, "strong", shared_host_cores=a.cores, exclude=held)
-    rows = []
-    for cm in models:
-        runs = [r for r in study.usable() if held(r) and r.workload == cm.workload]
-        if not runs:
-            continue
-        steps = [float(r.summary["median_step_s"]) for r in runs]
-        meas = float(np.median(steps))
-        pr = cm.predict(*HELD_OUT)
-        err = (pr["step_s"] - meas) / meas
-        row = {"study": cm.label, "fitted on ranks": ",".join(map(str, cm.rank_counts)),
-               "predicted [s]": pr["step_s"], "band [s]": f"{pr['step_lo_s']:.3g}-"
-               f"{pr['step_hi_s']:.3g}", "measured [s]": meas,
-               "repeats": f"{min(steps):.3g}-{max(steps):.3g} ({len(steps)})",
-               "error [%]": 100 * err,
-               "in band": pr["step_lo_s"] <= meas <= pr["step_hi_s"],
-               "compute [s]": pr["compute_s"], "exposed comm [s]": pr["exposed_comm_s"],
-               "contention": pr["contention"]}
-        rows.append(row)
-        out["held_out"].append({k: (v if not isinstance(v, np.generic) else v.item())
-                                for k, v in row.items()})
-    print(f"held-out point: {HELD_OUT[0]} ranks on {HELD_OUT[1]} nodes, predicted from the "
-          "other points (median step)")
-    print(text_table(pd.DataFrame(rows)))
+    def at_held_out(r):
+        return (r.ranks, r.nodes) == HELD_OUT
+
+    # issue 19's protocol kept the comm runs at the held-out placement in the fit, which tells
+    # the model how that placement's allreduce crosses the link; issue 38's strict protocol
+    # holds out every run there, as a user who never ran that node count has nothing there.
+    protocols = [("comm kept", "training runs at the held-out placement left out, its comm "
+                  "runs kept (issue 19)", held),
+                 ("strict", "every run at the held-out placement left out, training and comm "
+                  "(issue 38)", at_held_out)]
+    for name, what, exclude in protocols:
+        models, comm = build_models(study, "strong", shared_host_cores=a.cores, exclude=exclude)
+        rows = []
+        for cm in models:
+            runs = [r for r in study.usable() if held(r) and r.workload == cm.workload]
+            if not runs:
+                continue
+            steps = [float(r.summary["median_step_s"]) for r in runs]
+            meas = float(np.median(steps))
+            pr = cm.predict(*HELD_OUT)
+            err = (pr["step_s"] - meas) / meas
+            row = {"study": cm.label, "fitted on ranks": ",".join(map(str, cm.rank_counts)),
+                   "predicted [s]": pr["step_s"], "band [s]": f"{pr['step_lo_s']:.3g}-"
+                   f"{pr['step_hi_s']:.3g}", "measured [s]": meas,
+                   "repeats": f"{min(steps):.3g}-{max(steps):.3g} ({len(steps)})",
+                   "error [%]": 100 * err,
+                   "in band": pr["step_lo_s"] <= meas <= pr["step_hi_s"],
+                   "compute [s]": pr["compute_s"], "exposed comm [s]": pr["exposed_comm_s"],
+                   "contention": pr["contention"], "comm from": pr["comm_source"]}
+            rows.append(row)
+            out["held_out"].append({"protocol": name, "label": pr["label"], "notes": cm.notes,
+                                    **{k: (v if not isinstance(v, np.generic) else v.item())
+                                       for k, v in row.items()}})
+        print(f"held-out point ({name}: {what}): {HELD_OUT[0]} ranks on {HELD_OUT[1]} nodes, "
+              "predicted from the other points (median step)")
+        print(text_table(pd.DataFrame(rows)) + "\n")
 
     models_all, _ = build_models(study, "strong", shared_host_cores=a.cores)
     loo = leave_one_out(models_all)

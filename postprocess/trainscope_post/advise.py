@@ -11,6 +11,9 @@ below --min-efficiency. The survivors are ranked by the objective:
   throughput  highest throughput (samples/s or tokens/s)
   efficiency  highest parallel efficiency (then throughput)
   energy      lowest energy per sample (only where the runs measured energy)
+Every candidate carries the model's label of what was measured and what is extrapolated there
+(model.ConfigModel.describe); a recommendation whose band overlaps another ranked candidate's is
+flagged "too close to call", naming the node counts to measure (close_calls).
 
 Before anything is modelled, check_recorded refuses a run file whose recorded values cannot be
 true (a world size or node count out of range, a shard count above the run's ranks, a negative
@@ -279,9 +282,41 @@ def candidate_table(cands: list[Candidate]) -> pd.DataFrame:
             "energy [J/sample]": p.get("energy_per_sample_j", math.nan),
             "memory [GiB]": p.get("memory_bytes", math.nan) / GIB,
             "range": p.get("range", "-").lower() if p else "-",
+            "what was measured": p.get("label", "-") if p else "-",
             "excluded": c.excluded or "",
         })
     return pd.DataFrame(rows)
+
+
+def _objective_band(c: Candidate, objective: str) -> tuple[float, float]:
+    """The candidate's objective over its step band (the +-2 sigma of model.predict): the
+    throughput or efficiency scale with 1 / step, the energy per sample with the step."""
+    p = c.pred
+    t, lo, hi = p["step_s"], p["step_lo_s"], p["step_hi_s"]
+    if objective == "energy":
+        e = p["energy_per_sample_j"]
+        return e * lo / t, e * hi / t
+    v = p["efficiency"] if objective == "efficiency" else p["throughput"]
+    return v * t / hi, (v * t / lo if lo > 0 else math.inf)
+
+
+def _objective_unit(c: Candidate, objective: str) -> str:
+    return {"energy": "J/sample", "efficiency": "efficiency"}.get(objective,
+                                                                  c.pred["throughput_unit"])
+
+
+def close_calls(ranked: list[Candidate], objective: str) -> list[Candidate]:
+    """The ranked candidates, after the first, whose band of the objective overlaps the
+    first's: the model cannot tell which of them is better."""
+    if len(ranked) < 2:
+        return []
+    lo, hi = _objective_band(ranked[0], objective)
+    out = []
+    for c in ranked[1:]:
+        clo, chi = _objective_band(c, objective)
+        if (chi >= lo) if objective != "energy" else (clo <= hi):
+            out.append(c)
+    return out
 
 
 def recommendation(cands: list[Candidate], ranked: list[Candidate], objective: str,
@@ -300,8 +335,7 @@ def recommendation(cands: list[Candidate], ranked: list[Candidate], objective: s
              f"{p['throughput']:.4g} {p['throughput_unit']}, efficiency {p['efficiency']:.2f}"
              + (f", {p['energy_per_sample_j']:.3g} J/sample" if p['energy_per_sample_j'] ==
                 p['energy_per_sample_j'] else "")
-             + f", memory {p['memory_bytes'] / GIB:.3g} GiB per device"
-             + ("" if p["in_range"] else " [extrapolated beyond the measured ranks]")]
+             + f", memory {p['memory_bytes'] / GIB:.3g} GiB per device [{p['label']}]"]
     same = sorted((c for c in cands if c.model is best.model), key=lambda c: c.nodes)
     nxt = next((c for c in same if c.nodes > best.nodes), None)
     if nxt is not None:
@@ -321,6 +355,23 @@ def recommendation(cands: list[Candidate], ranked: list[Candidate], objective: s
         lines.append(f"  runner-up configuration: {other.model.label} on {other.nodes} node(s): "
                      f"{q['throughput']:.4g} {q['throughput_unit']} ({d:+.1f} %), efficiency "
                      f"{q['efficiency']:.2f}")
+    close = close_calls(ranked, objective)
+    if close:
+        def name(c):
+            return f"{c.model.label} on {c.nodes} node(s)"
+
+        def span(c):
+            lo, hi = _objective_band(c, objective)
+            return f"{lo:.4g}-{hi:.4g}"
+        shown = close[:2]
+        others = "; ".join(f"{name(c)} ({span(c)})" for c in shown) + \
+            (f"; and {len(close) - 2} more" if len(close) > 2 else "")
+        unmeasured = sorted({(c.nodes, c.ranks) for c in [best, *shown]
+                             if not c.pred["measured"]})
+        todo = ("measure " + " and ".join(f"{n} node(s) ({r} ranks)" for n, r in unmeasured)
+                if unmeasured else "all measured: more repeats would separate them")
+        lines.append(f"  too close to call: {name(best)} ({span(best)} "
+                     f"{_objective_unit(best, objective)}) overlaps {others}; {todo}")
     mem_out = {c.model.label for c in cands if c.excluded.startswith("memory")}
     if mem_out:
         lines.append("  excluded by memory at some node counts: " + "; ".join(sorted(mem_out)))

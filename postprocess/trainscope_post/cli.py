@@ -254,10 +254,11 @@ def cmd_model(args) -> int:
         check_output_file(args.out, "--out", args.files)
     _, models, comm, rc = _load_models(args)
     if comm:
-        _emit(comm_model_table(comm), args, "alpha-beta models of the collectives (ring: "
-              "t = alpha * L(n) + bytes * F(n) / busbw, one line over all sizes and rank "
-              "counts; messages are priced by the line of the sizes within 4x, whose error is "
-              "'local', each size left out of its own fit)")
+        _emit(comm_model_table(comm), args, "alpha-beta models of the collectives (t = alpha "
+              "* L + bytes * F / busbw with the algorithm's steps L and link bytes F at each "
+              "placement, one line over all sizes and placements; messages are priced by the "
+              "line of the sizes within 4x, whose error is 'local', each size left out of its "
+              "own fit; an unmeasured placement from the nearest measured one)")
     else:
         print("no run.workload=comm runs: communication is modelled empirically per "
               "configuration (Extra-P on comm_wait)")
@@ -288,9 +289,13 @@ def cmd_model(args) -> int:
                              "memory [GiB]": pr["memory_bytes"] / 2**30,
                              "contention": pr["contention"], "comm": pr["comm_basis"],
                              "range": pr["range"]})
-            print(f"prediction ({rpn} ranks per node; band = +-2 sigma of fit, repeats and comm "
-                  "model, widened outside the measured ranks):")
+            print(f"prediction ({rpn} ranks per node; band = +-2 sigma: at a measured point its "
+                  "own spread and residual, elsewhere fit, repeats and comm model, widened "
+                  "with the distance in ranks and in nodes and by what was assumed):")
             print(text_table(pd.DataFrame(prow)))
+            for pr in predictions[-len(predict):]:
+                print(f"  at {pr['ranks']} ranks on {pr['nodes']} node(s): {pr['label']}; "
+                      f"communication: {pr['comm_source']}")
     loo = None
     if args.loo:
         loo = leave_one_out(models)
@@ -308,6 +313,24 @@ def cmd_model(args) -> int:
     if args.out:
         print(f"model written to {save(models, comm, Path(args.out), predictions or None, loo)}")
     return rc
+
+
+def _print_model_notes(workload: str, models) -> None:
+    """What the models of `workload` rest on (model.comm_summary and each model's notes): the
+    notes every configuration shares once, then each configuration's own."""
+    from .model import comm_summary
+    notes = {id(cm): [x for x in [comm_summary(cm)] + cm.notes if x] for cm in models}
+    shared = [n for n in notes[id(models[0])] if all(n in v for v in notes.values())]
+    if shared and len(models) > 1:
+        print(f"{workload}: model notes (every configuration)")
+        for n in shared:
+            print(f"  note: {n}")
+    for cm in models:
+        own = [n for n in notes[id(cm)] if len(models) == 1 or n not in shared]
+        if own:
+            print(f"{workload}: model notes, {cm.label}")
+            for n in own:
+                print(f"  note: {n}")
 
 
 def cmd_advise(args) -> int:
@@ -379,6 +402,7 @@ def cmd_advise(args) -> int:
         by_workload.setdefault(cm.workload, []).append(cm)
     tables, found = [], True
     for workload, group in by_workload.items():
+        _print_model_notes(workload, group)
         cands = candidates(group, args.gpus_per_node, args.max_nodes, mem, args.min_efficiency)
         ranked = rank(cands, args.objective)
         tables.append(candidate_table(ranked[: args.top] + [c for c in cands if c.excluded]))

@@ -17,22 +17,30 @@ them, for a scaling mode). Its model of the median iteration time at ``p`` ranks
 - ``exposed_comm`` is what the step waits for communication: comm_wait plus the control phase
   (its blocking host allreduce of the stop/non-finite flags queues behind gradient traffic still
   on the wire, so on a slow link it absorbs part of the wait), above its 1-rank value (the
-  non-finite check), which is added as a constant. It is priced from the per-step gradient
-  traffic (bytes per bucket from /comm/buckets, times the allreduce rounds per step =
-  comm_bytes / sum of buckets) by the alpha-beta model of the allreduce in the target's scope (intra-node when n = 1, else inter-node) fitted from
-  ``run.workload=comm`` files: t(S, n) = alpha * L(n) + beta * F(n) * S, with the ring
-  algorithm's step count L and factor F (allreduce: 2(n-1) and 2(n-1)/n; allgather and
-  reduce-scatter: n-1 and (n-1)/n; broadcast: 1 and 1). Of that time the measured overlap fraction
-  (1 - exposed / comm_collective at the measured multi-rank points of that scope) is hidden, but
-  never more than the backward phase it overlaps with. ZeRO runs (dist.zero >= 1), and
-  configurations without buckets or comm runs, fit comm_wait + control empirically with Extra-P
-  instead, and say so.
+  non-finite check), which is added as a constant. The per-step gradient traffic is the buckets
+  of /comm/buckets times the allreduce rounds per step (comm_bytes / sum of buckets). Its time
+  at a placement (nodes x ranks per node) is, in this order of preference: what the training
+  runs of the configuration recorded there (/comm/buckets per bucket, else comm_collective_s);
+  the training runs' figure at the nearest measured placement of the same scope (intra-node
+  when n = 1, else inter-node), scaled bucket by bucket by the comm benchmark's price ratio
+  between the two placements; the comm benchmark's price alone (comm_model.py: alpha-beta per
+  collective and scope, with the crossing bytes of the algorithm the backend runs, measured or
+  assumed). Where both exist, the notes show the difference. Of that time the measured overlap
+  fraction (1 - exposed / comm_collective at the measured multi-rank points of that scope; the
+  other scope's, noted as assumed, when one is missing) is hidden, but never more than the
+  backward phase it overlaps with. ZeRO runs (dist.zero >= 1), and configurations without
+  buckets or comm runs, fit comm_wait + control empirically with Extra-P instead, and say so.
 
-Uncertainty: a relative sigma from the fit residuals (RMS relative error of the composed step at
-the measured points), the spread of repeats (mean coefficient of variation) and the alpha-beta
-pricing's RMS error weighted by communication's share of the step; beyond the measured rank counts by
-d doublings that sigma is multiplied by (1 + d) and EXTRAPOLATION_SIGMA * d is added in
-quadrature. The band is +-2 sigma.
+Uncertainty, per prediction (the band is +-2 sigma). At a measured placement (at the comm runs'
+link rate where recorded): the point's own spread over its repeats and its own residual. Elsewhere:
+the fit residuals (RMS relative error of the composed step at the measured points), the spread of
+repeats (mean coefficient of variation) and the communication pricing's error (the alpha-beta
+pricing's, plus the benchmark's measured disagreement with the training runs where it alone
+prices) weighted by communication's share of the step; beyond the measured rank counts by d_r
+doublings that sigma is multiplied by (1 + d_r) and EXTRAPOLATION_SIGMA * d_r is added in
+quadrature; beyond the measured node counts by d_n doublings, NODE_EXTRAPOLATION_SIGMA * d_n *
+the communication share; where the crossing algorithm or the inter-node overlap was assumed,
+half the difference to the alternative (the other algorithm; no overlap).
 """
 
 from __future__ import annotations
@@ -48,10 +56,11 @@ from pathlib import Path
 import numpy as np
 
 from . import schema
+from .comm_model import (OPS, AlphaBeta, algorithm, describe_placement,  # noqa: F401
+                         doublings_apart, fit_comm, link_rate, placement)
 from .study import (Run, Study, StudyError, describe_group, group_by_config, point_config)
 
 COMPUTE_PHASES = ["data", "h2d", "forward", "backward", "optimizer"]
-OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast")
 MEMORY_CATEGORIES = ["weight", "gradient", "optimizer_state", "activation", "logits",
                      "gathered_weight", "unit_gradient"]
 SCHEMA = "trainscope-model/1"
@@ -59,18 +68,11 @@ SCHEMA = "trainscope-model/1"
 # itself is uncertain there (two or three points cannot tell p^-1 from p^-1/2 or a log term).
 # Calibrated against the held-out and leave-one-out errors of docs/advisor.md.
 EXTRAPOLATION_SIGMA = 0.05
+# Relative sigma of the exposed communication per doubling of the node count beyond the measured
+# ones: the crossing bytes there come from the algorithm calibrated (or assumed) at the measured
+# placements. A first figure, to be checked by the strict hold-out of docs/advisor.md.
+NODE_EXTRAPOLATION_SIGMA = 0.10
 EXTRAP_TIMEOUT_S = 600  # one Extra-P process fits every series of a study
-
-
-def algorithm(op: str, n: int) -> tuple[float, float]:
-    """(latency steps L(n), bandwidth factor F(n)) of the ring algorithm of `op` on n ranks."""
-    if n <= 1:
-        return 0.0, 0.0
-    if op == "allreduce":
-        return 2.0 * (n - 1), 2.0 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter"):
-        return float(n - 1), (n - 1) / n
-    return 1.0, 1.0  # broadcast (pipelined)
 
 
 # --- Extra-P ------------------------------------------------------------------------------------
@@ -116,134 +118,6 @@ def evaluate_pmnf(m: dict, p: float) -> float:
     return v
 
 
-# --- communication: alpha-beta per collective and scope -----------------------------------------
-@dataclass
-class AlphaBeta:
-    """The alpha-beta model of one collective in one scope, from the comm runs' (size, time)
-    tables at each measured rank count n.
-
-    One line t = alpha * L(n) + beta * F(n) * S over all sizes and rank counts is the summary
-    (alpha, busbw = 1 / beta). Real transports are not one line (eager/rendezvous protocols, TCP
-    windows, a token bucket's burst), so a message of S bytes at a measured n is priced by the
-    alpha-beta line fitted to the measured sizes within a factor of 4 of S (the nearest two when
-    fewer; the end ranges beyond the measured sizes). An unmeasured n takes the nearest measured
-    n_ref's time scaled by the ring's F(n) / F(n_ref), plus alpha * (L(n) - L(n_ref))."""
-
-    op: str
-    scope: str  # intra | inter
-    alpha_s: float
-    beta_s_per_byte: float
-    ranks: list[int]
-    points: int
-    rms_rel: float          # of the single line
-    max_rel: float
-    local_rms_rel: float    # of the size-local pricing (leave-one-size-out)
-    local_max_rel: float
-    tables: dict = field(default_factory=dict)  # n -> (sizes [B], times [s]) sorted by size
-    files: list[str] = field(default_factory=list)
-
-    def _local(self, nbytes: float, n: int, skip: int | None = None) -> float:
-        sizes, times = self.tables[n]
-        idx = [i for i in range(len(sizes)) if i != skip]
-        near = [i for i in idx if sizes[i] / 4 <= nbytes <= sizes[i] * 4]
-        if len(near) < 2:
-            near = sorted(idx, key=lambda i: abs(math.log(sizes[i] / nbytes)))[:2]
-        lat, fac = algorithm(self.op, n)
-        rows = [(lat, fac * sizes[i], times[i]) for i in near]
-        a, b, *_ = _fit_alpha_beta(rows)
-        return a * lat + b * fac * nbytes
-
-    def time(self, nbytes: float, n: int) -> float:
-        if n <= 1 or nbytes <= 0:
-            return 0.0
-        if n in self.tables:
-            return self._local(nbytes, n)
-        below = [m for m in self.tables if m < n]
-        ref = max(below) if below else min(self.tables)
-        lat, fac = algorithm(self.op, n)
-        lat0, fac0 = algorithm(self.op, ref)
-        return self._local(nbytes, ref) * fac / fac0 + self.alpha_s * (lat - lat0)
-
-    def measured_n(self, n: int) -> bool:
-        return n in self.tables
-
-    @property
-    def busbw_GBps(self) -> float:
-        return 1e-9 / self.beta_s_per_byte if self.beta_s_per_byte > 0 else math.inf
-
-    def to_json(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "tables"}
-        d["tables"] = {str(n): {"bytes": list(map(float, t[0])), "time_s": list(map(float, t[1]))}
-                       for n, t in self.tables.items()}
-        d["busbw_GBps"] = self.busbw_GBps
-        return d
-
-
-def _fit_alpha_beta(rows):
-    """Least squares of t = alpha*L + beta*F*S in relative error (every size counts alike),
-    alpha, beta >= 0. rows: (L, F*S, t)."""
-    a = np.array([[lat / t, fs / t] for lat, fs, t in rows])
-    y = np.ones(len(rows))
-    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    if coef[0] < 0 or coef[1] < 0:  # refit with the negative one at zero
-        k = 1 if coef[0] < 0 else 0
-        col = a[:, k]
-        c = float(col @ y / (col @ col)) if col @ col > 0 else 0.0
-        coef = np.array([0.0, c]) if k == 1 else np.array([c, 0.0])
-    pred = a @ coef
-    rel = pred - 1.0
-    return float(coef[0]), float(coef[1]), float(np.sqrt(np.mean(rel**2))), float(np.max(np.abs(rel)))
-
-
-def fit_comm(runs: list[Run]) -> dict[tuple[str, str], AlphaBeta]:
-    """alpha-beta models per (op, scope) from the /comm/<op> tables of run.workload=comm files;
-    repeats at the same rank count are combined by the median time per size."""
-    data: dict[tuple[str, str], dict] = {}
-    files: dict[tuple[str, str], set] = {}
-    for r in runs:
-        scope = "inter" if r.nodes > 1 else "intra"
-        with r.open() as rf:
-            g = rf.group(schema.COMM)
-            if g is None:
-                continue
-            for op in OPS:
-                if op not in g or "bytes" not in g[op] or "time_s" not in g[op]:
-                    continue
-                per_n = data.setdefault((op, scope), {}).setdefault(r.ranks, {})
-                for b, t in zip(g[op]["bytes"][...], g[op]["time_s"][...]):
-                    if t > 0 and b > 0:
-                        per_n.setdefault(float(b), []).append(float(t))
-                files.setdefault((op, scope), set()).add(str(r.path))
-    out = {}
-    for key, by_n in data.items():
-        tables = {}
-        for n, by_size in by_n.items():
-            sizes = sorted(by_size)
-            if sizes:
-                tables[n] = (sizes, [float(np.median(by_size[b])) for b in sizes])
-        if not tables:
-            continue
-        rows = []
-        for n, (sizes, times) in tables.items():
-            lat, fac = algorithm(key[0], n)
-            rows += [(lat, fac * b, t) for b, t in zip(sizes, times)]
-        alpha, beta, rms, mx = _fit_alpha_beta(rows)
-        ab = AlphaBeta(key[0], key[1], alpha, beta, sorted(tables), len(rows), rms, mx, 0.0, 0.0,
-                       tables, sorted(files[key]))
-        # the size-local pricing, each size predicted without itself
-        rel = []
-        for n, (sizes, times) in tables.items():
-            if len(sizes) < 3:
-                continue
-            for i, (b, t) in enumerate(zip(sizes, times)):
-                rel.append(ab._local(b, n, skip=i) / t - 1.0)
-        if rel:
-            ab.local_rms_rel = float(np.sqrt(np.mean(np.square(rel))))
-            ab.local_max_rel = float(np.max(np.abs(rel)))
-        out[key] = ab
-    return out
-
-
 # --- measurements of one training run -----------------------------------------------------------
 def contention(device: str, ranks: int, nodes: int, threads: int, cores_per_node: float | None,
                shared_host_cores: float | None) -> float:
@@ -280,6 +154,8 @@ class Measured:
     kfactor: float = 1.0
 
     control: float = 0.0
+    bucket_times: list = field(default_factory=list)  # per bucket [s per step]; [] unrecorded
+    link_rate: str = ""    # the inter-node link's rate where recorded (comm_model.link_rate)
 
     @property
     def sync(self) -> float:
@@ -316,15 +192,20 @@ def measure(run: Run) -> Measured:
     s = run.summary
     phases = {p: _seconds(s, f"median_{p}_s") for p in COMPUTE_PHASES}
     with run.open() as rf:
-        def med(col):
-            v = rf.measured(col)
-            if v.size == 0:
+        def med(col, group=schema.ITERATIONS):
+            """Per iteration the mean over ranks, then the median (the writer's /summary
+            statistic); 0 when the file lacks the column or holds no number in it."""
+            v = rf.measured(col, group)
+            if v.size == 0 or not np.isfinite(v).any():
                 return 0.0
             m = np.nanmedian(np.nanmean(v, axis=0))
             return float(m) if m == m else 0.0
         collective, comm_bytes = med("comm_collective_s"), med("comm_bytes")
         buckets = [float(b) for b in rf.series(schema.COMM_BUCKETS, "bytes").values] \
             if rf.has(schema.COMM_BUCKETS_BYTES) else []
+        bucket_times = [med(f"bucket_{k}_s", schema.COMM_BUCKETS) for k in range(len(buckets))]
+        if not all(t > 0 for t in bucket_times):
+            bucket_times = []  # not every bucket timed: the step's comm_collective_s stands
         plan = rf.plan
     step = float(s.get("median_step_s", math.nan))
     tok = float(s.get("throughput_tokens_per_s", math.nan))
@@ -344,7 +225,8 @@ def measure(run: Run) -> Measured:
                     _seconds(s, "median_comm_wait_s"), collective, comm_bytes,
                     buckets, str(plan.get("device", run.config.get("run.device", "cpu"))),
                     int(plan.get("threads_per_rank", 1) or 1), work, unit, samples, power,
-                    dict(plan), zero, control=_seconds(s, "median_control_s"))
+                    dict(plan), zero, control=_seconds(s, "median_control_s"),
+                    bucket_times=bucket_times, link_rate=link_rate(run.path))
 
 
 def state_shards(plan, zero: int, ranks: int) -> dict:
@@ -378,11 +260,27 @@ class ConfigModel:
     sigma_fit: float = 0.0
     sigma_repeat: float = 0.0
     notes: list[str] = field(default_factory=list)
+    link_rate: str = ""     # the comm runs' link rate, where recorded: the network modelled
 
     # -- measured facts
     @property
     def rank_counts(self) -> list[int]:
         return sorted({m.ranks for m in self.runs})
+
+    def same_link(self, m: Measured) -> bool:
+        """Whether run `m` measured the network this model prices: one node (no link), or a
+        link rate that is not recorded on either side or is the comm runs'."""
+        return m.nodes <= 1 or not self.link_rate or not m.link_rate or \
+            m.link_rate == self.link_rate
+
+    def runs_at(self, ranks: int, nodes: int) -> list[Measured]:
+        """The runs that measured (ranks, nodes) on the network this model prices."""
+        return [m for m in self.runs if (m.ranks, m.nodes) == (ranks, nodes) and self.same_link(m)]
+
+    @property
+    def node_counts(self) -> list[int]:
+        """The node counts measured on the network this model prices."""
+        return sorted({m.nodes for m in self.runs if self.same_link(m)}) or [1]
 
     @property
     def points(self) -> list[tuple[int, int]]:
@@ -420,56 +318,171 @@ class ConfigModel:
         return self._per_step("samples", ranks)
 
     # -- prediction
-    def comm_time(self, ranks: int, nodes: int) -> tuple[float, float, str]:
-        """(collective seconds per step, exposed seconds per step before the backward cap, what
-        they are based on) at ranks/nodes."""
+    def _comm_model(self, scope: str) -> tuple[AlphaBeta | None, str]:
+        """The allreduce model of `scope` and the basis it names (the other scope's, flagged,
+        when the comm runs measured none)."""
+        ab = self.comm_models.get(("allreduce", scope))
+        if ab is not None:
+            return ab, f"alpha-beta {scope}"
+        other = "intra" if scope == "inter" else "inter"
+        return (self.comm_models.get(("allreduce", other)),
+                f"alpha-beta {other} (NO {scope}-node comm runs)")
+
+    def bench_collective(self, ranks: int, nodes: int, alg: str | None = None) -> float:
+        """The per-step gradient allreduce priced by the comm benchmark alone [s]."""
+        c = self.comm
+        ab, _ = self._comm_model("inter" if nodes > 1 else "intra")
+        return c["rounds"] * sum(ab.time(b, ranks, nodes, alg) for b in c["bucket_bytes"])
+
+    def _from_training(self, ref: tuple[int, int], ranks: int, nodes: int,
+                       alg: str | None) -> float:
+        """The training runs' allreduce per step at placement `ref`, scaled to (ranks, nodes) by
+        the comm benchmark's price ratio, bucket by bucket where the buckets were timed."""
+        c = self.comm
+        tr = c["train"][ref]
+        ab, _ = self._comm_model("inter" if nodes > 1 else "intra")
+
+        def ratio(nbytes):
+            base = ab.time(nbytes, tr["ranks"], tr["nodes"], alg)
+            return ab.time(nbytes, ranks, nodes, alg) / base if base > 0 else 1.0
+        if tr["bucket_s"]:
+            return sum(t * ratio(b) for t, b in zip(tr["bucket_s"], c["bucket_bytes"]))
+        base = self.bench_collective(tr["ranks"], tr["nodes"], alg)
+        return tr["total_s"] * (self.bench_collective(ranks, nodes, alg) / base if base > 0
+                                else 1.0)
+
+    def comm_time(self, ranks: int, nodes: int, alg: str | None = None
+                  ) -> tuple[float, float, str, str]:
+        """(collective seconds per step, exposed seconds per step before the backward cap, the
+        model it is based on, where its figure comes from) at ranks/nodes. `alg`: price the
+        crossing bytes under that algorithm instead of the calibrated one."""
         c = self.comm
         if ranks <= 1 or not c:
-            return 0.0, 0.0, "none (1 rank)" if ranks <= 1 else "none"
+            return 0.0, 0.0, "none (1 rank)" if ranks <= 1 else "none", "-"
         if c["source"] == "alpha-beta":
             scope = "inter" if nodes > 1 else "intra"
-            ab = self.comm_models.get(("allreduce", scope))
-            basis = f"alpha-beta {scope}"
-            if ab is None:
-                other = "intra" if scope == "inter" else "inter"
-                ab = self.comm_models.get(("allreduce", other))
-                basis = f"alpha-beta {other} (NO {scope}-node comm runs)"
-            t = c["rounds"] * sum(ab.time(b, ranks) for b in c["bucket_bytes"])
-            return t, t * (1.0 - c["overlap"][scope]), basis
+            ab, basis = self._comm_model(scope)
+            pl = placement(ranks, nodes)
+            train = c["train"]
+            refs = [q for q in train if (q[0] > 1) == (nodes > 1)]
+            if pl in train and train[pl]["ranks"] == ranks and alg is None:
+                t = train[pl]["total_s"]
+                source = f"training runs at {describe_placement(*pl)}"
+            elif refs and ab.scope == scope:
+                ref = min(refs, key=lambda q: (doublings_apart(pl, q), -q[0], -q[1]))
+                t = self._from_training(ref, ranks, nodes, alg)
+                source = (f"training runs at {describe_placement(*ref)} x comm-benchmark ratio "
+                          f"({ab.algorithm if alg is None else alg})")
+            else:
+                t = self.bench_collective(ranks, nodes, alg)
+                source = f"comm benchmark ({ab.algorithm if alg is None else alg})" \
+                    if scope == "inter" else "comm benchmark"
+            return t, t * (1.0 - c["overlap"][scope]), basis, source
         if "sync" in self.phases:
             w = max(0.0, evaluate_pmnf(self.phases["sync"], ranks)) - c.get("sync_base", 0.0)
-            return w, w, "extrap comm_wait+control"
-        return 0.0, 0.0, "none (no comm model)"
+            return w, w, "extrap comm_wait+control", "Extra-P on comm_wait + control"
+        return 0.0, 0.0, "none (no comm model)", "-"
 
-    def step(self, ranks: int, nodes: int) -> dict:
+    def step(self, ranks: int, nodes: int, alg: str | None = None,
+             overlap: float | None = None) -> dict:
+        """The composed step at ranks/nodes; `alg` and `overlap` replace the calibrated
+        crossing algorithm and the scope's overlap fraction (for the band's alternatives)."""
         k = self.kfactor(ranks, nodes)
         parts = {p: max(0.0, evaluate_pmnf(self.phases[p], ranks)) * k
                  for p in COMPUTE_PHASES if p in self.phases}
         other = evaluate_pmnf(self.phases["other"], ranks) if "other" in self.phases else 0.0
-        coll, exposed, basis = self.comm_time(ranks, nodes)
+        coll, exposed, basis, source = self.comm_time(ranks, nodes, alg)
         if self.comm.get("source") == "alpha-beta" and ranks > 1:
+            if overlap is not None:
+                exposed = coll * (1.0 - overlap)
             exposed = max(exposed, coll - parts.get("backward", 0.0))
         total = sum(parts.values()) + self.comm.get("sync_base", 0.0) + exposed + other
         return {"step_s": total, "compute_s": sum(parts.values()), "collective_s": coll,
                 "exposed_comm_s": exposed, "other_s": other, "contention": k, "phases": parts,
-                "comm_basis": basis}
+                "comm_basis": basis, "comm_source": source}
 
-    def sigma(self, comm_share: float, scope: str) -> float:
+    def sigma(self, comm_share: float, scope: str, calibrated: bool) -> float:
+        """The configuration's sigma at a point it did not measure, before widening: fit
+        residuals, repeats, and the communication pricing's error. `calibrated`: the training
+        runs' own traffic prices it (the benchmark gives only a ratio); else the benchmark's
+        disagreement with the training runs, where measured, counts too."""
         ab = self.comm_models.get(("allreduce", scope)) if self.comm.get("source") == \
             "alpha-beta" else None
-        s_ab = comm_share * ab.local_rms_rel if ab else 0.0
-        return math.sqrt(self.sigma_fit**2 + self.sigma_repeat**2 + s_ab**2)
+        err = ab.local_rms_rel if ab else 0.0
+        if ab and not calibrated:
+            err = math.hypot(err, self.comm.get("bench_error", 0.0))
+        return math.sqrt(self.sigma_fit**2 + self.sigma_repeat**2 + (comm_share * err)**2)
+
+    def describe(self, ranks: int, nodes: int) -> str:
+        """What was measured and what is extrapolated at (ranks, nodes), in words."""
+        rate = f" at {self.link_rate}" if self.link_rate and nodes > 1 else ""
+        here = self.runs_at(ranks, nodes)
+        where = describe_placement(*placement(ranks, nodes))
+        if here:
+            return f"measured: {where}{rate} ({len(here)} run{'s' if len(here) > 1 else ''})"
+        lo, hi = min(self.rank_counts), max(self.rank_counts)
+        parts = []
+        on = sorted({m.nodes for m in self.runs if m.ranks == ranks and self.same_link(m)})
+        if on:
+            parts.append(f"{ranks} ranks measured on {'/'.join(map(str, on))} "
+                         f"node{'s' if on[-1] > 1 else ''}")
+        else:
+            span = f"{lo}-{hi}" if lo < hi else f"{lo}"
+            parts.append(f"{ranks} ranks {'interpolated' if lo < ranks < hi else 'extrapolated'}"
+                         f" (measured {span})")
+        counts = self.node_counts
+        if nodes in counts:
+            at = sorted({m.ranks for m in self.runs if m.nodes == nodes and self.same_link(m)})
+            parts.append(f"{nodes} node{'s' if nodes > 1 else ''} measured (at "
+                         f"{'/'.join(map(str, at))} rank{'s' if at[-1] > 1 else ''}){rate}")
+        else:
+            parts.append(f"{nodes} node{'s' if nodes > 1 else ''} "
+                         f"{'interpolated' if counts[0] < nodes < counts[-1] else 'extrapolated'}"
+                         f" (measured {'/'.join(map(str, counts))}){rate}")
+        elsewhere = sorted({m.link_rate for m in self.runs
+                            if (m.ranks, m.nodes) == (ranks, nodes) and not self.same_link(m)})
+        if elsewhere:
+            parts.append(f"{where} measured at {'/'.join(elsewhere)} only, not at the comm "
+                         f"runs' {self.link_rate}: its communication repriced")
+        return "; ".join(parts)
 
     def predict(self, ranks: int, nodes: int | None = None) -> dict:
         nodes = nodes or max(1, math.ceil(ranks / self.ranks_per_node))
         st = self.step(ranks, nodes)
         t = st["step_s"]
         lo_r, hi_r = min(self.rank_counts), max(self.rank_counts)
-        doublings = math.log2(ranks / hi_r) if ranks > hi_r else (
-            math.log2(lo_r / ranks) if ranks < lo_r else 0.0)
+        counts = self.node_counts
         share = st["exposed_comm_s"] / t if t > 0 else 0.0
-        sig = self.sigma(share, "inter" if nodes > 1 else "intra")
-        sig = math.sqrt((sig * (1 + doublings))**2 + (EXTRAPOLATION_SIGMA * doublings)**2)
+        here = self.runs_at(ranks, nodes)
+        terms = {}
+        if here:  # the point's own spread and residual, not the configuration's
+            steps = [m.step for m in here]
+            med = float(np.median(steps))
+            terms["repeats"] = float(np.std(steps, ddof=1) / np.mean(steps)) \
+                if len(steps) > 1 else 0.0
+            terms["residual"] = (t - med) / med
+        else:
+            d_r = math.log2(ranks / hi_r) if ranks > hi_r else (
+                math.log2(lo_r / ranks) if ranks < lo_r else 0.0)
+            d_n = math.log2(nodes / counts[-1]) if nodes > counts[-1] else (
+                math.log2(counts[0] / nodes) if nodes < counts[0] else 0.0)
+            scope = "inter" if nodes > 1 else "intra"
+            calibrated = st["comm_source"].startswith("training")
+            terms["fit"] = self.sigma(share, scope, calibrated) * (1 + d_r)
+            terms["ranks"] = EXTRAPOLATION_SIGMA * d_r
+            terms["nodes"] = NODE_EXTRAPOLATION_SIGMA * d_n * share
+            if t > 0 and self.comm.get("source") == "alpha-beta" and ranks > 1:
+                ab, _ = self._comm_model(scope)
+                if ab.scope != scope:  # the other scope's model: anywhere up to what it prices
+                    terms["scope"] = share / 2
+                if scope == "inter" and ab.scope == "inter" and not ab.algorithm_measured:
+                    other = "ring" if ab.algorithm == "hierarchical" else "hierarchical"
+                    terms["algorithm"] = abs(self.step(ranks, nodes, alg=other)["step_s"] - t) \
+                        / (2 * t)
+                if scope in self.comm.get("overlap_assumed", ()):
+                    terms["overlap"] = abs(self.step(ranks, nodes, overlap=0.0)["step_s"] - t) \
+                        / (2 * t)
+        sig = math.sqrt(sum(v * v for v in terms.values()))
         work = self.work_per_step(ranks)
         p0 = lo_r
         t0 = self.step(p0, max(1, math.ceil(p0 / self.ranks_per_node)))["step_s"]
@@ -481,19 +494,21 @@ class ConfigModel:
         samples = self.samples_per_step(ranks)
         energy = float(np.mean(powers)) * ranks * t / samples if powers and samples > 0 else \
             math.nan
-        in_range = lo_r <= ranks <= hi_r and nodes <= max(m.nodes for m in self.runs)
+        in_range = lo_r <= ranks <= hi_r and counts[0] <= nodes <= counts[-1]
         return {
             "ranks": ranks, "nodes": nodes, "step_s": t,
             "step_lo_s": max(0.0, t * (1 - 2 * sig)), "step_hi_s": t * (1 + 2 * sig),
-            "sigma_rel": sig, "throughput": work / t if t > 0 else math.nan,
+            "sigma_rel": sig, "sigma_terms": terms,
+            "throughput": work / t if t > 0 else math.nan,
             "throughput_unit": f"{self.unit}/s", "efficiency": eff,
             "energy_per_sample_j": energy, "memory_bytes": self.memory(ranks),
-            "in_range": in_range,
-            "range": ("measured" if (ranks, nodes) in self.points else "interpolated") if in_range
-            else "EXTRAPOLATED",
+            "in_range": bool(here) or in_range, "measured": bool(here),
+            "range": "measured" if here else ("interpolated" if in_range else "EXTRAPOLATED"),
+            "label": self.describe(ranks, nodes),
             "compute_s": st["compute_s"],
             "exposed_comm_s": st["exposed_comm_s"], "collective_s": st["collective_s"],
             "contention": st["contention"], "comm_basis": st["comm_basis"],
+            "comm_source": st["comm_source"],
         }
 
     def memory(self, ranks: int) -> float:
@@ -530,11 +545,14 @@ class ConfigModel:
             pred = st["step_s"]
             med = float(np.median(ms))
             coll = [m.collective for m in self.runs if (m.ranks, m.nodes) == (r, n)]
+            bench = self.bench_collective(r, n) if self.comm.get("source") == "alpha-beta" \
+                and r > 1 else math.nan
             rows.append({"ranks": r, "nodes": n, "repeats": len(ms), "measured_s": med,
                          "measured_min_s": float(min(ms)), "measured_max_s": float(max(ms)),
                          "predicted_s": pred, "rel_err": (pred - med) / med,
                          "collective_measured_s": float(np.median(coll)),
-                         "collective_predicted_s": st["collective_s"]})
+                         "collective_predicted_s": st["collective_s"],
+                         "collective_bench_s": bench})
         return rows
 
     def to_json(self) -> dict:
@@ -542,7 +560,9 @@ class ConfigModel:
             "label": self.label, "workload": self.workload, "mode": self.mode,
             "config": self.config, "unit": self.unit, "ranks_per_node": self.ranks_per_node,
             "cores_per_node": self.cores_per_node, "shared_host_cores": self.shared_host_cores,
-            "phases": self.phases, "comm": self.comm,
+            "link_rate": self.link_rate, "phases": self.phases,
+            "comm": {k: ({f"{n}x{g}": v for (n, g), v in c.items()} if k == "train" else c)
+                     for k, c in self.comm.items()},
             "sigma_fit": self.sigma_fit, "sigma_repeat": self.sigma_repeat,
             "notes": self.notes, "fit": self.fit_rows(),
             "runs": [m.path for m in self.runs],
@@ -551,11 +571,15 @@ class ConfigModel:
 
 # --- tables for `model` and the report ----------------------------------------------------------
 def comm_model_table(comm: dict):
-    """One row per (collective, scope) alpha-beta model: the single line's alpha and busbw with its
-    error, and the error of the size-local pricing the predictions use."""
+    """One row per (collective, scope) alpha-beta model: the placements measured, the algorithm
+    whose crossing bytes it uses (ASSUMED when the placements cannot tell), the single line's
+    alpha and busbw with its error, and the error of the size-local pricing the predictions use."""
     import pandas as pd
     return pd.DataFrame([{
-        "op": ab.op, "scope": ab.scope, "ranks": ",".join(map(str, ab.ranks)),
+        "op": ab.op, "scope": ab.scope,
+        "nodes x ranks": ",".join(f"{n}x{g}" for n, g in ab.placements),
+        "algorithm": ab.algorithm + ("" if ab.algorithm_measured else " (ASSUMED)"),
+        "link": ",".join(ab.link_rates) or "-",
         "sizes": ab.points, "alpha [us]": 1e6 * ab.alpha_s, "busbw [GB/s]": ab.busbw_GBps,
         "line RMS err [%]": 100 * ab.rms_rel, "line max err [%]": 100 * ab.max_rel,
         "local RMS err [%]": 100 * ab.local_rms_rel, "local max err [%]": 100 * ab.local_max_rel}
@@ -579,7 +603,8 @@ def fit_table(cm: ConfigModel):
                                "measured_max_s": "max [s]", "predicted_s": "predicted [s]",
                                "rel_err": "error [%]",
                                "collective_measured_s": "allreduce meas. [s]",
-                               "collective_predicted_s": "allreduce pred. [s]"})
+                               "collective_predicted_s": "allreduce pred. [s]",
+                               "collective_bench_s": "comm bench. [s]"})
 
 
 def comm_summary(cm: ConfigModel) -> str | None:
@@ -588,10 +613,12 @@ def comm_summary(cm: ConfigModel) -> str | None:
     c = cm.comm
     if c.get("source") != "alpha-beta":
         return None
+    over = ", ".join(f"{100 * c['overlap'][scope]:.0f} % {scope}-node ("
+                     f"{'ASSUMED' if scope in c['overlap_assumed'] else 'measured'})"
+                     for scope in ("intra", "inter"))
     return (f"communication: alpha-beta allreduce of {len(c['bucket_bytes'])} bucket(s), "
             f"{sum(c['bucket_bytes']) / 2**20:.3f} MiB x {c['rounds']:.3g} per step, "
-            f"measured overlap {100 * c['overlap']['intra']:.0f} % intra-node, "
-            f"{100 * c['overlap']['inter']:.0f} % inter-node (hidden at most the backward phase)")
+            f"overlap {over}, hidden at most the backward phase")
 
 
 def _series_for(cm_name: str, runs: list[Measured], mode: str, with_comm_wait: bool) -> list[dict]:
@@ -613,27 +640,43 @@ def _series_for(cm_name: str, runs: list[Measured], mode: str, with_comm_wait: b
     return out
 
 
-def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str]]:
+def _comm_setup(cm: ConfigModel) -> None:
+    """Sets cm.comm (how the configuration's communication is priced: its buckets and rounds,
+    the overlap per scope, the training runs' own allreduce per placement) and cm.notes (what
+    that rests on, and where the comm benchmark disagrees with the training runs)."""
+    runs, comm_models = cm.runs, cm.comm_models
     notes = []
-    multi = [m for m in runs if m.ranks > 1]
     single = [m.sync for m in runs if m.ranks == 1]
     base = float(np.median(single)) if single else 0.0
-    ref = next((m for m in multi if m.buckets), None) or next((m for m in runs if m.buckets), None)
+    ref = next((m for m in runs if m.ranks > 1 and m.buckets), None) or \
+        next((m for m in runs if m.buckets), None)
     zero = max(m.zero for m in runs)
+    empirical = {"source": "extrap", "sync_base": base}
     if zero >= 1:
         notes.append(f"dist.zero={zero}: its reduce-scatter/all-gather traffic is modelled "
                      "empirically (Extra-P on comm_wait), not by the alpha-beta allreduce model")
-        return {"source": "extrap", "sync_base": base}, notes
+        cm.comm, cm.notes = empirical, notes
+        return
     if ref is None:
         notes.append("no /comm/buckets: comm_wait modelled empirically (Extra-P)")
-        return {"source": "extrap", "sync_base": base}, notes
+        cm.comm, cm.notes = empirical, notes
+        return
     if not any(k[0] == "allreduce" for k in comm_models):
         notes.append("no run.workload=comm runs with allreduce: comm_wait modelled empirically "
                      "(Extra-P); add comm runs for the alpha-beta model")
-        return {"source": "extrap", "sync_base": base}, notes
+        cm.comm, cm.notes = empirical, notes
+        return
     total = sum(ref.buckets)
-    rounds = [m.comm_bytes / total for m in multi if total > 0 and m.comm_bytes > 0]
-    overlap = {}
+    rounds = [m.comm_bytes / total for m in runs
+              if m.ranks > 1 and total > 0 and m.comm_bytes > 0]
+    multi = [m for m in runs if m.ranks > 1 and cm.same_link(m)]
+    apart = [m for m in runs if m.ranks > 1 and not cm.same_link(m)]
+    if apart:
+        notes.append(f"{len(apart)} multi-node run(s) at link rate "
+                     f"{'/'.join(sorted({m.link_rate for m in apart}))}, not the comm runs' "
+                     f"{cm.link_rate}: their compute phases are fitted, their communication and "
+                     "overlap are not used")
+    overlap, assumed = {}, []
     for scope in ("intra", "inter"):
         fr = [1.0 - (m.sync - base) / m.collective for m in multi if m.collective > 0 and
               (m.nodes > 1) == (scope == "inter")]
@@ -643,15 +686,64 @@ def _comm_setup(runs: list[Measured], comm_models: dict) -> tuple[dict, list[str
         if scope not in overlap:
             if other in overlap:
                 overlap[scope] = overlap[other]
-                notes.append(f"overlap of {scope}-node traffic not measured: the {other}-node "
-                             f"fraction {100 * overlap[other]:.0f} % is used")
+                assumed.append(scope)
+                runs_of = "multi-node" if scope == "inter" else "one-node multi-rank"
+                notes.append(f"ASSUMED overlap of {scope}-node traffic: no {runs_of} training "
+                             f"run measured it, so the {other}-node {100 * overlap[other]:.0f} % "
+                             "is used (hidden at most the backward phase); the band spans no "
+                             "overlap")
             else:
                 overlap[scope] = 0.0
     if not any(m.collective > 0 for m in multi):
         notes.append("no multi-rank run measured the overlap: none assumed (upper bound)")
-    return {"source": "alpha-beta", "bucket_bytes": ref.buckets,
-            "rounds": float(np.median(rounds)) if rounds else 1.0, "overlap": overlap,
-            "sync_base": base}, notes
+    by_pl: dict[tuple[int, int], list[Measured]] = {}
+    for m in multi:
+        if m.collective > 0:
+            by_pl.setdefault(placement(m.ranks, m.nodes), []).append(m)
+    train = {}
+    for pl, ms in by_pl.items():
+        timed = [m.bucket_times for m in ms if len(m.bucket_times) == len(ref.buckets)]
+        train[pl] = {"ranks": ms[0].ranks, "nodes": ms[0].nodes, "runs": len(ms),
+                     "total_s": float(np.median([m.collective for m in ms])),
+                     "bucket_s": [float(x) for x in np.median(timed, axis=0)] if timed else []}
+    cm.comm = {"source": "alpha-beta", "bucket_bytes": ref.buckets,
+               "rounds": float(np.median(rounds)) if rounds else 1.0, "overlap": overlap,
+               "overlap_assumed": assumed, "sync_base": base, "train": train}
+    errs = []
+    for pl, tr in sorted(train.items()):
+        bench = cm.bench_collective(tr["ranks"], tr["nodes"])
+        if bench > 0:
+            errs.append(bench / tr["total_s"] - 1.0)
+            notes.append(f"allreduce per step at {describe_placement(*pl)}: the training runs "
+                         f"recorded {tr['total_s']:.4g} s, the comm benchmark prices {bench:.4g} "
+                         f"s ({100 * errs[-1]:+.0f} %); the training runs' figure is used there "
+                         "and, times the benchmark's ratio, at the other placements of its scope")
+    cm.comm["bench_error"] = max(map(abs, errs)) if errs else 0.0
+    if not any(pl[0] > 1 for pl in train):
+        rate = f" at {cm.link_rate}" if cm.link_rate else ""
+        off = (f", which was off by up to {100 * cm.comm['bench_error']:.0f} % where the "
+               "training runs measured it (in the band)") if errs else ""
+        notes.append(f"no multi-node training run{rate}: inter-node traffic is priced by the "
+                     f"comm benchmark alone{off}")
+    inter = comm_models.get(("allreduce", "inter"))
+    if inter is not None:
+        notes.append(f"bytes crossing the inter-node link: {inter.algorithm} allreduce, "
+                     f"{inter.algorithm_basis}")
+        if len(inter.link_rates) > 1:
+            notes.append(f"the inter-node comm runs mix link rates ({', '.join(inter.link_rates)})"
+                         ": their tables are pooled and no training run is told apart by its "
+                         "rate; model one rate at a time")
+    else:
+        notes.append("NO inter-node comm runs: a multi-node placement is priced by the "
+                     "intra-node model")
+    cm.notes = notes
+
+
+def _target_rate(comm_models: dict) -> str:
+    """The link rate of the network the models price: that of the inter-node comm runs where
+    the campaign recorded one rate ("" otherwise; _comm_setup notes a mix)."""
+    ab = comm_models.get(("allreduce", "inter"))
+    return ab.link_rates[0] if ab is not None and len(ab.link_rates) == 1 else ""
 
 
 def build_models(study: Study, mode: str = "strong", cores_per_node: float | None = None,
@@ -677,6 +769,7 @@ def build_models(study: Study, mode: str = "strong", cores_per_node: float | Non
     if not train:
         raise StudyError("no completed cv or llm runs to model")
     comm_models = fit_comm(comm_runs)
+    target_rate = _target_rate(comm_models)
     groups = group_by_config(train, ignore=("dist.nodes",), mode=mode)
     models, dropped = [], []
     fix = ("re-run those points with measured iterations (profile.warmup_iters below "
@@ -708,7 +801,8 @@ def build_models(study: Study, mode: str = "strong", cores_per_node: float | Non
                          cores_per_node=cores_per_node, shared_host_cores=shared_host_cores)
         for m in ms:
             m.kfactor = cm.kfactor(m.ranks, m.nodes)
-        cm.comm, cm.notes = _comm_setup(ms, comm_models)
+        cm.link_rate = target_rate
+        _comm_setup(cm)
         models.append(cm)
     if not models:
         raise StudyError("no configuration can be modelled: " + "; ".join(dropped[:3]) +
@@ -730,7 +824,9 @@ def _fit_phases(models: list[ConfigModel]):
 
 
 def _set_sigmas(cm: ConfigModel):
-    rows = cm.fit_rows()
+    # the points measured on the network the model prices: a run at another link rate is
+    # repriced, its residual is the other link's, not the model's error
+    rows = [r for r in cm.fit_rows() if cm.runs_at(r["ranks"], r["nodes"])]
     cm.sigma_fit = float(np.sqrt(np.mean([r["rel_err"] ** 2 for r in rows]))) if rows else 0.0
     cvs = []
     for r, n in cm.points:
@@ -757,7 +853,8 @@ def leave_one_out(models: list[ConfigModel]) -> list[dict]:
             fold = ConfigModel(cm.label, cm.workload, cm.mode, cm.config, rest,
                                comm_models=cm.comm_models, cores_per_node=cm.cores_per_node,
                                shared_host_cores=cm.shared_host_cores)
-            fold.comm, fold.notes = _comm_setup(rest, cm.comm_models)
+            fold.link_rate = cm.link_rate
+            _comm_setup(fold)
             name = f"f{len(folds)}"
             series += _series_for(name, rest, cm.mode, fold.comm.get("source") != "alpha-beta")
             folds.append((cm, pt, fold, name))

@@ -295,8 +295,9 @@ def _model_parts(study: Study, mode: str, include_incomplete: bool, model_kw: di
                       "step time", (rec.ranks, rec.pred["step_s"]) if rec else None)))]
 
     if comm:
-        parts += [("p", "Alpha-beta models of the collectives from the comm runs (ring: t = alpha "
-                        "* L(n) + bytes * F(n) / busbw; 'line' is one line over all sizes, "
+        parts += [("p", "Alpha-beta models of the collectives from the comm runs (t = alpha * "
+                        "L + bytes * F / busbw with the algorithm's steps L and link bytes F at "
+                        "each placement; 'line' is one line over all sizes, "
                         "'local' the size-local pricing the predictions use, each size left out "
                         "of its own fit)."), ("table", model.comm_model_table(comm))]
     else:

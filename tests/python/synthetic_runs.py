@@ -1,7 +1,10 @@
 """Valid trainscope run files (schema trainscope/1, docs/run_file_schema.md) made from KNOWN laws,
 so that tests and benchmarks can check that `trainscope-post model`/`advise` recover what was put
 in: training runs whose phase times follow `a + b / p` and whose gradient allreduce follows a
-ring alpha-beta law, and comm-workload files from the same alpha and beta per scope.
+ring or hierarchical alpha-beta law (Network.algorithm; Law.collective_scale makes the training's
+allreduce differ from the benchmark's price, Law.overlap_inter the overlap across nodes), and
+comm-workload files from the same alpha and beta per scope. write_manifest records a campaign's
+link rate as benchmarks/advisor_runs.py does.
 
 The writer's conventions are reproduced where the model reads them: per-iteration columns
 [ranks, iterations] with `rank_rows`, /summary medians = per iteration the mean over ranks, then
@@ -12,6 +15,7 @@ per rank and iteration) is optional.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +42,23 @@ def ring(op: str, n: int) -> tuple[float, float]:
 
 @dataclass
 class Network:
-    """alpha [s] and beta [s/B] of every collective, per scope (intra: one node, inter: more)."""
+    """alpha [s] and beta [s/B] of every collective, per scope (intra: one node, inter: more).
+    algorithm: how an allreduce across nodes runs. "ring": over all n ranks, each node's link
+    carrying 2(n-1)/n of the message (beta per link); "hierarchical": a ring among one rank per
+    node (2(N-1)/N over the link, as much at 2+2 as at 1+1) plus a ring allreduce among each
+    node's ranks at the intra-node alpha and beta (its local reduce and broadcast)."""
 
     intra: tuple[float, float] = (5e-6, 1 / 100e9)   # 5 us, 100 GB/s busbw
     inter: tuple[float, float] = (20e-6, 1 / 10e9)   # 20 us, 10 GB/s busbw
+    algorithm: str = "ring"
 
     def time(self, op: str, nbytes: float, n: int, nodes: int) -> float:
         alpha, beta = self.inter if nodes > 1 else self.intra
+        if nodes > 1 and op == "allreduce" and self.algorithm == "hierarchical":
+            lat, fac = ring(op, nodes)
+            lat_i, fac_i = ring(op, math.ceil(n / nodes))
+            return (alpha * lat + beta * fac * nbytes +
+                    self.intra[0] * lat_i + self.intra[1] * fac_i * nbytes)
         lat, fac = ring(op, n)
         return alpha * lat + beta * fac * nbytes
 
@@ -62,6 +76,8 @@ class Law:
     rounds: float = 1.0                     # allreduces of every bucket per step
     overlap: float = 0.5                    # share of the collective hidden behind backward
     network: Network = field(default_factory=Network)
+    overlap_inter: float | None = None      # the share hidden across nodes, if not `overlap`
+    collective_scale: float = 1.0           # training's allreduce / the comm benchmark's price
     global_batch: int = 256
     tokens_per_sample: float = 0.0          # > 0: an LLM run (throughput in tokens/s)
     # per-rank memory plan of the unsharded model [B]; activations and logits per sample
@@ -79,12 +95,16 @@ class Law:
     def collective(self, p: int, nodes: int) -> float:
         if p <= 1:
             return 0.0
-        return self.rounds * sum(self.network.time("allreduce", b, p, nodes)
-                                 for b in self.bucket_bytes)
+        return self.collective_scale * self.rounds * sum(
+            self.network.time("allreduce", b, p, nodes) for b in self.bucket_bytes)
+
+    def overlap_at(self, nodes: int) -> float:
+        return self.overlap_inter if nodes > 1 and self.overlap_inter is not None else \
+            self.overlap
 
     def comm_wait(self, p: int, nodes: int) -> float:
         c = self.collective(p, nodes)
-        return max(c * (1.0 - self.overlap), c - self.phase("backward", p))
+        return max(c * (1.0 - self.overlap_at(nodes)), c - self.phase("backward", p))
 
     def step(self, p: int, nodes: int) -> float:
         return (sum(self.phase(n, p) for n in PHASES) + self.comm_wait(p, nodes) + self.other)
@@ -143,10 +163,12 @@ def _root(f, workload: str, ranks: int, nodes: int, status: str):
 
 def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None = None,
               noise: float = 0.0, seed: int = 0, iterations: int = 12, warmup: int = 2,
-              device: str = "cuda", status: str = "completed", shards: bool = True) -> Path:
+              device: str = "cuda", status: str = "completed", shards: bool = True,
+              slow: float = 1.0, backend: str = "nccl") -> Path:
     """A cv (or, with law.tokens_per_sample, llm) training run at `ranks` on `nodes` nodes.
     `config` overrides /config attributes (strings), e.g. to name the configuration. shards:
-    /plan records memory_plan_<category>_shards, as the binary does since it writes them."""
+    /plan records memory_plan_<category>_shards, as the binary does since it writes them.
+    slow: every time of this run multiplied by it (a repeat that ran slower or faster)."""
     rng = np.random.default_rng(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -155,14 +177,15 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
     p, shape = ranks, (ranks, iterations)
 
     def noisy(value):  # [ranks, iterations]
+        value = value * slow
         return value * (1.0 + noise * rng.standard_normal(shape)) if noise else np.full(shape,
                                                                                       value)
 
     cols = {f"{ph}_s": noisy(law.phase(ph, p)) for ph in PHASES}
     coll = noisy(law.collective(p, nodes))
     # exposed = the collective not hidden behind this iteration's backward (as the writer sees it)
-    wait = np.maximum(coll * (1.0 - law.overlap), coll - cols["backward_s"]) if p > 1 else \
-        np.zeros(shape)
+    wait = np.maximum(coll * (1.0 - law.overlap_at(nodes)), coll - cols["backward_s"]) \
+        if p > 1 else np.zeros(shape)
     other = noisy(law.other)
     cols["comm_wait_s"] = wait
     cols["comm_collective_s"] = coll
@@ -181,7 +204,7 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
 
     step = median("step_s")
     cfg = {"run.workload": workload, "run.strategy": "ddp-ds", "run.precision": "bf16-mixed",
-           "run.device": device, "dist.zero": str(law.zero), "dist.backend": "nccl",
+           "run.device": device, "dist.zero": str(law.zero), "dist.backend": backend,
            "train.batch_size": str(law.batch_per_rank(p)), "train.global_batch_size": "0",
            "profile.warmup_iters": str(warmup), "train.max_iters": str(iterations),
            "cv.model": "mobilenet_v2", "llm.method": "full" if llm else "lora",
@@ -201,7 +224,7 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
     if llm:
         summary["throughput_tokens_per_s"] = law.work_per_step() / step
         summary["throughput_tokens_per_s_per_rank"] = law.work_per_step() / step / p
-    plan = {"device": device, "backend": "nccl", "strategy": cfg["run.strategy"],
+    plan = {"device": device, "backend": backend, "strategy": cfg["run.strategy"],
             "precision": cfg["run.precision"], "global_batch": np.int64(law.global_batch),
             "batch_per_rank": np.int64(law.batch_per_rank(p)), "threads_per_rank": np.int64(1),
             "total_iterations": np.int64(iterations), "zero": np.int64(int(cfg["dist.zero"]))}
@@ -242,7 +265,8 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
 
 
 def write_comm(path: Path, network: Network, ranks: int, nodes: int, noise: float = 0.0,
-               seed: int = 0, sizes=tuple(2**k for k in range(3, 29, 2))) -> Path:
+               seed: int = 0, sizes=tuple(2**k for k in range(3, 29, 2)),
+               backend: str = "nccl") -> Path:
     """A run.workload=comm file: /comm/<op> tables over `sizes` bytes at `ranks` on `nodes`,
     time_s from `network` (the scope follows nodes)."""
     rng = np.random.default_rng(seed)
@@ -256,11 +280,11 @@ def write_comm(path: Path, network: Network, ranks: int, nodes: int, noise: floa
                      "comm.iters": "20", "comm.warmup": "5", "output.file": str(path)}.items():
             cfg.attrs[k] = v
         plan = f.create_group("plan")
-        for k, v in {"workload": "comm", "device": "cuda", "backend": "nccl",
+        for k, v in {"workload": "comm", "device": "cuda", "backend": backend,
                      "dataset": "none (communication benchmark)"}.items():
             plan.attrs[k] = v
         comm = f.create_group("comm")
-        for k, v in {"backend": "nccl", "dtype": "float32", "iters": np.int64(20),
+        for k, v in {"backend": backend, "dtype": "float32", "iters": np.int64(20),
                      "warmup": np.int64(5), "world_size": np.int64(ranks),
                      "bytes": "whole array as nccl-tests count it",
                      "time": "seconds per operation"}.items():
@@ -301,3 +325,13 @@ def write_study(root: Path, configs: dict, ranks=(1, 2, 4, 8, 16), gpus_per_node
         s += 1
         write_comm(root / "comm" / f"n{p}x{n}.h5", network, p, n, noise=noise, seed=s)
     return root
+
+
+def write_manifest(root: Path, rate: str, files) -> Path:
+    """root/manifest.json as benchmarks/advisor_runs.py writes it for a campaign: the link `rate`
+    and every run file (relative to root) made at it."""
+    root = Path(root)
+    runs = [{"file": str(Path(f).resolve().relative_to(root.resolve()))} for f in files]
+    path = root / "manifest.json"
+    path.write_text(json.dumps({"rate": rate, "runs": runs}, indent=1))
+    return path
