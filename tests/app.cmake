@@ -49,8 +49,12 @@ if(TRAINSCOPE_PYTHON)
             ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py)
   set_tests_properties(e2e_bad_input PROPERTIES LABELS "e2e" TIMEOUT 900 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
+  # Two pytest workers, a test file each (module fixtures that launch the binary run once): most
+  # of the ~400 cases wait on a subprocess (a CLI start-up, a signal, a timeout), so two at a
+  # time use the 2 cores (serial: 384 s on 2026-11-28).
   add_test(NAME python_tests
-    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q --durations=15 -p no:cacheprovider -n 2
+            --dist loadfile ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set_tests_properties(python_tests PROPERTIES LABELS "python" TIMEOUT 900 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # jobscripts/: shellcheck, rendering, a PBS script under a stub PBS, a local study, and a real
