@@ -77,3 +77,18 @@ def study(tmp_path_factory):
     (root / "killed").mkdir()
     killed_run(root / "killed" / "killed.h5")
     return root
+
+
+def wait_until_gone(pid, after, timeout=15.0):
+    """Waits until process `pid` has ended (gone, or a zombie waiting for its reaper); fails naming
+    `after` (what should have ended it) when it still runs after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        if state == "Z":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the launch's process {pid} still runs after {after}")

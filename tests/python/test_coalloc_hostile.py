@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import wait_until_gone
 
 from trainscope_post import coalloc
 from trainscope_post.coalloc import (DynamicPolicy, JobModel, best_static, load_plan, main,
@@ -426,17 +427,7 @@ def test_every_signal_ends_every_launch(ws, signals):
     assert "Traceback" not in out + err, out + err
     assert proc.returncode == 130, out + err
     assert "interrupted; the jobs it started were killed" in err
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        if state == "Z":
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"the launch's process {pid} still runs after {signals}")
+    wait_until_gone(pid, signals)
 
 
 # --- class 2: scheduler values and plan values that cannot work -----------------------------------

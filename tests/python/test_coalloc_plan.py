@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import wait_until_gone
 
 from trainscope_post.coalloc import (JobModel, best_static, equal_split, load_plan, predict,
                                      simulate, static_policy, DynamicPolicy)
@@ -233,14 +234,4 @@ def test_an_interrupted_coallocation_leaves_no_launch_running(tmp_path, sig):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, out + err
     assert "interrupted; the jobs it started were killed" in err
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            break  # gone
-        if state == "Z":
-            break  # dead, waiting for a reaper
-        time.sleep(0.1)
-    else:
-        raise AssertionError(f"the launch's process {pid} still runs after the interrupt")
+    wait_until_gone(pid, "the interrupt")
