@@ -84,26 +84,35 @@ def link_bytes() -> int:
     return sum(int((LINK / f).read_text()) for f in ("tx_bytes", "rx_bytes"))
 
 
-def cpu_seconds() -> tuple[float, float]:
-    """The whole machine's busy and stolen CPU seconds since boot (/proc/stat)."""
+def cpu_seconds() -> tuple[float, float, float]:
+    """The whole machine's CPU seconds since boot (/proc/stat): (user-space and system-call time,
+    interrupt and softirq time, time stolen by the hypervisor). Interrupts and softirqs are kept
+    apart: the kernel's network stack runs there (the veth and the token bucket carry every byte
+    between the emulated nodes, ~15-23 % of the cores at 1 Gbit), work the job itself causes."""
     user, nice, system, _idle, _iowait, irq, softirq, steal = \
         map(int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
-    return (user + nice + system + irq + softirq) / HZ, steal / HZ
+    return (user + nice + system) / HZ, (irq + softirq) / HZ, steal / HZ
+
+
+PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread (ksoftirqd, kworker, ...)
 
 
 class CpuWatch(threading.Thread):
-    """The CPU seconds the machine spent on anything but one job while it ran (other users' work
+    """The CPU seconds the machine spent on other processes while one job ran (other users' work
     distorts a run on 2 shared cores; the campaign records how much there was). The job's
     processes: the tree under its mpirun, this script, and everything in the second node's
     namespace (the daemon the launch agent starts there leaves mpirun's tree, and its ranks'
-    CPU time never reaches this script's rusage). Sampled from /proc every 0.2 s, so a process
-    that ends loses at most its last 0.2 s: a slight overestimate."""
+    CPU time never reaches this script's rusage). The kernel's own work (interrupts, softirqs
+    and kernel threads such as ksoftirqd: the network stack moving the job's bytes) is counted
+    apart, not as another process's: on an idle machine it was 15-23 % of the cores at 1 Gbit,
+    which flagged every fast-link comm run as disturbed. Sampled from /proc every 0.2 s, so a
+    process that ends loses at most its last 0.2 s: a slight overestimate."""
 
     def __init__(self):
         super().__init__(daemon=True)
         self.netns = f"net:[{NETNS.stat().st_ino}]"
         self.root = os.getpid()
-        self.first, self.last, self.ours = {}, {}, set()
+        self.first, self.last, self.ours, self.kernel = {}, {}, set(), set()
         self.done = threading.Event()
         self.busy_before = cpu_seconds()
         self.sample()  # processes alive now count from here, later ones from 0
@@ -122,6 +131,8 @@ class CpuWatch(threading.Thread):
             key = (entry.name, fields[19])  # (pid, start time): a reused pid is another process
             self.last[key] = (int(fields[11]) + int(fields[12])) / HZ  # utime + stime
             self.first.setdefault(key, 0.0 if self.is_alive() else self.last[key])
+            if int(fields[6]) & PF_KTHREAD:
+                self.kernel.add(key)
             procs[int(entry.name)] = (key, int(fields[1]), net == self.netns)
         for pid, (key, ppid, in_node) in procs.items():
             while ppid in procs and pid != self.root:
@@ -133,14 +144,16 @@ class CpuWatch(threading.Thread):
         while not self.done.wait(0.2):
             self.sample()
 
-    def stop(self) -> tuple[float, float]:
-        """Stops watching: (CPU seconds outside the job, CPU seconds stolen by the hypervisor)."""
+    def stop(self) -> tuple[float, float, float]:
+        """Stops watching: (CPU seconds of other processes, CPU seconds of the kernel's own work:
+        interrupts, softirqs and kernel threads, CPU seconds stolen by the hypervisor)."""
         self.done.set()
         self.join()
         self.sample()
-        busy, steal = (a - b for a, b in zip(cpu_seconds(), self.busy_before))
+        busy, irq, steal = (a - b for a, b in zip(cpu_seconds(), self.busy_before))
         ours = sum(self.last[k] - self.first[k] for k in self.ours)
-        return max(0.0, busy - ours), steal
+        threads = sum(self.last[k] - self.first[k] for k in self.kernel)
+        return max(0.0, busy - ours - threads), irq + threads, steal
 
 
 def wait_quiet(limit: float, max_wait: float) -> float:
@@ -157,13 +170,19 @@ def wait_quiet(limit: float, max_wait: float) -> float:
         time.sleep(8)
 
 
+def rotated(items, rep):
+    """items started at position rep (mod len): repeat k runs them in the k-th rotation."""
+    k = rep % len(items)
+    return list(items[k:]) + list(items[:k])
+
+
 def run_file_name(slots, rep) -> str:
     return f"r{sum(slots)}_n{len(slots)}_rep{rep}.h5"
 
 
 def launch(binary, slots, options, out: Path, timeout: float):
-    """One run at the placement `slots`: its wall time, command, and the CPU seconds spent outside
-    it and stolen meanwhile (CpuWatch). The job runs in its own process group so that a timeout or
+    """One run at the placement `slots`: its wall time, command, and the CPU seconds of other
+    processes, of the kernel and stolen meanwhile (CpuWatch). The job runs in its own process group so that a timeout or
     a signal to this script stops every rank."""
     cmd = mpirun_command(sum(slots), binary, *options, *COMMON, f"--output.file={out}",
                          oversubscribe=False, mpirun_args=emulated_nodes_args(AGENT, slots))
@@ -228,20 +247,24 @@ def collect(args) -> int:
     try:
         nodes("up", args.rate)  # inside the try: a half-made pair is torn down too
         for rep in range(repeats):
-            for study, placements, options in studies(args.quick):
+            for study, placements, options in rotated(studies(args.quick), rep):
                 (out / study).mkdir(parents=True, exist_ok=True)
-                for slots in placements:
+                # Placements rotate from one repeat to the next (and the studies with them), so
+                # a slow drift of the machine does not always fall on the same placement.
+                for slots in rotated(placements, rep):
                     path = out / study / run_file_name(slots, rep)
                     for attempt in range(1, args.attempts + 1):
                         idle_before = wait_quiet(args.quiet, args.quiet_wait)
                         before = link_bytes()
-                        wall, cmd, other, steal = launch(binary, slots, options, path,
-                                                         args.timeout)
+                        wall, cmd, other, kernel, steal = launch(binary, slots, options,
+                                                                 path, args.timeout)
                         crossed = link_bytes() - before
                         other_share = other / (wall * os.cpu_count())
                         check_run(path, slots)
+                        kernel_share = kernel / (wall * os.cpu_count())
                         print(f"{path.relative_to(out)}: {wall:.1f} s, {crossed / 1e6:.1f} MB "
-                              f"over the link, other CPU {other_share:.0%}", flush=True)
+                              f"over the link, other CPU {other_share:.0%}, kernel "
+                              f"{kernel_share:.0%}", flush=True)
                         # A run of 1 s shows ~15 % from its own ending (CpuWatch): also ask
                         # for half a CPU second.
                         if other_share <= args.max_other or other < 0.5:
@@ -254,6 +277,8 @@ def collect(args) -> int:
                         "ranks": sum(slots), "nodes": len(slots), "ranks_per_node": list(slots),
                         "wall_s": round(wall, 2), "link_bytes": crossed,
                         "other_cpu_s": round(other, 2), "other_cpu_share": round(other_share, 3),
+                        "kernel_cpu_s": round(kernel, 2),
+                        "kernel_cpu_share": round(kernel_share, 3),
                         "steal_s": round(steal, 2), "busy_cores_before": round(idle_before, 2),
                         "attempts": attempt,
                         "command": [str(c) for c in cmd]})
