@@ -2,7 +2,7 @@
 
 Each copy has the real file's schema: root, /config, /build, /plan and /summary attributes, and
 /iterations with every column of the real file, resized to [--ranks, --iterations] (chunked
-[1, 1024] like the writer) and filled with the real rank 0 values tiled and jittered by a few
+[64 ranks, 1024 rows]) and filled with the real rank 0 values tiled and jittered by a few
 percent; /ranks is rank 0's row repeated with rank numbers. world_size and the summary's counts
 follow the new shape. Not for measurements: for timing readers.
 
@@ -51,17 +51,23 @@ def make(real: Path, out: Path, ranks: int, iters: int, rng: np.random.Generator
         si = s[schema.ITERATIONS]
         di = d.create_group(schema.ITERATIONS)
         copy_attrs(si, di)
+        if "rank_rows" in di.attrs:  # the attribute of files before issue 39
+            del di.attrs["rank_rows"]
         di.attrs["rows"] = np.int64(iters)
-        di.attrs["rank_rows"] = np.full(ranks, iters, dtype=np.int64)
-        n_real = int(si.attrs["rank_rows"][0])
+        rr = di.create_dataset("rank_rows", data=np.full(ranks, iters, dtype=np.int64))
+        rr.attrs["units"] = "1"
+        real_rows = si["rank_rows"][...] if "rank_rows" in si else si.attrs["rank_rows"]
+        n_real = int(real_rows[0])
         for name, ds in si.items():
+            if name == "rank_rows":
+                continue
             base = np.asarray(ds[0, :n_real], dtype=np.float64)
             if name == "iteration":
                 data = np.tile(np.arange(iters, dtype=np.float64), (ranks, 1))
             else:
                 tiled = np.resize(base, iters)
                 data = tiled[None, :] * (1 + 0.03 * rng.standard_normal((ranks, iters)))
-            out_ds = di.create_dataset(name, data=data, chunks=(1, min(1024, iters)),
+            out_ds = di.create_dataset(name, data=data, chunks=(min(ranks, 64), min(1024, iters)),
                                        maxshape=(ranks, None), fillvalue=np.nan)
             copy_attrs(ds, out_ds)
 

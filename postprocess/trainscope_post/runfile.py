@@ -58,6 +58,18 @@ def last_opened() -> Path | None:
     return _LAST_OPENED[-1] if _LAST_OPENED else None
 
 
+def _rank_rows(g) -> np.ndarray | None:
+    """A series group's rows per rank: the int64 dataset `rank_rows` (issue 39: an attribute of
+    world_size elements outgrows HDF5's object-header limit at 8,184 ranks), else the attribute
+    older files carry; None when neither exists."""
+    ds = g.get("rank_rows") if isinstance(g, h5py.Group) else None
+    if isinstance(ds, h5py.Dataset) and ds.ndim == 1:
+        return np.asarray(ds[...])
+    if "rank_rows" in g.attrs:
+        return np.asarray(g.attrs["rank_rows"])
+    return None
+
+
 class RunFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -114,19 +126,22 @@ class RunFile:
                 raise bad(f"{group} is a dataset, expected a group of [ranks, rows] series")
             width = None
             for name, ds in g.items():
-                if not isinstance(ds, h5py.Dataset):
+                if not isinstance(ds, h5py.Dataset) or name == "rank_rows":
                     continue
                 if ds.ndim != 2 or ds.shape[0] != world or \
                         not np.issubdtype(ds.dtype, np.number):
                     raise bad(f"{schema.child(group, name)} has shape {ds.shape} and dtype "
                               f"{ds.dtype}, expected numbers of shape [world_size={world}, rows]")
                 width = ds.shape[1] if width is None else min(width, ds.shape[1])
-            if "rank_rows" in g.attrs:
-                rr = np.asarray(g.attrs["rank_rows"])
+            rr = _rank_rows(g)
+            if rr is not None:
                 if rr.ndim != 1 or rr.shape[0] != world or \
                         not np.issubdtype(rr.dtype, np.integer) or (rr < 0).any() or \
                         (width is not None and (rr > width).any()):
-                    raise bad(f"{group}@rank_rows = {rr.tolist()!r}, expected {world} "
+                    shown = rr.tolist() if rr.size <= 16 else \
+                        f"{rr.size} values in [{rr.min()}, {rr.max()}]"
+                    where = f"{group}/rank_rows" if "rank_rows" in g else f"{group}@rank_rows"
+                    raise bad(f"{where} = {shown!r}, expected {world} "
                               f"integers in [0, {width if width is not None else 'rows'}]")
 
     def close(self):
@@ -180,8 +195,10 @@ class RunFile:
         return Series(np.asarray(ds[...]), _text(ds.attrs.get("units", "")))
 
     def columns(self, group: str) -> list[str]:
+        """The datasets of `group`: a series' columns (its rank_rows index left out)."""
         g = self._h5.get(group)
-        return [k for k, v in g.items() if isinstance(v, h5py.Dataset)] if g is not None else []
+        return [k for k, v in g.items() if isinstance(v, h5py.Dataset) and
+                not (k == "rank_rows" and v.ndim == 1)] if g is not None else []
 
     def ranks(self) -> np.ndarray:
         return np.asarray(self._h5[schema.RANKS][...])
@@ -209,10 +226,13 @@ class RunFile:
             return 0
 
     def rank_rows(self, group: str = schema.ITERATIONS) -> np.ndarray:
+        """Rows each rank wrote into series `group`: the dataset <group>/rank_rows, or the
+        attribute of the same name in files written before issue 39."""
         g = self._h5.get(group)
-        if g is None:
+        rr = _rank_rows(g) if g is not None else None
+        if rr is None:
             return np.zeros(self.world_size, dtype=np.int64)
-        return np.asarray(g.attrs.get("rank_rows", np.zeros(self.world_size)), dtype=np.int64)
+        return np.asarray(rr, dtype=np.int64)
 
     def _column_group(self, name: str, group: str):
         """The h5py group of series `group` when it holds column `name`, else None (a file
@@ -233,8 +253,13 @@ class RunFile:
         if g is None:
             return np.empty((self.world_size, 0))
         ds = g[name]
-        start = min(self.warmup, ds.shape[1])
         end = ds.shape[1]
+        # A file still being written (or of a killed job) grows its extents in steps of the
+        # chunk rows: the rows any rank has written end at the largest rank_rows.
+        rr = _rank_rows(g)
+        if rr is not None and rr.size and not self.completed:
+            end = min(end, int(np.max(rr)))
+        start = min(self.warmup, end)
         s = self.summary
         if "measured_iterations" in s:
             end = min(end, start + int(s["measured_iterations"]))
@@ -242,15 +267,16 @@ class RunFile:
 
     def recorded(self, name: str, group: str = schema.ITERATIONS) -> np.ndarray:
         """Column `name` over every iteration all ranks recorded, warm-up included: [ranks, n]
-        float64, n = the fewest rows any rank wrote (/iterations@rank_rows). KeyError naming the
+        float64, n = the fewest rows any rank wrote (/iterations/rank_rows). KeyError naming the
         file when the column does not exist (or is not a column of the schema at all)."""
         g = self._column_group(name, group)
         if g is None:
             raise KeyError(f"{self.path}: no dataset {schema.child(group, name)}")
         ds = g[name]
         n = ds.shape[1]
-        if "rank_rows" in g.attrs:
-            n = min(n, int(np.min(g.attrs["rank_rows"])))
+        rr = _rank_rows(g)
+        if rr is not None and rr.size:
+            n = min(n, int(np.min(rr)))
         return np.asarray(ds[:, :n], dtype=np.float64)
 
     def ragged(self, path: str, rank: int) -> np.ndarray:
@@ -289,7 +315,7 @@ class RunFile:
     # --- one row for tables ------------------------------------------------------------------
     def summary_row(self) -> dict:
         """One row for the summary table, from attributes only (no per-iteration data) for a
-        completed run; an incomplete run's iteration count comes from /iterations@rank_rows."""
+        completed run; an incomplete run's iteration count comes from /iterations/rank_rows."""
         root, cfg, s = self.attrs(schema.ROOT), self.config, self.summary
         row = {
             "file": str(self.path),

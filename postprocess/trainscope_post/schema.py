@@ -27,10 +27,13 @@ PLAN = "/plan"  # group
 PLAN_VAL_INDICES = "/plan/val_indices"  # vector [1]
 RANKS = "/ranks"  # compound [1]
 ITERATIONS = "/iterations"  # series
+ITERATIONS_RANK_ROWS = "/iterations/rank_rows"  # per_rank [1]
 EPOCHS = "/epochs"  # series
+EPOCHS_RANK_ROWS = "/epochs/rank_rows"  # per_rank [1]
 SUMMARY = "/summary"  # group
 COMM = "/comm"  # group
 COMM_BUCKETS = "/comm/buckets"  # series
+COMM_BUCKETS_RANK_ROWS = "/comm/buckets/rank_rows"  # per_rank [1]
 COMM_BUCKETS_BYTES = "/comm/buckets/bytes"  # vector [B]
 COMM_OP = "/comm/{op}"  # group
 COMM_OP_BYTES = "/comm/{op}/bytes"  # vector [B]
@@ -40,6 +43,7 @@ COMM_OP_TIME_MAX_S = "/comm/{op}/time_max_s"  # vector [s]
 COMM_OP_ALGBW_GBPS = "/comm/{op}/algbw_GBps"  # vector [GB/s]
 COMM_OP_BUSBW_GBPS = "/comm/{op}/busbw_GBps"  # vector [GB/s]
 TELEMETRY = "/telemetry"  # series
+TELEMETRY_RANK_ROWS = "/telemetry/rank_rows"  # per_rank [1]
 PROFILE = "/profile"  # group
 PROFILE_WINDOW_S = "/profile/window_s"  # per_rank [s]
 PROFILE_ITERATIONS = "/profile/iterations"  # per_rank [iterations]
@@ -86,21 +90,25 @@ ENTRIES = (
                             "of those. `running`: the job is still going, or it died without "
                             "closing the file (killed by the batch system, node failure, "
                             "`MPI_Abort` after a one-rank error): a `running` file whose job is "
-                            "no longer alive is an interrupted run whose rows up to "
-                            "`flushed_utc` are valid, later ones lost, and which has no "
-                            "`/summary`. A job killed during a flush can leave a file HDF5 "
-                            "cannot open (HDF5 1.10 has no journaling for parallel files); the "
-                            "window is the few milliseconds of a flush."},
+                            "no longer alive is an interrupted run whose rows up to its last "
+                            "sync are valid (`output.sync_every_s`: at most that old), later "
+                            "ones lost, and which has no `/summary`. A job killed between syncs "
+                            "can leave a file HDF5 cannot open (HDF5 1.10 has no journaling for "
+                            "parallel files); `output.sync_every_s=0` syncs at every flush and "
+                            "narrows that window to the few milliseconds of a flush."},
     {"kind": "attribute", "path": "/", "name": "created_utc", "units": "", "type": "str",
      "when": "", "meaning": "When the file was created (rank 0's clock)."},
     {"kind": "attribute", "path": "/", "name": "flushed_utc", "units": "", "type": "str",
-     "when": "", "meaning": "The last collective flush; the file holds every row recorded "
-                            "before it. Ranks buffer rows in memory and write them in a "
-                            "collective flush every `output.flush_every` iterations and when "
-                            "the run ends (also when it ends with an error all ranks agreed "
-                            "on); each flush writes the rows, updates `rows`, `rank_rows` and "
-                            "`flushed_utc`, and flushes HDF5's metadata to the file, so the "
-                            "file is complete and readable after every flush."},
+     "when": "", "meaning": "The last sync of the file to disk (rank 0's clock): the file holds "
+                            "every row recorded before it. Ranks buffer rows in memory and "
+                            "write them in a collective flush every `output.flush_every` "
+                            "iterations and when the run ends (also when it ends with an error "
+                            "all ranks agreed on): each node's ranks send their rows to the "
+                            "node's lowest rank, which writes them. HDF5's metadata reaches the "
+                            "disk (an fsync on every rank) at a flush when "
+                            "`output.sync_every_s` seconds have passed since the last sync (0: "
+                            "at every flush) and at every status change, so a killed job's file "
+                            "holds the rows of its last sync: at most `output.sync_every_s` old."},
     {"kind": "attribute", "path": "/", "name": "finished_utc", "units": "", "type": "str",
      "when": "status is not running", "meaning": "When a final status (`completed`, `failed` or "
                                                  "`interrupted`) was written; absent while "
@@ -472,14 +480,17 @@ ENTRIES = (
                                                   "float64 dataset `/<group>/<column>` "
                                                   "[world_size, n] with its `units`; row r "
                                                   "belongs to rank r, column i is that rank's "
-                                                  "i-th record. Datasets are chunked [1, K] (K "
-                                                  "= 1024 by default, so a chunk is written by "
-                                                  "one rank only) and extendable along n (max "
-                                                  "shape [world_size, unlimited]). Ranks may "
+                                                  "i-th record. Datasets are chunked "
+                                                  "[min(world_size, 64), K] (K: the run's "
+                                                  "expected rows rounded up to a power of two, "
+                                                  "8 to 1 MiB per chunk) and extendable along n "
+                                                  "(max shape [world_size, unlimited]); each "
+                                                  "rank writes its own row block with "
+                                                  "independent I/O, no fill values. Ranks may "
                                                   "record different numbers of rows; n is the "
                                                   "longest rank's count and the missing tail of "
-                                                  "a shorter rank is the fill value NaN (see "
-                                                  "`rank_rows`). With "
+                                                  "a shorter rank is NaN, written by that rank "
+                                                  "(see `rank_rows`). With "
                                                   "`profile.accounting=false` the accounting "
                                                   "columns (`comm_*`, state bytes, memory "
                                                   "counters) are NaN: that switch exists to "
@@ -487,13 +498,25 @@ ENTRIES = (
     {"kind": "attribute", "path": "/iterations", "name": "columns", "units": "", "type": "str",
      "when": "", "meaning": "Column names in the writer's order, comma-separated."},
     {"kind": "attribute", "path": "/iterations", "name": "rows", "units": "", "type": "int",
-     "when": "", "meaning": "`n`, the second dimension of every dataset in the group; updated "
-                            "at every flush."},
-    {"kind": "attribute", "path": "/iterations", "name": "rank_rows", "units": "", "type": "int64[world_size]",
-     "when": "", "meaning": "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use "
-                            "it, not `isnan`, to know how many rows each rank really wrote: a "
-                            "rank may also record NaN on purpose (e.g. no validation loss that "
-                            "epoch)."},
+     "when": "", "meaning": "`n`, the second dimension of every dataset in the group. While the "
+                            "run writes, the extent grows in steps of the chunk rows (so a "
+                            "flush changes metadata only once per chunk), and the slots beyond "
+                            "a rank's rows are NaN: `rank_rows` says how many each rank wrote. "
+                            "A status change (completed, failed, interrupted) sets it to the "
+                            "longest rank's rows."},
+    {"kind": "per_rank", "path": "/iterations/rank_rows", "name": "", "units": "1", "type": "int64",
+     "when": "run.workload=cv or llm", "meaning": "Rows rank r actually wrote (≤ `rows`); "
+                                                  "rewritten by rank 0 at a flush when the "
+                                                  "counts changed. Use it, not `isnan`, to know "
+                                                  "how many rows each rank really wrote: a rank "
+                                                  "may also record NaN on purpose (e.g. no "
+                                                  "validation loss that epoch). A dataset, not "
+                                                  "an attribute: an attribute of world_size "
+                                                  "elements exceeds HDF5's 64 KiB object-header "
+                                                  "message limit from 8,184 ranks (files of "
+                                                  "schema revisions before issue 39 have it as "
+                                                  "the attribute `rank_rows`, which readers "
+                                                  "still accept)."},
     {"kind": "column", "path": "/iterations", "name": "iteration", "units": "1", "type": "",
      "when": "", "meaning": "0-based iteration number, counted over the run (a file written by "
                             "`--resume` starts at `resumed_from_iteration`)."},
@@ -501,6 +524,12 @@ ENTRIES = (
      "when": "", "meaning": "0-based epoch the iteration belongs to."},
     {"kind": "column", "path": "/iterations", "name": "t_start", "units": "s", "type": "",
      "when": "", "meaning": "Run clock (shared with `/telemetry/t_s`) when the iteration began."},
+    {"kind": "column", "path": "/iterations", "name": "flush_s", "units": "s", "type": "",
+     "when": "", "meaning": "The own work of the run-file flush this rank made between the "
+                            "previous iteration and this one (after all ranks had entered it; "
+                            "the tool's own cost, outside every phase and `step_s`), 0 where "
+                            "there was none. The flush at the end of the run is in "
+                            "`/summary@flush_total_s` only."},
     {"kind": "column", "path": "/iterations", "name": "data_s", "units": "s", "type": "",
      "when": "", "meaning": "Time of the `data` phase (CUDA events on GPU)."},
     {"kind": "column", "path": "/iterations", "name": "h2d_s", "units": "s", "type": "",
@@ -712,13 +741,25 @@ ENTRIES = (
     {"kind": "attribute", "path": "/epochs", "name": "columns", "units": "", "type": "str",
      "when": "", "meaning": "Column names in the writer's order, comma-separated."},
     {"kind": "attribute", "path": "/epochs", "name": "rows", "units": "", "type": "int",
-     "when": "", "meaning": "`n`, the second dimension of every dataset in the group; updated "
-                            "at every flush."},
-    {"kind": "attribute", "path": "/epochs", "name": "rank_rows", "units": "", "type": "int64[world_size]",
-     "when": "", "meaning": "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use "
-                            "it, not `isnan`, to know how many rows each rank really wrote: a "
-                            "rank may also record NaN on purpose (e.g. no validation loss that "
-                            "epoch)."},
+     "when": "", "meaning": "`n`, the second dimension of every dataset in the group. While the "
+                            "run writes, the extent grows in steps of the chunk rows (so a "
+                            "flush changes metadata only once per chunk), and the slots beyond "
+                            "a rank's rows are NaN: `rank_rows` says how many each rank wrote. "
+                            "A status change (completed, failed, interrupted) sets it to the "
+                            "longest rank's rows."},
+    {"kind": "per_rank", "path": "/epochs/rank_rows", "name": "", "units": "1", "type": "int64",
+     "when": "run.workload=cv or llm", "meaning": "Rows rank r actually wrote (≤ `rows`); "
+                                                  "rewritten by rank 0 at a flush when the "
+                                                  "counts changed. Use it, not `isnan`, to know "
+                                                  "how many rows each rank really wrote: a rank "
+                                                  "may also record NaN on purpose (e.g. no "
+                                                  "validation loss that epoch). A dataset, not "
+                                                  "an attribute: an attribute of world_size "
+                                                  "elements exceeds HDF5's 64 KiB object-header "
+                                                  "message limit from 8,184 ranks (files of "
+                                                  "schema revisions before issue 39 have it as "
+                                                  "the attribute `rank_rows`, which readers "
+                                                  "still accept)."},
     {"kind": "column", "path": "/epochs", "name": "epoch", "units": "1", "type": "",
      "when": "", "meaning": "0-based epoch."},
     {"kind": "column", "path": "/epochs", "name": "epoch_s", "units": "s", "type": "",
@@ -880,6 +921,27 @@ ENTRIES = (
      "when": "an epoch completed", "meaning": "The last epoch's `val_perplexity`."},
     {"kind": "attribute", "path": "/summary", "name": "final_train_loss", "units": "", "type": "float",
      "when": "an epoch completed", "meaning": "The last epoch's `train_loss`."},
+    {"kind": "attribute", "path": "/summary", "name": "flushes", "units": "", "type": "int",
+     "when": "", "meaning": "Run-file flushes (and status changes) this run made, each a "
+                            "collective write of the buffered rows (`output.flush_every`)."},
+    {"kind": "attribute", "path": "/summary", "name": "flush_syncs", "units": "", "type": "int",
+     "when": "", "meaning": "Of them, those that synced the file to disk "
+                            "(`output.sync_every_s`)."},
+    {"kind": "attribute", "path": "/summary", "name": "flush_total_s", "units": "", "type": "float",
+     "when": "", "meaning": "The flushes' own work (after every rank has entered the flush's "
+                            "first collective: the reduction, metadata, this rank's writes, "
+                            "syncs), summed up to the last flush before `/summary` was written: "
+                            "the largest over ranks. The tool's own I/O cost, outside every "
+                            "phase timer."},
+    {"kind": "attribute", "path": "/summary", "name": "flush_max_s", "units": "", "type": "float",
+     "when": "", "meaning": "The longest single flush's own work on any rank."},
+    {"kind": "attribute", "path": "/summary", "name": "flush_mean_s", "units": "", "type": "float",
+     "when": "", "meaning": "`flush_total_s` ÷ `flushes`."},
+    {"kind": "attribute", "path": "/summary", "name": "flush_wait_total_s", "units": "", "type": "float",
+     "when": "", "meaning": "Time ranks spent in the flushes waiting for the other ranks to "
+                            "arrive (skew from the iterations before them, which lock-step "
+                            "training would otherwise absorb in its next collective), summed: "
+                            "the largest over ranks. Not part of `flush_total_s`."},
     {"kind": "attribute", "path": "/summary", "name": "nonfinite_skipped_steps", "units": "", "type": "int",
      "when": "", "meaning": "Steps dropped by `run.nonfinite=skip` in this file's iterations."},
     {"kind": "attribute", "path": "/summary", "name": "host_syncs_per_iteration", "units": "", "type": "float",
@@ -927,13 +989,24 @@ ENTRIES = (
     {"kind": "attribute", "path": "/comm/buckets", "name": "columns", "units": "", "type": "str",
      "when": "", "meaning": "Column names in the writer's order, comma-separated."},
     {"kind": "attribute", "path": "/comm/buckets", "name": "rows", "units": "", "type": "int",
-     "when": "", "meaning": "`n`, the second dimension of every dataset in the group; updated "
-                            "at every flush."},
-    {"kind": "attribute", "path": "/comm/buckets", "name": "rank_rows", "units": "", "type": "int64[world_size]",
-     "when": "", "meaning": "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use "
-                            "it, not `isnan`, to know how many rows each rank really wrote: a "
-                            "rank may also record NaN on purpose (e.g. no validation loss that "
-                            "epoch)."},
+     "when": "", "meaning": "`n`, the second dimension of every dataset in the group. While the "
+                            "run writes, the extent grows in steps of the chunk rows (so a "
+                            "flush changes metadata only once per chunk), and the slots beyond "
+                            "a rank's rows are NaN: `rank_rows` says how many each rank wrote. "
+                            "A status change (completed, failed, interrupted) sets it to the "
+                            "longest rank's rows."},
+    {"kind": "per_rank", "path": "/comm/buckets/rank_rows", "name": "", "units": "1", "type": "int64",
+     "when": "gradient buckets", "meaning": "Rows rank r actually wrote (≤ `rows`); rewritten "
+                                            "by rank 0 at a flush when the counts changed. Use "
+                                            "it, not `isnan`, to know how many rows each rank "
+                                            "really wrote: a rank may also record NaN on "
+                                            "purpose (e.g. no validation loss that epoch). A "
+                                            "dataset, not an attribute: an attribute of "
+                                            "world_size elements exceeds HDF5's 64 KiB "
+                                            "object-header message limit from 8,184 ranks "
+                                            "(files of schema revisions before issue 39 have it "
+                                            "as the attribute `rank_rows`, which readers still "
+                                            "accept)."},
     {"kind": "column", "path": "/comm/buckets", "name": "bucket_{k}_s", "units": "s", "type": "",
      "when": "", "meaning": "Bucket k's allreduce (0-based, in launch order) in that iteration: "
                             "its own duration, measured on the MPI backend's progress thread or "
@@ -992,13 +1065,25 @@ ENTRIES = (
     {"kind": "attribute", "path": "/telemetry", "name": "columns", "units": "", "type": "str",
      "when": "", "meaning": "Column names in the writer's order, comma-separated."},
     {"kind": "attribute", "path": "/telemetry", "name": "rows", "units": "", "type": "int",
-     "when": "", "meaning": "`n`, the second dimension of every dataset in the group; updated "
-                            "at every flush."},
-    {"kind": "attribute", "path": "/telemetry", "name": "rank_rows", "units": "", "type": "int64[world_size]",
-     "when": "", "meaning": "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use "
-                            "it, not `isnan`, to know how many rows each rank really wrote: a "
-                            "rank may also record NaN on purpose (e.g. no validation loss that "
-                            "epoch)."},
+     "when": "", "meaning": "`n`, the second dimension of every dataset in the group. While the "
+                            "run writes, the extent grows in steps of the chunk rows (so a "
+                            "flush changes metadata only once per chunk), and the slots beyond "
+                            "a rank's rows are NaN: `rank_rows` says how many each rank wrote. "
+                            "A status change (completed, failed, interrupted) sets it to the "
+                            "longest rank's rows."},
+    {"kind": "per_rank", "path": "/telemetry/rank_rows", "name": "", "units": "1", "type": "int64",
+     "when": "telemetry.enabled=true", "meaning": "Rows rank r actually wrote (≤ `rows`); "
+                                                  "rewritten by rank 0 at a flush when the "
+                                                  "counts changed. Use it, not `isnan`, to know "
+                                                  "how many rows each rank really wrote: a rank "
+                                                  "may also record NaN on purpose (e.g. no "
+                                                  "validation loss that epoch). A dataset, not "
+                                                  "an attribute: an attribute of world_size "
+                                                  "elements exceeds HDF5's 64 KiB object-header "
+                                                  "message limit from 8,184 ranks (files of "
+                                                  "schema revisions before issue 39 have it as "
+                                                  "the attribute `rank_rows`, which readers "
+                                                  "still accept)."},
     {"kind": "attribute", "path": "/telemetry", "name": "gpu_available", "units": "", "type": "int",
      "when": "", "meaning": "1 if every rank sampled its GPU through NVML, else 0."},
     {"kind": "attribute", "path": "/telemetry", "name": "gpu_available_ranks", "units": "", "type": "int",
@@ -1241,6 +1326,7 @@ COLUMNS = {
         "iteration": "1",
         "epoch": "1",
         "t_start": "s",
+        "flush_s": "s",
         "data_s": "s",
         "h2d_s": "s",
         "forward_s": "s",
@@ -1356,9 +1442,11 @@ UNITS = {
     "/config/ini": "text",
     "/plan/val_indices": "1",
     "/ranks": "1",
+    "/iterations/rank_rows": "1",
     "/iterations/iteration": "1",
     "/iterations/epoch": "1",
     "/iterations/t_start": "s",
+    "/iterations/flush_s": "s",
     "/iterations/data_s": "s",
     "/iterations/h2d_s": "s",
     "/iterations/forward_s": "s",
@@ -1417,6 +1505,7 @@ UNITS = {
     "/iterations/reduce_scatter_s": "s",
     "/iterations/reduce_scatter_exposed_s": "s",
     "/iterations/gathered_weight_bytes": "B",
+    "/epochs/rank_rows": "1",
     "/epochs/epoch": "1",
     "/epochs/epoch_s": "s",
     "/epochs/train_loss": "1",
@@ -1425,6 +1514,7 @@ UNITS = {
     "/epochs/samples": "samples",
     "/epochs/val_perplexity": "1",
     "/epochs/eval_s": "s",
+    "/comm/buckets/rank_rows": "1",
     "/comm/buckets/bucket_{k}_s": "s",
     "/comm/buckets/bytes": "B",
     "/comm/{op}/bytes": "B",
@@ -1433,6 +1523,7 @@ UNITS = {
     "/comm/{op}/time_max_s": "s",
     "/comm/{op}/algbw_GBps": "GB/s",
     "/comm/{op}/busbw_GBps": "GB/s",
+    "/telemetry/rank_rows": "1",
     "/telemetry/t_s": "s",
     "/telemetry/cpu_percent": "percent",
     "/telemetry/rss_bytes": "B",
@@ -1569,12 +1660,10 @@ ATTRIBUTES = {
     "/iterations": {
         "columns": "str",
         "rows": "int",
-        "rank_rows": "int64[world_size]",
     },
     "/epochs": {
         "columns": "str",
         "rows": "int",
-        "rank_rows": "int64[world_size]",
     },
     "/summary": {
         "total_iterations": "int",
@@ -1614,6 +1703,12 @@ ATTRIBUTES = {
         "final_val_loss": "float",
         "final_val_perplexity": "float",
         "final_train_loss": "float",
+        "flushes": "int",
+        "flush_syncs": "int",
+        "flush_total_s": "float",
+        "flush_max_s": "float",
+        "flush_mean_s": "float",
+        "flush_wait_total_s": "float",
         "nonfinite_skipped_steps": "int",
         "host_syncs_per_iteration": "float",
     },
@@ -1629,7 +1724,6 @@ ATTRIBUTES = {
     "/comm/buckets": {
         "columns": "str",
         "rows": "int",
-        "rank_rows": "int64[world_size]",
     },
     "/comm/{op}": {
         "busbw_factor": "float",
@@ -1637,7 +1731,6 @@ ATTRIBUTES = {
     "/telemetry": {
         "columns": "str",
         "rows": "int",
-        "rank_rows": "int64[world_size]",
         "gpu_available": "int",
         "gpu_available_ranks": "int",
         "reason": "str",

@@ -129,8 +129,9 @@ def reference(tmp_path_factory):
 
 def test_killed_rank_ends_the_whole_job_and_the_file_stays_readable(tmp_path):
     out = tmp_path / "killed.h5"
+    # Every flush synced (output.sync_every_s=0), so the file holds the rows of the last one.
     job = Job(4, *QUICK, "--train.eval=false", "--log.every=1", "--output.flush_every=2",
-              "--train.batch_size=16", f"--output.file={out}")
+              "--output.sync_every_s=0", "--train.batch_size=16", f"--output.file={out}")
     job.wait_for("iter 6/")
     pids = job.rank_pids(4)
     t0 = time.monotonic()

@@ -177,7 +177,7 @@ def test_telemetry_and_accounting_in_the_file(profiled_file):
     path, proc = profiled_file
     with h5py.File(path, "r") as f:
         t = f["telemetry/t_s"][...]
-        n = f["telemetry"].attrs["rank_rows"]
+        n = f["telemetry/rank_rows"][()]
         for r in range(2):
             ts = t[r, : n[r]]
             assert n[r] >= 2 and np.all(np.diff(ts) > 0)

@@ -54,6 +54,18 @@ std::vector<std::int64_t> int_attr(hid_t file, const std::string& obj, const std
     return v;
 }
 
+// A 1-D int64 dataset (e.g. /telemetry/rank_rows).
+std::vector<std::int64_t> int_dataset(hid_t file, const std::string& path) {
+    const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
+    if (d < 0) return {};
+    const hid_t sp = H5Dget_space(d);
+    std::vector<std::int64_t> v(static_cast<std::size_t>(H5Sget_simple_extent_npoints(sp)));
+    H5Dread(d, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+    H5Sclose(sp);
+    H5Dclose(d);
+    return v;
+}
+
 // [rows, cols] of a 2-D float64 dataset, row-major.
 std::vector<double> read_2d(hid_t file, const std::string& path, hsize_t dims[2]) {
     const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
@@ -80,7 +92,7 @@ TEST(TelemetryMpi, WritesSeriesWithUnitsAndSaysNvmlIsAbsent) {
     {
         io::RunFile file = io::RunFile::create(MPI_COMM_WORLD, path, false);
         prof::TelemetryOptions o;
-        o.interval_ms = 20 + 15 * rank; // different sample counts per rank
+        o.interval_ms = 20 + 15 * (rank % 2); // different sample counts on neighbouring ranks
         o.nvml_library = "libtrainscope-test-no-such-nvml.so.1";
         // Rank 1 claims a GPU (so it tries NVML and fails), rank 0 is a CPU rank.
         prof::TelemetrySampler sampler(o, rank == 1 ? 0 : -1, "");
@@ -128,7 +140,7 @@ TEST(TelemetryMpi, WritesSeriesWithUnitsAndSaysNvmlIsAbsent) {
                   "rank 0: CPU run: no CUDA device bound to this rank");
         EXPECT_EQ(int_attr(f, "/telemetry", "interval_ms"), (std::vector<std::int64_t>{20}));
 
-        const auto rank_rows = int_attr(f, "/telemetry", "rank_rows");
+        const auto rank_rows = int_dataset(f, "/telemetry/rank_rows");
         ASSERT_EQ(rank_rows.size(), static_cast<std::size_t>(size));
         hsize_t dims[2];
         const auto t = read_2d(f, "/telemetry/t_s", dims);

@@ -37,11 +37,12 @@ GLOBAL_BATCH = 64
 
 def killed_run(out: Path):
     """A 2-rank run killed with SIGKILL once rank 0 has printed iteration 5: the flush of
-    iteration 4 is on disk and the next one (8) has not started, so the file holds 4 rows per
-    rank and its status stays 'running'."""
+    iteration 4 is on disk (output.sync_every_s=0: every flush synced) and the next one (8) has
+    not started, so the file holds 4 rows per rank and its status stays 'running'."""
     env = launch_env(OMP_NUM_THREADS="1")
     proc = subprocess.Popen(mpirun(2, *CV[:2], "--train.max_iters=100000", "--log.every=5",
-                                   "--output.flush_every=4", f"--output.file={out}"),
+                                   "--output.flush_every=4", "--output.sync_every_s=0",
+                                   f"--output.file={out}"),
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     deadline = time.time() + 120

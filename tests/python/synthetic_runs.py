@@ -7,7 +7,7 @@ comm-workload files from the same alpha and beta per scope. write_manifest recor
 link rate as benchmarks/advisor_runs.py does.
 
 The writer's conventions are reproduced where the model reads them: per-iteration columns
-[ranks, iterations] with `rank_rows`, /summary medians = per iteration the mean over ranks, then
+[ranks, iterations] with the `rank_rows` dataset, /summary medians = per iteration the mean over ranks, then
 the median over the measured iterations; comm_wait = the collective time not hidden behind the
 backward phase; /plan memory categories per rank with ZeRO sharding. Noise (seeded, relative,
 per rank and iteration) is optional.
@@ -135,9 +135,17 @@ class Law:
 
 
 def _series(group, name, data, units):
-    ds = group.create_dataset(name, data=np.asarray(data, dtype=np.float64),
-                              maxshape=(data.shape[0], None))
+    data = np.asarray(data, dtype=np.float64)
+    # Chunked as the writer does: up to 64 ranks by the rows (io::series_chunk_rows).
+    chunks = (min(data.shape[0], 64), max(1, min(data.shape[1], 1 << 14)))
+    ds = group.create_dataset(name, data=data, maxshape=(data.shape[0], None), chunks=chunks)
     ds.attrs["units"] = units
+
+
+def _rank_rows(group, ranks: int, rows: int):
+    """<group>/rank_rows as the writer has made it since issue 39: an int64 dataset."""
+    ds = group.create_dataset("rank_rows", data=np.full(ranks, rows, dtype=np.int64))
+    ds.attrs["units"] = "1"
 
 
 def _ranks_table(f, ranks: int, nodes: int, device: str):
@@ -250,7 +258,7 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
             _series(it, name, data, units.get(name, "s"))
         it.attrs["columns"] = ",".join(cols)
         it.attrs["rows"] = np.int64(iterations)
-        it.attrs["rank_rows"] = np.full(ranks, iterations, dtype=np.int64)
+        _rank_rows(it, ranks, iterations)
         b = f.create_group("comm/buckets")
         bb = b.create_dataset("bytes", data=np.asarray(law.bucket_bytes, dtype=np.float64))
         bb.attrs["units"] = "B"
@@ -259,7 +267,7 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
             _series(b, f"bucket_{k}_s", coll * nbytes / total, "s")
         b.attrs["columns"] = ",".join(f"bucket_{k}_s" for k in range(len(law.bucket_bytes)))
         b.attrs["rows"] = np.int64(iterations)
-        b.attrs["rank_rows"] = np.full(ranks, iterations, dtype=np.int64)
+        _rank_rows(b, ranks, iterations)
         _ranks_table(f, ranks, nodes, device)
     return path
 

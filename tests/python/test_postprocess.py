@@ -53,7 +53,7 @@ def test_summary_lists_every_run_with_its_status(study):
         float(summary_attrs(study / "llm/lora.h5")["throughput_tokens_per_s"]))
     killed = df[df["file"].str.endswith("killed.h5")].iloc[0]
     with h5py.File(study / "killed/killed.h5", "r") as f:
-        assert killed["measured iters"] == int(np.min(f["iterations"].attrs["rank_rows"])) > 0
+        assert killed["measured iters"] == int(np.min(f["iterations/rank_rows"][()])) > 0
     out = post("summary", study)
     assert out.returncode == 0, out.stderr
     assert "killed.h5" in out.stdout and "running" in out.stdout
@@ -171,7 +171,7 @@ def test_export_long_table(study, tmp_path):
     # The killed run's rows are those it flushed.
     killed = long_table(load([study / "killed"]))
     with h5py.File(study / "killed/killed.h5", "r") as f:
-        rows = f["iterations"].attrs["rank_rows"]
+        rows = f["iterations/rank_rows"][()]
     assert len(killed[(killed["metric"] == "loss") & (killed["rank"] == 0)]) == rows[0]
 
 

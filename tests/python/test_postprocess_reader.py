@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import h5py
+import numpy as np
 import pytest
 
 from trainscope_post import IncompleteRunError, RunFile, SchemaError
@@ -34,16 +35,20 @@ def test_summary_command_reports_bad_files(tmp_path):
     assert "bad.h5" in out.stderr
 
 
-def small_run(path, status, rank_rows=(5, 4)):
+def small_run(path, status, rank_rows=(5, 4), legacy=False):
     """A 2-rank run file as the binary lays it out, written with h5py: 5 iteration slots per rank,
-    of which each rank filled rank_rows."""
+    of which each rank filled rank_rows (the dataset /iterations/rank_rows; legacy: the attribute
+    of files written before issue 39)."""
     with h5py.File(path, "w") as f:
         f.attrs.update(schema="trainscope/1", status=status, world_size=2, workload="cv")
         f.create_group("config").attrs["profile.warmup_iters"] = "1"
         f.create_group("plan").attrs["parameters"] = 1234
         f.create_group("summary").attrs["median_step_s"] = 0.25
         it = f.create_group("iterations")
-        it.attrs["rank_rows"] = list(rank_rows)
+        if legacy:
+            it.attrs["rank_rows"] = list(rank_rows)
+        else:
+            it.create_dataset("rank_rows", data=np.asarray(rank_rows, dtype=np.int64))
         it.create_dataset("step_s", data=[[0.1, 0.2, 0.3, 0.4, 0.5], [1.1, 1.2, 1.3, 1.4, 0.0]])
     return path
 
@@ -57,6 +62,14 @@ def test_recorded_reads_the_rows_every_rank_wrote(tmp_path):
         assert run.require_completed() is run
         with pytest.raises(KeyError, match="r.h5.*iterations/loss"):
             run.recorded("loss")
+
+
+def test_files_before_issue_39_keep_rank_rows_as_an_attribute(tmp_path):
+    for legacy in (False, True):
+        with RunFile(small_run(tmp_path / f"r{legacy}.h5", "completed", legacy=legacy)) as run:
+            assert run.rank_rows().tolist() == [5, 4]
+            assert run.recorded("step_s").shape == (2, 4)
+            assert run.columns("iterations") == ["step_s"]  # the index is not a column
 
 
 def test_require_completed_names_the_file_and_status(tmp_path):

@@ -10,6 +10,11 @@ void declare_options(core::OptionRegistry& registry) {
                       "replace output.file if it exists (otherwise the run refuses to start)");
     registry.add_int("output.flush_every", 50,
                      "iterations between collective flushes of buffered rows to the run file", 1);
+    registry.add_float("output.sync_every_s", 60.0,
+                       "seconds between syncs of the run file to disk (H5Fflush: an fsync on every "
+                       "rank) at flushes; 0 = at every flush. A killed job's file holds the rows "
+                       "of its last sync; status changes always sync",
+                       0.0);
 }
 
 } // namespace trainscope::io

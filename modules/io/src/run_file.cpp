@@ -1,8 +1,9 @@
 // RunFile implementation: one HDF5 file opened by all ranks through the MPI-IO driver with
-// collective metadata reads and writes (HDF5 1.10.5-1.10.8 need collective metadata reads, bug
-// HDFFV-11260). Values that must be identical on every rank (attributes, strings) are broadcast
-// from rank 0 before they reach HDF5; per-rank rows are written with one collective H5Dwrite per
-// column and flush.
+// collective metadata reads and writes (HDF5 1.10.5-1.10.8 need per-call access lists for the
+// reads, bug HDFFV-11260). Values that must
+// identical on every rank (attributes, strings) are broadcast from rank 0 before they reach HDF5;
+// every rank writes its own series rows with independent I/O (write_rows); tables written once
+// (/ranks, ragged, per-rank) use collective writes.
 #include "trainscope/io/run_file.hpp"
 
 #include "h5_internal.hpp"
@@ -40,12 +41,16 @@ struct Series {
     std::string group; // normalized, e.g. "/iterations"
     std::vector<Column> columns;
     std::vector<Handle> datasets;             // one per column, [world_size, extent]
+    Handle rank_rows;                         // <group>/rank_rows, int64 [world_size]
+    Handle handle;                            // the group, open while the file is
     std::vector<std::vector<double>> pending; // per column: this rank's rows not yet written
     hsize_t written = 0;                      // this rank's rows already in the file
     hsize_t extent = 0;                       // n of every dataset (identical on all ranks)
-    std::vector<std::int64_t> rank_rows;      // rows per rank as of the last flush
+    hsize_t chunk_rows = 1;                   // extents grow in steps of this many rows
+    std::int64_t min_rows = 0;                // the fewest rows any rank has (as of the flush)
+    std::int64_t max_rows = 0;                // the most rows any rank has (as of the flush)
+    bool uneven = false;                      // ranks had different row counts at a flush
 };
-
 struct RunFile::Impl {
     MPI_Comm comm = MPI_COMM_NULL;
     int rank = 0;
@@ -60,6 +65,13 @@ struct RunFile::Impl {
     std::vector<Series> series;
     std::map<std::string, std::size_t> series_index; // normalized group -> position in `series`
     SchemaCheck check = SchemaCheck::strict;
+    // File syncs (H5Fflush: every rank's MPI_File_sync, i.e. an fsync) at most every
+    // sync_every_s seconds of rank 0's clock; 0 = at every flush. Status changes always sync.
+    double sync_every_s = 0;
+    double last_sync = -std::numeric_limits<double>::infinity(); // MPI_Wtime on rank 0; the
+                                                                 // first flush always syncs
+    FlushStats stats;
+    double arrived = 0, arrival_wait = 0; // the last write_pending's split (FlushStats)
 
     // Under SchemaCheck::strict: what is written must be in the schema table (schema.hpp). Every
     // rank calls these with the same arguments, so a refusal is the same everywhere.
@@ -81,9 +93,12 @@ struct RunFile::Impl {
         // Reached with the file open only when a rank unwinds an exception: HDF5 closes the file
         // at MPI_Finalize/exit, and no call here may wait for peers that are elsewhere.
         if (file >= 0) {
-            for (auto& s : series)
+            for (auto& s : series) {
                 for (auto& d : s.datasets)
                     d.release();
+                s.rank_rows.release();
+                s.handle.release();
+            }
             for (Handle* h : {&dxpl, &lapl, &gapl, &dapl, &aapl})
                 h->release();
             return;
@@ -186,64 +201,159 @@ struct RunFile::Impl {
             write_attribute(root, "/", a);
     }
 
-    // Collective: writes every rank's buffered rows of every series (no H5Fflush).
-    void write_pending() {
+    // Collective: writes every rank's buffered rows of every series; syncs the file (and then
+    // writes the root attribute flushed_utc) when `force_sync` or when sync_every_s has passed.
+    // `exact`: every extent is set to the longest rank's rows (status changes and close);
+    // otherwise extents grow in steps of the series' chunk rows, so a flush changes metadata only
+    // once in chunk_rows rows.
+    //
+    // Its global collectives (issue 39, counted by tests/mpi/pmpi_counter.cpp): one MPI_Allreduce
+    // (every series' longest and shortest rank, rank 0's clock and its decision to sync), one
+    // MPI_Gather of the row counts to rank 0 while ranks hold different counts, and on a sync
+    // H5Fflush's own. Every rank writes its own rows with one independent H5Dwrite per column
+    // (no MPI-IO collective, no file view); rank 0 writes the rank_rows datasets. Dataset extents
+    // and attributes are metadata: every rank makes the same calls, and makes them only when an
+    // extent grows or at a sync. Returns true when the file was synced.
+    bool write_pending(bool force_sync, bool exact = false) {
+        const double entered = MPI_Wtime();
         const std::size_t groups = series.size();
-        if (groups == 0) return;
-        // One allgather gives every rank the row count of every rank in every series: the new
-        // extents and the rank_rows attributes, identical everywhere.
-        std::vector<std::int64_t> mine(groups), all(groups * size);
-        for (std::size_t g = 0; g < groups; ++g)
-            mine[g] = static_cast<std::int64_t>(series[g].written + series[g].pending[0].size());
-        mpi_check(MPI_Allgather(mine.data(), static_cast<int>(groups), MPI_INT64_T, all.data(),
-                                static_cast<int>(groups), MPI_INT64_T, comm),
-                  "MPI_Allgather");
+        std::vector<double> reduced(2 * groups + 2);
+        for (std::size_t g = 0; g < groups; ++g) {
+            const double rows =
+                static_cast<double>(series[g].written + series[g].pending[0].size());
+            reduced[g] = rows;
+            reduced[groups + g] = -rows;
+        }
+        const double now = MPI_Wtime();
+        if (rank == 0) {
+            reduced[2 * groups] = static_cast<double>(std::time(nullptr));
+            reduced[2 * groups + 1] =
+                force_sync || sync_every_s <= 0 || now - last_sync >= sync_every_s ? 1.0 : 0.0;
+        } else {
+            reduced[2 * groups] = reduced[2 * groups + 1] = -1.0;
+        }
+        mpi_check(MPI_Allreduce(MPI_IN_PLACE, reduced.data(), static_cast<int>(reduced.size()),
+                                MPI_DOUBLE, MPI_MAX, comm),
+                  "MPI_Allreduce");
+        arrived = MPI_Wtime();
+        arrival_wait = arrived - entered;
+        const bool sync = reduced[2 * groups + 1] > 0;
+
+        // Row counts per rank reach rank 0 only while they differ (uneven shards, telemetry);
+        // every rank knows from the reduction whether they do.
+        bool gather = false;
+        for (std::size_t g = 0; g < groups; ++g) {
+            const bool uneven = reduced[g] != -reduced[groups + g];
+            gather = gather || uneven || series[g].uneven;
+        }
+        std::vector<std::int64_t> all;
+        if (gather) {
+            std::vector<std::int64_t> mine(groups);
+            for (std::size_t g = 0; g < groups; ++g)
+                mine[g] =
+                    static_cast<std::int64_t>(series[g].written + series[g].pending[0].size());
+            if (rank == 0) all.resize(groups * static_cast<std::size_t>(size));
+            mpi_check(MPI_Gather(mine.data(), static_cast<int>(groups), MPI_INT64_T, all.data(),
+                                 static_cast<int>(groups), MPI_INT64_T, 0, comm),
+                      "MPI_Gather");
+        }
+
+        // Extents: metadata, the same calls on every rank.
+        std::vector<hsize_t> old_extent(groups);
+        for (std::size_t g = 0; g < groups; ++g) {
+            Series& s = series[g];
+            old_extent[g] = s.extent;
+            const auto longest = static_cast<hsize_t>(reduced[g]);
+            hsize_t extent = s.extent;
+            if (exact)
+                extent = longest;
+            else if (longest > s.extent)
+                extent = (longest + s.chunk_rows - 1) / s.chunk_rows * s.chunk_rows;
+            if (extent != s.extent) {
+                for (std::size_t c = 0; c < s.columns.size(); ++c) {
+                    const hsize_t dims[2] = {static_cast<hsize_t>(size), extent};
+                    H5_CHECK(H5Dset_extent(s.datasets[c], dims), path,
+                             s.group + "/" + s.columns[c].name);
+                }
+                write_attribute(s.handle, s.group,
+                                Attribute{"rows", static_cast<std::int64_t>(extent)});
+                s.extent = extent;
+            }
+        }
+        write_rows(old_extent);
 
         for (std::size_t g = 0; g < groups; ++g) {
             Series& s = series[g];
-            std::vector<std::int64_t> rank_rows(size);
-            for (int r = 0; r < size; ++r)
-                rank_rows[r] = all[r * groups + g];
-            if (rank_rows == s.rank_rows) continue; // no rank has new rows
-            const hsize_t extent =
-                static_cast<hsize_t>(*std::max_element(rank_rows.begin(), rank_rows.end()));
-            const hsize_t n = s.pending[0].size();
-
-            for (std::size_t c = 0; c < s.columns.size(); ++c) {
-                const hid_t ds = s.datasets[c];
-                const std::string object = s.group + "/" + s.columns[c].name;
-                if (extent > s.extent) {
-                    const hsize_t dims[2] = {static_cast<hsize_t>(size), extent};
-                    H5_CHECK(H5Dset_extent(ds, dims), path, object);
-                }
-                Handle fspace(H5_CHECK(H5Dget_space(ds), path, object), H5Sclose);
-                const hsize_t mdims = std::max<hsize_t>(n, 1);
-                Handle mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr), path, object),
-                              H5Sclose);
-                if (n > 0) {
-                    const hsize_t start[2] = {static_cast<hsize_t>(rank), s.written};
-                    const hsize_t count[2] = {1, n};
-                    H5_CHECK(
-                        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, count, nullptr),
-                        path, object);
-                } else {
-                    // A rank with nothing new still takes part in the collective write.
-                    H5_CHECK(H5Sselect_none(fspace), path, object);
-                    H5_CHECK(H5Sselect_none(mspace), path, object);
-                }
-                static const double nothing = 0.0;
-                const double* buf = n > 0 ? s.pending[c].data() : &nothing;
-                H5_CHECK(H5Dwrite(ds, H5T_NATIVE_DOUBLE, mspace, fspace, dxpl, buf), path, object);
+            const auto longest = static_cast<std::int64_t>(reduced[g]);
+            const auto shortest = static_cast<std::int64_t>(-reduced[groups + g]);
+            const bool uneven = longest != shortest;
+            const bool counts_changed =
+                longest != s.max_rows || shortest != s.min_rows || uneven || s.uneven;
+            if (rank == 0 && counts_changed) {
+                std::vector<std::int64_t> rank_rows(static_cast<std::size_t>(size), longest);
+                if (gather)
+                    for (int r = 0; r < size; ++r)
+                        rank_rows[static_cast<std::size_t>(r)] =
+                            all[static_cast<std::size_t>(r) * groups + g];
+                H5_CHECK(H5Dwrite(s.rank_rows, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                  rank_rows.data()),
+                         path, s.group + "/rank_rows");
             }
-            Handle group(H5_CHECK(H5Gopen2(file, s.group.c_str(), gapl), path, s.group), H5Gclose);
-            write_attribute(group, s.group, Attribute{"rows", static_cast<std::int64_t>(extent)});
-            write_attribute(group, s.group, "rank_rows", rank_rows);
-            s.extent = extent;
-            s.written += n;
-            s.rank_rows = std::move(rank_rows);
+            s.min_rows = shortest;
+            s.max_rows = longest;
+            s.uneven = uneven;
+        }
+        if (sync) {
+            write_root_attribute(Attribute{
+                "flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});
+            flush_file();
+            last_sync = now;
+            ++stats.syncs;
+        }
+        return sync;
+    }
+
+    // Local: this rank's new rows of every series into its row of each column, and NaN in its
+    // slots that a grown extent added beyond them (the datasets have no fill values: the MPI-IO
+    // driver would write them with collective writes whenever an extent grows). One independent
+    // H5Dwrite per column of a series with something to write.
+    void write_rows(const std::vector<hsize_t>& old_extent) {
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        for (std::size_t g = 0; g < series.size(); ++g) {
+            Series& s = series[g];
+            const hsize_t n = s.pending[0].size();
+            hsize_t to = std::min(s.written + n, s.extent);
+            if (s.extent > old_extent[g]) to = s.extent;
+            if (to > s.written) {
+                const hsize_t count = to - s.written;
+                const hsize_t start[2] = {static_cast<hsize_t>(rank), s.written};
+                const hsize_t block[2] = {1, count};
+                Handle mspace(H5_CHECK(H5Screate_simple(1, &count, nullptr), path, s.group),
+                              H5Sclose);
+                std::vector<double> buffer(count, nan);
+                for (std::size_t c = 0; c < s.columns.size(); ++c) {
+                    const std::string object = s.group + "/" + s.columns[c].name;
+                    std::copy(s.pending[c].begin(), s.pending[c].end(), buffer.begin());
+                    Handle fspace(H5_CHECK(H5Dget_space(s.datasets[c]), path, object), H5Sclose);
+                    H5_CHECK(
+                        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, block, nullptr),
+                        path, object);
+                    H5_CHECK(H5Dwrite(s.datasets[c], H5T_NATIVE_DOUBLE, mspace, fspace, H5P_DEFAULT,
+                                      buffer.data()),
+                             path, object);
+                }
+            }
             for (auto& column : s.pending)
                 column.clear();
+            s.written += n;
+            stats.rows_written += static_cast<std::int64_t>(n);
         }
+    }
+
+    // Collective: one root attribute, the same value on every rank (no broadcast).
+    void write_root_attribute(const Attribute& a) {
+        Handle root(H5_CHECK(H5Gopen2(file, "/", gapl), path, "/"), H5Gclose);
+        write_attribute(root, "/", a);
     }
 
     void flush_file() { H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), path, "/"); }
@@ -306,6 +416,11 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
     try {
         Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), path, "file access list"), H5Pclose);
         H5_CHECK(H5Pset_fapl_mpio(fapl, impl->comm, MPI_INFO_NULL), path, "file access list");
+        // Collective metadata reads (rank 0 reads, then broadcasts) need every rank's metadata
+        // cache to miss at the same calls: every rank writes its own rows into the same chunks
+        // (a chunk spans all ranks, declare_series), so their chunk lookups load the same index
+        // nodes. A first version had one writer per node, whose lookups alone then turned a
+        // later cache miss into a broadcast the other ranks never joined (MPI_ERR_TRUNCATE).
         H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1), path, "file access list");
         H5_CHECK(H5Pset_coll_metadata_write(fapl, 1), path, "file access list");
         // EXCL when not overwriting: a file appearing since rank 0's check is not clobbered.
@@ -349,7 +464,7 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
     RunFile run_file(std::move(impl));
     run_file.impl_->write_root_attributes(attrs);
     run_file.impl_->flush_file();
-    return run_file;
+    return run_file; // last_sync stays -inf: the first flush (the run's preamble) syncs too
 }
 
 void RunFile::set_attributes(std::string_view group_path, const std::vector<Attribute>& attrs) {
@@ -513,11 +628,17 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
                                   "'): ranks declared different columns");
 
     Handle grp = m.ensure_group(name);
+    // Chunks span every rank and chunk_rows rows (RunFile::declare_series in the header), so all
+    // ranks' independent writes of a flush land in the same chunks and look up the same index
+    // nodes (collective metadata reads need identical cache misses on every rank). The MPI-IO
+    // driver allocates every chunk of an extent when the extent grows, so chunks stay small for
+    // short runs; there are no fill values (the allocation would write them with
+    // collective writes): each rank writes NaN into its slots that a grown extent adds
+    // (write_rows).
     Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, name), H5Pclose);
-    const hsize_t chunk[2] = {1, static_cast<hsize_t>(chunk_rows)};
+    const hsize_t chunk[2] = {static_cast<hsize_t>(m.size), static_cast<hsize_t>(chunk_rows)};
     H5_CHECK(H5Pset_chunk(dcpl, 2, chunk), m.path, name);
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    H5_CHECK(H5Pset_fill_value(dcpl, H5T_NATIVE_DOUBLE, &nan), m.path, name);
+    H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), m.path, name);
     const hsize_t dims[2] = {static_cast<hsize_t>(m.size), 0};
     const hsize_t max_dims[2] = {static_cast<hsize_t>(m.size), H5S_UNLIMITED};
     Handle space(H5_CHECK(H5Screate_simple(2, dims, max_dims), m.path, name), H5Sclose);
@@ -526,7 +647,8 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
     s.group = name;
     s.columns = columns;
     s.pending.resize(columns.size());
-    s.rank_rows.assign(m.size, 0);
+    s.handle = Handle(H5_CHECK(H5Gopen2(m.file, name.c_str(), m.gapl), m.path, name), H5Gclose);
+    s.chunk_rows = static_cast<hsize_t>(chunk_rows);
     std::string column_list;
     for (const auto& c : columns) {
         const std::string object = name + "/" + c.name;
@@ -537,9 +659,21 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
         m.write_units(s.datasets.back(), object, c.units);
         column_list += (column_list.empty() ? "" : ",") + c.name;
     }
+    // Rows per rank: a dataset (an attribute of world_size elements outgrows HDF5's 64 KiB
+    // object-header message limit at 8,184 ranks), zeros until rank 0 rewrites it at a flush.
+    const std::string rank_rows = name + "/rank_rows";
+    const hsize_t ranks = static_cast<hsize_t>(m.size);
+    Handle rr_space(H5_CHECK(H5Screate_simple(1, &ranks, nullptr), m.path, rank_rows), H5Sclose);
+    Handle rr_dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, rank_rows), H5Pclose);
+    const std::int64_t zero = 0;
+    H5_CHECK(H5Pset_fill_value(rr_dcpl, H5T_NATIVE_INT64, &zero), m.path, rank_rows);
+    s.rank_rows = Handle(H5_CHECK(H5Dcreate2(m.file, rank_rows.c_str(), H5T_STD_I64LE, rr_space,
+                                             H5P_DEFAULT, rr_dcpl, m.dapl),
+                                  m.path, rank_rows),
+                         H5Dclose);
+    m.write_units(s.rank_rows, rank_rows, "1");
     m.write_attribute(grp, name, Attribute{"columns", column_list});
     m.write_attribute(grp, name, Attribute{"rows", std::int64_t{0}});
-    m.write_attribute(grp, name, "rank_rows", s.rank_rows);
     m.series_index[name] = m.series.size();
     m.series.push_back(std::move(s));
 }
@@ -569,9 +703,8 @@ MPI_Comm RunFile::comm() const {
 
 void RunFile::flush() {
     Impl& m = checked("flush");
-    m.write_pending();
-    m.write_root_attributes({Attribute{"flushed_utc", utc_now_iso8601()}});
-    m.flush_file();
+    m.write_pending(/*force_sync=*/false);
+    m.stats.record(MPI_Wtime() - m.arrived, m.arrival_wait);
 }
 
 void RunFile::set_status(const std::string& status) {
@@ -579,12 +712,24 @@ void RunFile::set_status(const std::string& status) {
     if (std::find(kStatuses.begin(), kStatuses.end(), status) == kStatuses.end())
         throw core::InternalError("RunFile::set_status: '" + status +
                                   "' is not one of running|completed|failed|interrupted");
-    m.write_pending();
-    const std::string now = utc_now_iso8601();
-    std::vector<Attribute> attrs = {{"status", status}, {"flushed_utc", now}};
-    if (status != "running") attrs.push_back({"finished_utc", now});
+    const double start = MPI_Wtime();
+    std::vector<Attribute> attrs = {{"status", status}};
+    if (status != "running") attrs.push_back({"finished_utc", utc_now_iso8601()});
     m.write_root_attributes(attrs);
-    m.flush_file();
+    // A status change always reaches the disk (and rewrites flushed_utc with it); extents become
+    // exact.
+    const double before = MPI_Wtime();
+    m.write_pending(/*force_sync=*/true, /*exact=*/true);
+    // The status attributes' broadcast and writes before it count as the flush's work.
+    m.stats.record(MPI_Wtime() - m.arrived + (before - start), m.arrival_wait);
+}
+
+void RunFile::set_sync_interval(double seconds) {
+    checked("set_sync_interval").sync_every_s = std::max(0.0, seconds);
+}
+
+const FlushStats& RunFile::flush_stats() const {
+    return checked("flush_stats").stats;
 }
 
 // Every rank needs every count (for the index datasets), so one allgather replaces the MPI_Exscan
@@ -728,7 +873,7 @@ void RunFile::close() {
     // closes the file (the error is symmetric: every rank made the same calls) and is rethrown.
     std::exception_ptr failure;
     try {
-        flush();
+        m.write_pending(/*force_sync=*/true, /*exact=*/true);
     } catch (...) {
         failure = std::current_exception();
     }

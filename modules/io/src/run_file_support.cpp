@@ -189,13 +189,25 @@ namespace trainscope::io {
 
 using namespace detail;
 
-std::string utc_now_iso8601() {
-    const std::time_t now = std::time(nullptr);
+std::string utc_iso8601(std::time_t when) {
     std::tm tm{};
-    gmtime_r(&now, &tm);
+    gmtime_r(&when, &tm);
     char text[32];
     std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
     return text;
+}
+
+std::string utc_now_iso8601() {
+    return utc_iso8601(std::time(nullptr));
+}
+
+std::size_t series_chunk_rows(std::int64_t rows, int world_size) {
+    const std::int64_t ranks = std::max(world_size, 1);
+    const std::int64_t most = std::max<std::int64_t>(1, (std::int64_t{1} << 20) / (8 * ranks));
+    std::int64_t chunk = 8;
+    while (chunk < rows && chunk < most)
+        chunk *= 2;
+    return static_cast<std::size_t>(std::min(chunk, most));
 }
 
 void annotate_closed_run_file(const std::string& path, const std::vector<Attribute>& attrs) {

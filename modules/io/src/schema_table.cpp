@@ -39,17 +39,22 @@ const std::vector<Entry>& run_entries() {
          "the `/summary` of those. `running`: the job is still going, or it died without closing "
          "the file (killed by the batch system, node failure, `MPI_Abort` after a one-rank "
          "error): a `running` file whose job is no longer alive is an interrupted run whose rows "
-         "up to `flushed_utc` are valid, later ones lost, and which has no `/summary`. A job "
-         "killed during a flush can leave a file HDF5 cannot open (HDF5 1.10 has no journaling "
-         "for parallel files); the window is the few milliseconds of a flush."},
+         "up to its last sync are valid (`output.sync_every_s`: at most that old), later ones "
+         "lost, and which has no `/summary`. A job killed between syncs can leave a file HDF5 "
+         "cannot open (HDF5 1.10 has no journaling for parallel files); "
+         "`output.sync_every_s=0` syncs at every flush and narrows that window to the few "
+         "milliseconds of a flush."},
         {Kind::attribute, kRoot, "created_utc", "", "str", "",
          "When the file was created (rank 0's clock)."},
         {Kind::attribute, kRoot, "flushed_utc", "", "str", "",
-         "The last collective flush; the file holds every row recorded before it. Ranks buffer "
-         "rows in memory and write them in a collective flush every `output.flush_every` "
-         "iterations and when the run ends (also when it ends with an error all ranks agreed on); "
-         "each flush writes the rows, updates `rows`, `rank_rows` and `flushed_utc`, and flushes "
-         "HDF5's metadata to the file, so the file is complete and readable after every flush."},
+         "The last sync of the file to disk (rank 0's clock): the file holds every row recorded "
+         "before it. Ranks buffer rows in memory and write them in a collective flush every "
+         "`output.flush_every` iterations and when the run ends (also when it ends with an error "
+         "all ranks agreed on): each node's ranks send their rows to the node's lowest rank, which "
+         "writes them. HDF5's metadata reaches the disk (an fsync on every rank) at a flush when "
+         "`output.sync_every_s` seconds have passed since the last sync (0: at every flush) and "
+         "at every status change, so a killed job's file holds the rows of its last sync: at "
+         "most `output.sync_every_s` old."},
         {Kind::attribute, kRoot, "finished_utc", "", "str", "status is not running",
          "When a final status (`completed`, `failed` or `interrupted`) was written; absent while "
          "`running`."},
@@ -321,21 +326,30 @@ const std::vector<Entry>& run_entries() {
          "Per-iteration series of every training run, one row per rank and iteration (NaN where a "
          "value does not exist on this run). A per-rank series group: each column is a 2-D "
          "float64 dataset `/<group>/<column>` [world_size, n] with its `units`; row r belongs to "
-         "rank r, column i is that rank's i-th record. Datasets are chunked [1, K] (K = 1024 by "
-         "default, so a chunk is written by one rank only) and extendable along n (max shape "
-         "[world_size, unlimited]). Ranks may record different numbers of rows; n is the longest "
-         "rank's count and the missing tail of a shorter rank is the fill value NaN (see "
-         "`rank_rows`). With `profile.accounting=false` the accounting columns (`comm_*`, state "
+         "rank r, column i is that rank's i-th record. Datasets are chunked [min(world_size, 64), "
+         "K] (K: the run's expected rows rounded up to a power of two, 8 to 1 MiB per chunk) and "
+         "extendable along n (max shape [world_size, unlimited]); each rank writes its own row "
+         "block with independent I/O, no fill values. Ranks may record different numbers of "
+         "rows; n is the longest rank's count and the missing tail of a shorter rank is NaN, "
+         "written by that rank (see `rank_rows`). With `profile.accounting=false` the accounting "
+         "columns (`comm_*`, state "
          "bytes, memory counters) are NaN: that switch exists to measure the accounting's own "
          "cost."},
         {Kind::attribute, kIterations, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kIterations, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group; updated at every flush."},
-        {Kind::attribute, kIterations, "rank_rows", "", "int64[world_size]", "",
-         "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use it, not `isnan`, to "
-         "know how many rows each rank really wrote: a rank may also record NaN on purpose (e.g. "
-         "no validation loss that epoch)."},
+         "`n`, the second dimension of every dataset in the group. While the run writes, the "
+         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
+         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
+         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
+         "rank's rows."},
+        {Kind::per_rank, "/iterations/rank_rows", "", "1", "int64", "run.workload=cv or llm",
+         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
+         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
+         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
+         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
+         "object-header message limit from 8,184 ranks (files of schema revisions before "
+         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
         {Kind::column, kIterations, "iteration", "1", "", "",
          "0-based iteration number, counted over the run (a file written by `--resume` starts at "
          "`resumed_from_iteration`)."},
@@ -343,6 +357,11 @@ const std::vector<Entry>& run_entries() {
          "0-based epoch the iteration belongs to."},
         {Kind::column, kIterations, "t_start", "s", "", "",
          "Run clock (shared with `/telemetry/t_s`) when the iteration began."},
+        {Kind::column, kIterations, "flush_s", "s", "", "",
+         "The own work of the run-file flush this rank made between the previous iteration and "
+         "this one (after all ranks had entered it; the tool's own cost, outside every phase and "
+         "`step_s`), 0 where there was none. The flush at the end of the run is in "
+         "`/summary@flush_total_s` only."},
         {Kind::column, kIterations, "data_s", "s", "", "",
          "Time of the `data` phase (CUDA events on GPU)."},
         {Kind::column, kIterations, "h2d_s", "s", "", "",
@@ -510,11 +529,18 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kEpochs, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kEpochs, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group; updated at every flush."},
-        {Kind::attribute, kEpochs, "rank_rows", "", "int64[world_size]", "",
-         "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use it, not `isnan`, to "
-         "know how many rows each rank really wrote: a rank may also record NaN on purpose (e.g. "
-         "no validation loss that epoch)."},
+         "`n`, the second dimension of every dataset in the group. While the run writes, the "
+         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
+         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
+         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
+         "rank's rows."},
+        {Kind::per_rank, "/epochs/rank_rows", "", "1", "int64", "run.workload=cv or llm",
+         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
+         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
+         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
+         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
+         "object-header message limit from 8,184 ranks (files of schema revisions before "
+         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
         {Kind::column, kEpochs, "epoch", "1", "", "", "0-based epoch."},
         {Kind::column, kEpochs, "epoch_s", "s", "", "",
          "Duration of the epoch, evaluation included."},

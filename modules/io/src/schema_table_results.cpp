@@ -113,6 +113,24 @@ const std::vector<Entry>& result_entries() {
          "The last epoch's `val_perplexity`."},
         {Kind::attribute, kSummary, "final_train_loss", "", "float", "an epoch completed",
          "The last epoch's `train_loss`."},
+        {Kind::attribute, kSummary, "flushes", "", "int", "",
+         "Run-file flushes (and status changes) this run made, each a collective write of the "
+         "buffered rows (`output.flush_every`)."},
+        {Kind::attribute, kSummary, "flush_syncs", "", "int", "",
+         "Of them, those that synced the file to disk (`output.sync_every_s`)."},
+        {Kind::attribute, kSummary, "flush_total_s", "", "float", "",
+         "The flushes' own work (after every rank has entered the flush's first collective: the "
+         "reduction, metadata, this rank's writes, syncs), summed up to the last flush before "
+         "`/summary` was written: the largest over ranks. The tool's own I/O cost, outside every "
+         "phase timer."},
+        {Kind::attribute, kSummary, "flush_max_s", "", "float", "",
+         "The longest single flush's own work on any rank."},
+        {Kind::attribute, kSummary, "flush_mean_s", "", "float", "",
+         "`flush_total_s` ÷ `flushes`."},
+        {Kind::attribute, kSummary, "flush_wait_total_s", "", "float", "",
+         "Time ranks spent in the flushes waiting for the other ranks to arrive (skew from the "
+         "iterations before them, which lock-step training would otherwise absorb in its next "
+         "collective), summed: the largest over ranks. Not part of `flush_total_s`."},
         {Kind::attribute, kSummary, "nonfinite_skipped_steps", "", "int", "",
          "Steps dropped by `run.nonfinite=skip` in this file's iterations."},
         {Kind::attribute, kSummary, "host_syncs_per_iteration", "", "float", "",
@@ -152,11 +170,18 @@ const std::vector<Entry>& result_entries() {
         {Kind::attribute, kCommBuckets, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kCommBuckets, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group; updated at every flush."},
-        {Kind::attribute, kCommBuckets, "rank_rows", "", "int64[world_size]", "",
-         "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use it, not `isnan`, to "
-         "know how many rows each rank really wrote: a rank may also record NaN on purpose (e.g. "
-         "no validation loss that epoch)."},
+         "`n`, the second dimension of every dataset in the group. While the run writes, the "
+         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
+         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
+         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
+         "rank's rows."},
+        {Kind::per_rank, "/comm/buckets/rank_rows", "", "1", "int64", "gradient buckets",
+         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
+         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
+         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
+         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
+         "object-header message limit from 8,184 ranks (files of schema revisions before "
+         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
         {Kind::column, kCommBuckets, "bucket_{k}_s", "s", "", "",
          "Bucket k's allreduce (0-based, in launch order) in that iteration: its own duration, "
          "measured on the MPI backend's progress thread or between CUDA events on NCCL's stream."},
@@ -197,11 +222,18 @@ const std::vector<Entry>& result_entries() {
         {Kind::attribute, kTelemetry, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kTelemetry, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group; updated at every flush."},
-        {Kind::attribute, kTelemetry, "rank_rows", "", "int64[world_size]", "",
-         "Rows rank r actually wrote (≤ `rows`); updated at every flush. Use it, not `isnan`, to "
-         "know how many rows each rank really wrote: a rank may also record NaN on purpose (e.g. "
-         "no validation loss that epoch)."},
+         "`n`, the second dimension of every dataset in the group. While the run writes, the "
+         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
+         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
+         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
+         "rank's rows."},
+        {Kind::per_rank, "/telemetry/rank_rows", "", "1", "int64", "telemetry.enabled=true",
+         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
+         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
+         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
+         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
+         "object-header message limit from 8,184 ranks (files of schema revisions before "
+         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
         {Kind::attribute, kTelemetry, "gpu_available", "", "int", "",
          "1 if every rank sampled its GPU through NVML, else 0."},
         {Kind::attribute, kTelemetry, "gpu_available_ranks", "", "int", "",

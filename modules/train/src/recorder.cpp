@@ -22,7 +22,8 @@ using core::kNaN;
 namespace stats = prof::stats;
 
 std::vector<io::Column> iteration_columns() {
-    std::vector<io::Column> c = {{"iteration", "1"}, {"epoch", "1"}, {"t_start", "s"}};
+    std::vector<io::Column> c = {
+        {"iteration", "1"}, {"epoch", "1"}, {"t_start", "s"}, {"flush_s", "s"}};
     for (std::size_t p = 0; p < prof::kNumPhases; ++p)
         c.push_back({std::string(prof::phase_name(static_cast<prof::Phase>(p))) + "_s", "s"});
     c.insert(c.end(), {{"step_s", "s"},
@@ -66,36 +67,37 @@ std::vector<io::Column> epoch_columns() {
             {"val_perplexity", "1"}, {"eval_s", "s"}};
 }
 
-// Every rank's series (first n values) on every rank: [rank][iteration].
-stats::RankMatrix allgather_series(MPI_Comm comm, const std::vector<double>& mine, long long n) {
-    int size = 1;
-    MPI_Comm_size(comm, &size);
-    std::vector<double> flat(static_cast<std::size_t>(size * n));
-    MPI_Allgather(mine.data(), static_cast<int>(n), MPI_DOUBLE, flat.data(), static_cast<int>(n),
-                  MPI_DOUBLE, comm);
-    stats::RankMatrix m(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r)
-        m[r].assign(flat.begin() + r * n, flat.begin() + (r + 1) * n);
-    return m;
+// Element-wise over ranks, in place on every rank (one MPI_Allreduce).
+void allreduce_in_place(MPI_Comm comm, std::vector<double>& values, MPI_Op op) {
+    MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, op,
+                  comm);
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
+// "3,17,40": at most `most` ranks, then " (+K more)", so the attribute stays small at any scale.
+std::string join_ranks(const std::vector<int>& ranks, std::size_t most = 64) {
     std::string out;
-    for (int r : ranks)
-        out += (out.empty() ? "" : ",") + std::to_string(r);
+    for (std::size_t i = 0; i < ranks.size() && i < most; ++i)
+        out += (out.empty() ? "" : ",") + std::to_string(ranks[i]);
+    if (ranks.size() > most) out += " (+" + std::to_string(ranks.size() - most) + " more)";
     return out;
 }
 
 } // namespace
 
 Recorder::Recorder(io::RunFile& file, MPI_Comm comm, prof::PhaseTimer& timer, int flush_every,
-                   int warmup_iters, std::vector<io::Column> extra_columns)
+                   int warmup_iters, std::vector<io::Column> extra_columns,
+                   std::int64_t expected_iterations)
     : file_(file), comm_(comm), timer_(timer), flush_every_(flush_every),
       warmup_iters_(warmup_iters), extra_count_(extra_columns.size()) {
+    int size = 1;
+    MPI_Comm_size(comm_, &size);
+    // Chunks sized to the run (io::series_chunk_rows): a 5-iteration run allocates 8 rows a
+    // chunk, a 100,000-iteration run 1 MiB chunks.
+    chunk_rows_ = io::series_chunk_rows(expected_iterations, size);
     std::vector<io::Column> columns = iteration_columns();
     columns.insert(columns.end(), extra_columns.begin(), extra_columns.end());
-    file_.declare_series(schema::kIterations, columns);
-    file_.declare_series(schema::kEpochs, epoch_columns());
+    file_.declare_series(schema::kIterations, columns, chunk_rows_);
+    file_.declare_series(schema::kEpochs, epoch_columns(), io::series_chunk_rows(0, size));
 }
 
 void Recorder::record_iteration(const IterationValues& v) {
@@ -118,7 +120,7 @@ void Recorder::declare_buckets(const std::vector<std::size_t>& bytes) {
     std::vector<io::Column> columns;
     for (std::size_t k = 0; k < buckets_; ++k)
         columns.push_back({"bucket_" + std::to_string(k) + "_s", "s"});
-    file_.declare_series(schema::kCommBuckets, columns);
+    file_.declare_series(schema::kCommBuckets, columns, chunk_rows_);
     file_.write_vector(schema::kCommBucketsBytes, std::vector<double>(bytes.begin(), bytes.end()),
                        "B");
 }
@@ -153,6 +155,9 @@ bool Recorder::flush_due() const {
 }
 
 void Recorder::flush() {
+    // The previous flush's own time goes to the first row it did not write: the iteration that
+    // started after it (flush_s, 0 in the other rows).
+    double flush_before = last_flush_s_;
     for (const prof::PhaseTimes& t : timer_.collect(/*wait=*/true)) {
         auto it = pending_.find(t.iteration);
         if (it == pending_.end())
@@ -160,7 +165,8 @@ void Recorder::flush() {
                                       std::to_string(t.iteration));
         const IterationValues& v = it->second;
         std::vector<double> row = {static_cast<double>(v.iteration), static_cast<double>(v.epoch),
-                                   t.t_start};
+                                   t.t_start, flush_before};
+        flush_before = 0;
         row.insert(row.end(), t.seconds.begin(), t.seconds.end());
         const prof::MemorySample& m = v.memory;
         row.insert(row.end(), {t.step_seconds,
@@ -225,6 +231,8 @@ void Recorder::flush() {
     }
     if (telemetry_) append_telemetry(file_, *telemetry_);
     file_.flush();
+    // Kept for the next row when this flush wrote none (e.g. only telemetry), summed otherwise.
+    last_flush_s_ = flush_before + file_.flush_stats().last_s;
     since_flush_ = 0;
 }
 
@@ -238,16 +246,38 @@ void Recorder::finish(const RunInfo& info) {
     long long mine = static_cast<long long>(step_seconds_.size()), n = 0;
     MPI_Allreduce(&mine, &n, 1, MPI_LONG_LONG, MPI_MIN, comm_);
 
+    // Every statistic below comes from reductions over ranks of per-iteration vectors: O(n) memory
+    // per rank whatever the world size (issue 39: gathering every rank's series onto every rank
+    // took N x n doubles, 2.6 GB per rank at 16,384 ranks x 10,000 iterations).
+    //
     // Ranks run in lock-step (every iteration ends in collectives), so each rank's iteration time
     // measures the same cycle; per iteration the mean over ranks estimates it without the bias of
     // a max, which picks up whichever rank waited longest each time and so overstates the cycle.
-    // The slowest rank's series is summarised too, for stragglers.
-    const stats::RankMatrix step = allgather_series(comm_, step_seconds_, n);
-    const std::vector<double> mean_step = stats::mean_over_ranks(step);
-    std::vector<double> slowest(static_cast<std::size_t>(n), 0.0);
-    for (const auto& r : step)
-        for (long long i = 0; i < n; ++i)
-            slowest[i] = std::max(slowest[i], r[i]);
+    // The slowest rank's series is summarised too, for stragglers. Busy time is the step minus
+    // exposed communication: in lock-step every rank's step time is the same, and the straggler is
+    // the rank that waits least.
+    const auto un = static_cast<std::size_t>(n);
+    const auto wait_index = static_cast<std::size_t>(prof::Phase::CommWait);
+    std::vector<double> sums(un * (2 + prof::kNumPhases)), maxima(2 * un);
+    for (std::size_t i = 0; i < un; ++i) {
+        const double w = phase_seconds_[i][wait_index];
+        const double busy = step_seconds_[i] - (std::isnan(w) ? 0.0 : w);
+        sums[i] = maxima[i] = step_seconds_[i];
+        sums[un + i] = maxima[un + i] = busy;
+        for (std::size_t p = 0; p < prof::kNumPhases; ++p)
+            sums[(2 + p) * un + i] = phase_seconds_[i][p];
+    }
+    allreduce_in_place(comm_, sums, MPI_SUM);
+    allreduce_in_place(comm_, maxima, MPI_MAX);
+    const double ranks = static_cast<double>(size);
+    auto mean_of = [&](std::size_t block) {
+        std::vector<double> out(un);
+        for (std::size_t i = 0; i < un; ++i)
+            out[i] = sums[block * un + i] / ranks;
+        return out;
+    };
+    const std::vector<double> mean_step = mean_of(0);
+    const std::vector<double> slowest(maxima.begin(), maxima.begin() + static_cast<long>(un));
 
     std::vector<io::Attribute> s;
     stats::SummaryReport report;
@@ -297,13 +327,8 @@ void Recorder::finish(const RunInfo& info) {
     }
 
     // Phases: per iteration the mean over ranks, then median and p95 over iterations.
-    std::vector<double> busy_mine(static_cast<std::size_t>(n));
     for (std::size_t p = 0; p < prof::kNumPhases; ++p) {
-        std::vector<double> mine_p(static_cast<std::size_t>(n));
-        for (long long i = 0; i < n; ++i)
-            mine_p[i] = phase_seconds_[i][p];
-        const std::vector<double> per_iter =
-            stats::mean_over_ranks(allgather_series(comm_, mine_p, n));
+        const std::vector<double> per_iter = mean_of(2 + p);
         const std::string name = prof::phase_name(static_cast<prof::Phase>(p));
         s.push_back({"median_" + name + "_s", stats::median(per_iter)});
         s.push_back({"p95_" + name + "_s", stats::p95(per_iter)});
@@ -311,23 +336,36 @@ void Recorder::finish(const RunInfo& info) {
     }
     report.phases.push_back({"step", med, stats::p95(mean_step)});
 
-    // Imbalance and stragglers from busy time (step minus exposed communication): in lock-step
-    // every rank's step time is the same, and the straggler is the rank that waits least.
-    const auto wait_index = static_cast<std::size_t>(prof::Phase::CommWait);
-    for (long long i = 0; i < n; ++i) {
-        const double w = phase_seconds_[i][wait_index];
-        busy_mine[i] = step_seconds_[i] - (std::isnan(w) ? 0.0 : w);
+    // Imbalance: per iteration the busiest rank's busy time over the mean (max / mean).
+    std::vector<double> imbalance(un, kNaN);
+    for (std::size_t i = 0; i < un; ++i) {
+        const double avg = sums[un + i] / ranks;
+        if (avg > 0) imbalance[i] = maxima[un + i] / avg;
     }
-    const stats::RankMatrix busy = allgather_series(comm_, busy_mine, n);
-    const std::vector<double> imbalance = stats::imbalance_per_iteration(busy);
     report.imbalance_median = stats::median(imbalance);
     report.imbalance_p95 = stats::p95(imbalance);
     s.push_back({"imbalance_median", report.imbalance_median});
     s.push_back({"imbalance_p95", report.imbalance_p95});
-    const stats::Stragglers st = stats::find_stragglers(busy);
-    report.stragglers = st.ranks;
-    s.push_back({"straggler_ranks", join_ranks(st.ranks)});
-    s.push_back({"straggler_threshold", st.threshold});
+    // Stragglers: ranks whose mean busy time exceeds the mean over ranks by the threshold. Each
+    // rank's mean reaches rank 0 only (N doubles there, one per rank elsewhere).
+    double my_busy = 0;
+    for (std::size_t i = 0; i < un; ++i) {
+        const double w = phase_seconds_[i][wait_index];
+        my_busy += step_seconds_[i] - (std::isnan(w) ? 0.0 : w);
+    }
+    my_busy = n > 0 ? my_busy / static_cast<double>(n) : kNaN;
+    std::vector<double> busy_means(rank == 0 ? static_cast<std::size_t>(size) : 0);
+    MPI_Gather(&my_busy, 1, MPI_DOUBLE, busy_means.data(), 1, MPI_DOUBLE, 0, comm_);
+    constexpr double kStragglerThreshold = 0.05;
+    if (rank == 0 && n > 0) {
+        const double overall = stats::mean(busy_means);
+        for (int r = 0; r < size; ++r)
+            if (overall > 0 &&
+                busy_means[static_cast<std::size_t>(r)] > overall * (1.0 + kStragglerThreshold))
+                report.stragglers.push_back(r);
+    }
+    s.push_back({"straggler_ranks", join_ranks(report.stragglers)});
+    s.push_back({"straggler_threshold", kStragglerThreshold});
     // Compatibility with readers of the first schema revision.
     double my_mean = stats::mean(step_seconds_), lo = my_mean, hi = my_mean, avg = 0;
     MPI_Allreduce(&my_mean, &lo, 1, MPI_DOUBLE, MPI_MIN, comm_);
@@ -396,6 +434,17 @@ void Recorder::finish(const RunInfo& info) {
         s.push_back({"final_train_loss", last_epoch_.train_loss});
     }
     s.push_back({"nonfinite_skipped_steps", static_cast<std::int64_t>(nonfinite_skipped_)});
+    // The tool's own cost: the run file's flushes on the rank that spent longest in them.
+    const io::FlushStats& fs = file_.flush_stats();
+    double flush[4] = {fs.total_s, fs.max_s, static_cast<double>(fs.syncs), fs.wait_total_s};
+    MPI_Allreduce(MPI_IN_PLACE, flush, 4, MPI_DOUBLE, MPI_MAX, comm_);
+    s.push_back({"flushes", static_cast<std::int64_t>(fs.flushes)});
+    s.push_back({"flush_syncs", static_cast<std::int64_t>(flush[2])});
+    s.push_back({"flush_total_s", flush[0]});
+    s.push_back({"flush_max_s", flush[1]});
+    s.push_back(
+        {"flush_mean_s", fs.flushes > 0 ? flush[0] / static_cast<double>(fs.flushes) : kNaN});
+    s.push_back({"flush_wait_total_s", flush[3]});
     // The harness's device->host reads per measured iteration, the largest over ranks.
     const auto measured = static_cast<double>(step_seconds_.size());
     const double syncs = measured > 0 ? host_syncs_ / measured : kNaN;

@@ -105,13 +105,17 @@ void write_profile_tables(io::RunFile& file, const prof::ProfileOptions& options
 
 } // namespace
 
-void declare_telemetry(io::RunFile& file, const prof::TelemetrySampler& sampler) {
+void declare_telemetry(io::RunFile& file, const prof::TelemetrySampler& sampler,
+                       std::int64_t expected_rows) {
     if (!sampler.enabled()) return;
     std::vector<io::Column> columns;
     for (const prof::TelemetryColumn& c : prof::TelemetrySampler::columns())
         columns.push_back({c.name, c.units});
-    // Samples are few (2 per second by default): small chunks keep a short run's file small.
-    file.declare_series(schema::kTelemetry, columns, 256);
+    // Samples are few (2 per second by default): chunks sized to the run keep a short run's file
+    // small (the MPI-IO driver allocates a whole chunk for its first sample).
+    int size = 1;
+    MPI_Comm_size(file.comm(), &size);
+    file.declare_series(schema::kTelemetry, columns, io::series_chunk_rows(expected_rows, size));
 }
 
 void append_telemetry(io::RunFile& file, prof::TelemetrySampler& sampler) {

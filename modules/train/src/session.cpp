@@ -226,6 +226,7 @@ void Session::open_run_file() {
     // RunFile::create decides collectively (rank 0 checks, all ranks get the same verdict).
     s.file = std::make_unique<io::RunFile>(
         io::RunFile::create(world, path, c.get_bool("output.overwrite"), root));
+    s.file->set_sync_interval(c.get_float("output.sync_every_s"));
     s.checkpointer = std::make_unique<Checkpointer>(
         c.get_string("checkpoint.dir"), static_cast<int>(c.get_int("checkpoint.keep")), world, c,
         path, restart_index, s.env.layout.global_batch());

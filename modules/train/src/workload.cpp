@@ -128,12 +128,13 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
     prof::PhaseTimer timer(cuda, /*cuda_stream=*/nullptr); // LibTorch's current stream
     prof::TelemetrySampler telemetry(prof::telemetry_options(env_.cfg), cuda_index,
                                      env_.device.pci_bus_id);
-    declare_telemetry(file, telemetry);
+    const std::int64_t to_run =
+        env_.train.length.total_iterations(step->iterations_per_epoch()) - step->start_iteration();
+    // Chunk sizes follow the run's length: about one telemetry sample per iteration.
+    declare_telemetry(file, telemetry, to_run);
     prof::ProfilerWindow window(prof::ProfileOptions::from_config(env_.cfg), env_.topo.rank,
                                 env_.topo.world_size, cuda, env_.dist.backend);
     const std::int64_t warmup = env_.cfg.get_int("profile.warmup_iters");
-    const std::int64_t to_run =
-        env_.train.length.total_iterations(step->iterations_per_epoch()) - step->start_iteration();
     if (warmup >= to_run && env_.topo.rank == 0)
         core::log::warn() << "profile.warmup_iters=" << warmup << " but this run trains " << to_run
                           << " iteration(s): every iteration is warm-up, so /summary "
@@ -142,7 +143,7 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
                           << to_run << " or train more iterations (train.max_iters, train.epochs)";
     Recorder recorder(file, env_.world, timer,
                       static_cast<int>(env_.cfg.get_int("output.flush_every")),
-                      static_cast<int>(warmup), extra_columns());
+                      static_cast<int>(warmup), extra_columns(), to_run);
     recorder.set_telemetry(&telemetry);
     recorder.declare_buckets(bucket_bytes());
     RunControl control(RunControlOptions::from_config(env_.cfg), env_.world, &timer, &comm);

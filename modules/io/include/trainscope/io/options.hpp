@@ -6,7 +6,8 @@
 
 namespace trainscope::io {
 
-// output.file (string), output.overwrite (bool), output.flush_every (int >= 1, iterations).
+// output.file (string), output.overwrite (bool), output.flush_every (int >= 1, iterations),
+// output.sync_every_s (float >= 0, seconds between file syncs at flushes; 0 = every flush).
 void declare_options(core::OptionRegistry& registry);
 
 } // namespace trainscope::io

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -34,6 +35,31 @@ struct Column {
 // (io's own tests of the HDF5 mechanics). A write the table does not declare throws InternalError
 // on every rank (the arguments of collective calls agree across ranks) before touching the file.
 enum class SchemaCheck { strict, off };
+
+// What a RunFile's flushes (and status changes) cost this rank: the tool's own overhead, written
+// to /summary (flush_*) and /iterations (flush_s). A flush's time is split at the end of its first
+// collective (the MPI_Allreduce every rank enters): before it, this rank waited for the others to
+// arrive (skew from the work before the flush, which lock-step training would otherwise absorb in
+// its next collective); after it, the flush's own work (the reduction's result, metadata, this
+// rank's writes, a sync).
+struct FlushStats {
+    std::int64_t flushes = 0;      // flush() and set_status() calls
+    std::int64_t syncs = 0;        // of them, those that synced the file
+    std::int64_t rows_written = 0; // this rank's series rows written
+    double total_s = 0;            // the flushes' own work (after the arrival wait)
+    double max_s = 0;
+    double last_s = 0;
+    double wait_total_s = 0; // waiting for the other ranks to arrive
+    double last_wait_s = 0;
+    void record(double work_seconds, double wait_seconds) {
+        ++flushes;
+        total_s += work_seconds;
+        max_s = work_seconds > max_s ? work_seconds : max_s;
+        last_s = work_seconds;
+        wait_total_s += wait_seconds;
+        last_wait_s = wait_seconds;
+    }
+};
 
 class RunFile {
   public:
@@ -78,10 +104,13 @@ class RunFile {
     void write_ranks(const RankRow& mine);
 
     // Collective, once per group. Each column becomes dataset /<group>/<column> of shape
-    // [world_size, n] (float64, chunked [1, chunk_rows], extendable along n, fill NaN, attribute
-    // units). Every rank must declare the same columns in the same order.
+    // [world_size, n] (float64, chunked [world_size, chunk_rows], extendable along n, NaN where
+    // a rank has no row, attribute units), and /<group>/rank_rows (int64 [world_size]) the rows
+    // each rank has written. The MPI-IO driver allocates every chunk of the extent at once, so
+    // chunk_rows should be about the rows a run writes (series_chunk_rows: at most 1 MiB a
+    // chunk). Every rank must declare the same columns in the same order.
     void declare_series(std::string_view group, const std::vector<Column>& columns,
-                        std::size_t chunk_rows = 1024);
+                        std::size_t chunk_rows = 64);
 
     // Local. Buffers one row (values in column order) until the next flush().
     void append(std::string_view group, const std::vector<double>& row);
@@ -93,15 +122,25 @@ class RunFile {
     // collective call (e.g. on a series' columns).
     MPI_Comm comm() const;
 
-    // Collective. Writes every rank's buffered rows: the extent of each series becomes the longest
-    // rank's row count (shorter rows stay NaN), root attribute flushed_utc and the group attributes
-    // rows / rank_rows are updated, then the file is flushed so a killed job leaves a readable
-    // file.
+    // Collective. Writes every rank's buffered rows (each rank its own, independent I/O); extents
+    // grow in steps of the series' chunk rows (the slots beyond a rank's rows are NaN;
+    // /<group>/rank_rows says how many rows each rank wrote) and become exact at set_status and
+    // close. The file is synced (H5Fflush, an fsync on every rank; root attribute flushed_utc)
+    // when set_sync_interval's seconds have passed since the last sync (0: every flush), so a
+    // killed job leaves a readable file with the rows of its last sync. Global collectives: one
+    // MPI_Allreduce, plus one MPI_Gather while ranks hold different row counts, plus a sync's
+    // (issue 39; tests/mpi/pmpi_counter.cpp counts them).
     void flush();
 
-    // Collective. status is running|completed|failed|interrupted; flushes; a final status also
-    // writes finished_utc.
+    // Collective. status is running|completed|failed|interrupted; flushes and always syncs; a
+    // final status also writes finished_utc.
     void set_status(const std::string& status);
+
+    // Local (every rank the same value): seconds between file syncs at flushes
+    // (output.sync_every_s; 0 = sync at every flush, the default of a new RunFile).
+    void set_sync_interval(double seconds);
+    // Local. What the flushes and status changes of this file cost this rank so far.
+    const FlushStats& flush_stats() const;
 
     // Collective. Variable-length per-rank data: one global 1-D float64 dataset `path` holding
     // every rank's values in rank order, plus `<path>_offset` / `<path>_count` int64 [world_size].
@@ -131,11 +170,18 @@ class RunFile {
     std::unique_ptr<Impl> impl_;
 };
 
+// Chunk rows for a series expected to hold about `rows` rows on `world_size` ranks: the rows
+// rounded up to a power of two from 8, at most 1 MiB / (8 x world_size) (and at least 1), so a
+// short run allocates little and a long or wide one gets chunks of 1 MiB.
+std::size_t series_chunk_rows(std::int64_t rows, int world_size);
+
 // Local, one process: opens a closed run file (no job writes it any more) serially and sets root
 // attributes, e.g. continued_in on the file of a run that --resume continued in a new file.
 void annotate_closed_run_file(const std::string& path, const std::vector<Attribute>& attrs);
 
 // "2025-01-31T12:34:56Z": the format of created_utc, flushed_utc and finished_utc.
 std::string utc_now_iso8601();
+// The same format for a given time (seconds since the epoch).
+std::string utc_iso8601(std::time_t when);
 
 } // namespace trainscope::io

@@ -72,8 +72,10 @@ class Recorder {
   public:
     // extra_columns: workload-specific /iterations columns after the common ones (LLM: padding,
     // sequence lengths, DPO rewards, memory by category, ...).
+    // expected_iterations: the rows this run will record (0 = unknown), for the chunk size.
     Recorder(io::RunFile& file, MPI_Comm comm, prof::PhaseTimer& timer, int flush_every,
-             int warmup_iters, std::vector<io::Column> extra_columns = {});
+             int warmup_iters, std::vector<io::Column> extra_columns = {},
+             std::int64_t expected_iterations = 0);
 
     void record_iteration(const IterationValues& v);
     // Collective: declares /comm/buckets (one column bucket_<k>_s per gradient bucket of the rank
@@ -125,6 +127,8 @@ class Recorder {
     std::vector<double> tokens_; // this rank, measured iterations (NaN: not a token workload)
     std::size_t extra_count_ = 0;
     std::size_t buckets_ = 0;
+    std::size_t chunk_rows_ = 8;
+    double last_flush_s_ = 0; // the last flush's time, for the next row's flush_s
     EpochValues last_epoch_;
     bool have_epoch_ = false;
     double peak_rss_ = 0;

@@ -26,7 +26,9 @@ namespace trainscope::train {
 
 // Collective, once per file: declares the /telemetry series (the sampler's columns, chunks of 256
 // rows). Nothing when telemetry.enabled is false, which is the same on every rank.
-void declare_telemetry(io::RunFile& file, const prof::TelemetrySampler& sampler);
+// expected_rows: about the samples the run will take (0 = unknown), for the chunk size.
+void declare_telemetry(io::RunFile& file, const prof::TelemetrySampler& sampler,
+                       std::int64_t expected_rows = 0);
 
 // Local: buffers the samples taken since the last call as /telemetry rows, written by the next
 // collective RunFile::flush (the Recorder appends at each of its flushes, so a killed job keeps
