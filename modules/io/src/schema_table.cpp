@@ -18,7 +18,9 @@ const std::vector<Entry>& run_entries() {
         {Kind::group, kRoot, "", "", "", "",
          "The file's root group. Every trainscope job writes one HDF5 file (`output.file`, "
          "default `trainscope_run.h5`); all ranks create and write it together through parallel "
-         "HDF5 (MPI-IO driver, collective metadata operations, collective raw-data writes). "
+         "HDF5 (MPI-IO driver, collective metadata operations; per-rank series rows are "
+         "written by each rank with independent I/O, the other datasets with collective "
+         "writes). "
          "Attributes, here and on every group, are written collectively with rank 0's values: "
          "strings are variable-length UTF-8 (h5py returns `str`), integers int64, reals float64; "
          "times are UTC in ISO 8601 with a `Z` suffix, e.g. `2025-01-31T12:34:56Z`. Groups and "
@@ -338,18 +340,9 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kIterations, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kIterations, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group. While the run writes, the "
-         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
-         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
-         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
-         "rank's rows."},
+         kSeriesRowsMeaning},
         {Kind::per_rank, "/iterations/rank_rows", "", "1", "int64", "run.workload=cv or llm",
-         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
-         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
-         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
-         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
-         "object-header message limit from 8,184 ranks (files of schema revisions before "
-         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
+         kRankRowsMeaning},
         {Kind::column, kIterations, "iteration", "1", "", "",
          "0-based iteration number, counted over the run (a file written by `--resume` starts at "
          "`resumed_from_iteration`)."},
@@ -529,18 +522,9 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kEpochs, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kEpochs, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group. While the run writes, the "
-         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
-         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
-         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
-         "rank's rows."},
+         kSeriesRowsMeaning},
         {Kind::per_rank, "/epochs/rank_rows", "", "1", "int64", "run.workload=cv or llm",
-         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
-         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
-         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
-         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
-         "object-header message limit from 8,184 ranks (files of schema revisions before "
-         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
+         kRankRowsMeaning},
         {Kind::column, kEpochs, "epoch", "1", "", "", "0-based epoch."},
         {Kind::column, kEpochs, "epoch_s", "s", "", "",
          "Duration of the epoch, evaluation included."},
