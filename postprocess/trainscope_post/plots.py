@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 
 import textwrap
+import warnings
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -313,45 +314,104 @@ def curves_figure(curves: list[tuple[str, pd.DataFrame, pd.DataFrame]], title: s
     return fig
 
 
+# Beyond these many ranks, per-rank lines and boxes are unreadable (and slow to draw): the figures
+# show the spread over ranks and the slowest ranks only (issue 39: the report at 16,384 ranks).
+MAX_RANK_LINES = 16
+TOP_RANKS = 8
+# Heat maps bin their rows (ranks) to at most this many, each bin showing its slowest rank.
+MAX_HEATMAP_ROWS = 1024
+
+
+def slowest_ranks(values: np.ndarray, warmup: int, k: int = TOP_RANKS) -> np.ndarray:
+    """values [ranks, n]: the k ranks with the largest mean over the measured iterations,
+    slowest first."""
+    measured = values[:, warmup:] if 0 < warmup < values.shape[1] else values
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(measured, axis=1)
+    mean = np.where(np.isfinite(mean), mean, -np.inf)
+    return np.argsort(-mean, kind="stable")[:k]
+
+
 def steps_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
     """step [ranks, n] in seconds: left, step time over the iterations per rank with the warm-up
-    iterations shaded; right, the distribution of the measured iterations per rank (box plot)."""
+    iterations shaded; right, the distribution of the measured iterations per rank (box plot).
+    Above MAX_RANK_LINES ranks: the minimum-median-maximum over ranks per iteration and lines for
+    the TOP_RANKS slowest ranks; right, the distribution of the ranks' mean step times."""
     ms = step * 1e3
+    ranks = ms.shape[0]
+    many = ranks > MAX_RANK_LINES
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [2, 1]})
     it = np.arange(ms.shape[1])
     if warmup > 0:
         ax1.axvspan(-0.5, warmup - 0.5, color="0.88", label=f"warm-up ({warmup} iterations, "
                                                             "excluded from statistics)")
-    for r in range(ms.shape[0]):
-        ax1.plot(it, ms[r], label=f"rank {r}", color=colour(r), linestyle=LINES[r % len(LINES)],
-                 marker=MARKERS[r % len(MARKERS)], markersize=3, markevery=max(1, len(it) // 10))
+    shown = slowest_ranks(ms, warmup) if many else np.arange(ranks)
+    if many:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lo, mid, hi = (np.nanmin(ms, axis=0), np.nanmedian(ms, axis=0),
+                           np.nanmax(ms, axis=0))
+        ax1.fill_between(it, lo, hi, color="0.8", label=f"min-max over {ranks} ranks")
+        ax1.plot(it, mid, color="black", linewidth=1.2, label="median over ranks")
+    for i, r in enumerate(shown):
+        label = f"rank {r}" + (" (slowest)" if many and i == 0 else "")
+        ax1.plot(it, ms[r], label=label, color=colour(i), linestyle=LINES[i % len(LINES)],
+                 marker=MARKERS[i % len(MARKERS)], markersize=3, markevery=max(1, len(it) // 10))
     ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_xlabel("iteration")
     ax1.set_ylabel("step time [ms]")
-    ax1.set_title("step time per iteration and rank", fontsize=9)
+    ax1.set_title("step time per iteration and rank" if not many else
+                  f"step time per iteration: spread over ranks, the {len(shown)} slowest ranks",
+                  fontsize=9)
     ax1.grid(True, color="0.85")
-    ax1.legend(fontsize=7, ncol=2 if ms.shape[0] > 4 else 1)
+    ax1.legend(fontsize=7, ncol=2 if len(shown) > 4 else 1)
     measured = [row[warmup:][~np.isnan(row[warmup:])] for row in ms]
-    box = ax2.boxplot(measured, patch_artist=True, widths=0.6, medianprops={"color": "black"})
-    for r, patch in enumerate(box["boxes"]):
-        patch.set(facecolor=colour(r), hatch=HATCHES[r % len(HATCHES)], edgecolor="black")
-    ax2.set_xticks(np.arange(1, len(measured) + 1), [str(r) for r in range(len(measured))])
-    ax2.set_xlabel("rank")
-    ax2.set_ylabel("step time [ms]")
-    ax2.set_title("distribution over the measured iterations", fontsize=9)
+    if many:
+        means = np.array([m.mean() for m in measured if m.size])
+        ax2.hist(means, bins=min(50, max(5, int(np.sqrt(means.size)))), color=colour(0),
+                 edgecolor="black", hatch=HATCHES[0])
+        ax2.set_xlabel("mean step time over the measured iterations [ms]")
+        ax2.set_ylabel("ranks")
+        ax2.set_title(f"distribution of the {ranks} ranks' means", fontsize=9)
+    else:
+        box = ax2.boxplot(measured, patch_artist=True, widths=0.6,
+                          medianprops={"color": "black"})
+        for r, patch in enumerate(box["boxes"]):
+            patch.set(facecolor=colour(r), hatch=HATCHES[r % len(HATCHES)], edgecolor="black")
+        ax2.set_xticks(np.arange(1, len(measured) + 1), [str(r) for r in range(len(measured))])
+        ax2.set_xlabel("rank")
+        ax2.set_ylabel("step time [ms]")
+        ax2.set_title("distribution over the measured iterations", fontsize=9)
     ax2.grid(True, axis="y", color="0.85")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 
 
+def binned_rows(values: np.ndarray, most: int = MAX_HEATMAP_ROWS):
+    """values [ranks, n] binned to at most `most` rows of consecutive ranks, each the bin's
+    maximum per column (a straggler stays bright); with the first rank of every bin."""
+    ranks = values.shape[0]
+    if ranks <= most:
+        return values, np.arange(ranks)
+    starts = np.linspace(0, ranks, most + 1).astype(int)[:-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.fmax.reduceat(values, starts, axis=0), starts
+
+
 def heatmap_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
     """step [ranks, n] as a rank x iteration heat map (milliseconds): a straggling rank is a
     bright row, a slow iteration on every rank a bright column. The colour scale spans the
     measured iterations, so that slow warm-up iterations (clipped to the brightest colour) do not
-    wash out the differences between ranks."""
-    ms = step * 1e3
-    fig, ax = plt.subplots(figsize=(11, max(2.4, 0.35 * ms.shape[0] + 1.8)))
+    wash out the differences between ranks. Above MAX_HEATMAP_ROWS ranks the rows are bins of
+    consecutive ranks showing each bin's slowest."""
+    ranks = step.shape[0]
+    ms, starts = binned_rows(step * 1e3)
+    binned = ms.shape[0] < ranks
+    height = max(2.4, 0.35 * ms.shape[0] + 1.8) if ms.shape[0] <= 32 else 9.0
+    fig, ax = plt.subplots(figsize=(11, height))
     measured = ms[:, warmup:] if 0 < warmup < ms.shape[1] else ms
     finite = measured[np.isfinite(measured)]
     lim = dict(vmin=float(finite.min()), vmax=float(finite.max())) if finite.size else {}
@@ -361,10 +421,16 @@ def heatmap_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
         ax.axvline(warmup - 0.5, color="white", linestyle="--", linewidth=1.2)
         ax.annotate("warm-up | measured", (warmup - 0.5, -0.5), xytext=(0, 3),
                     textcoords="offset points", ha="center", va="bottom", fontsize=7)
-    ax.set_yticks(np.arange(ms.shape[0]), [str(r) for r in range(ms.shape[0])])
+    if ms.shape[0] <= 32:
+        ax.set_yticks(np.arange(ms.shape[0]), [str(r) for r in starts])
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=12))
+        ax.yaxis.set_major_formatter(
+            FuncFormatter(lambda y, _: str(starts[int(y)]) if 0 <= int(y) < len(starts) else ""))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("rank")
+    ax.set_ylabel("rank" if not binned else
+                  f"rank (bins of ~{ranks / ms.shape[0]:.0f} ranks: each bin's slowest)")
     ax.set_title(f"{title}: step time per rank and iteration (colours span the measured "
                  "iterations)", fontsize=9, pad=14)
     extend = "max" if finite.size and np.nanmax(ms) > lim["vmax"] else "neither"
@@ -378,14 +444,23 @@ def telemetry_figure(df: pd.DataFrame, title: str) -> plt.Figure:
     utilisation where present), one line per rank over the run clock."""
     cols = [c for c in df.columns if c not in ("rank", "time [s]")]
     fig, axes = plt.subplots(1, len(cols), figsize=(max(5, 4.2 * len(cols)), 3.6), squeeze=False)
+    ranks = df["rank"].nunique() if "rank" in df else 0
+    keep = None
+    if ranks > MAX_RANK_LINES:  # the TOP_RANKS ranks with the highest mean of the first counter
+        means = df.groupby("rank")[cols[0]].mean() if cols else pd.Series(dtype=float)
+        keep = set(means.sort_values(ascending=False).index[:TOP_RANKS])
     for ax, c in zip(axes[0], cols):
         for r, g in df.groupby("rank"):
+            if keep is not None and r not in keep:
+                continue
             ax.plot(g["time [s]"], g[c], label=f"rank {r}", color=colour(int(r)),
                     linestyle=LINES[int(r) % len(LINES)], marker=MARKERS[int(r) % len(MARKERS)],
                     markersize=3)
         ax.set_xlabel("time since the run started [s]")
         ax.set_ylabel(c)
-        ax.set_title(c.split(" [")[0] + " over time", fontsize=9)
+        ax.set_title(c.split(" [")[0] + " over time" +
+                     (f" ({TOP_RANKS} of {ranks} ranks: highest {cols[0]})" if keep else ""),
+                     fontsize=9)
         ax.grid(True, color="0.85")
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)

@@ -57,3 +57,32 @@ def test_a_16384_rank_run_file_is_written_and_read_back(tmp_path):
           f"{time.monotonic() - t0:.1f} s")
     assert out.returncode == 0, out.stderr
     assert "world16k.h5" in out.stdout and "16384" in out.stdout
+
+
+def test_figures_at_4096_ranks_bin_the_heat_map_and_show_the_slowest_ranks():
+    """Issue 39 point 4: per-rank lines, boxes and heat-map rows stop at MAX_RANK_LINES and
+    MAX_HEATMAP_ROWS ranks; the slowest ranks stay visible."""
+    from trainscope_post import plots
+
+    rng = np.random.default_rng(0)
+    ranks, iterations, warmup, straggler = 4096, 60, 5, 2049
+    step = 0.1 + 0.002 * rng.standard_normal((ranks, iterations))
+    step[straggler, warmup:] += 0.05
+    t0 = time.monotonic()
+    fig = plots.heatmap_figure(step, warmup, "wide")
+    image = fig.axes[0].get_images()[0].get_array()
+    assert image.shape == (plots.MAX_HEATMAP_ROWS, iterations)
+    row = straggler * plots.MAX_HEATMAP_ROWS // ranks
+    measured = np.asarray(image)[:, warmup:]
+    assert np.argmax(measured.mean(axis=1)) == row  # the bin holding the straggler is brightest
+    assert "slowest" in fig.axes[0].get_ylabel()
+
+    fig = plots.steps_figure(step, warmup, "wide")
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert f"rank {straggler} (slowest)" in labels
+    assert len(labels) <= plots.TOP_RANKS + 1  # the slowest ranks and the median over ranks
+    assert len(fig.axes[1].patches) <= 64  # a histogram of the ranks' means, not 4096 boxes
+    print(f"4096-rank figures in {time.monotonic() - t0:.1f} s")
+
+    small = plots.heatmap_figure(step[:8], warmup, "narrow")
+    assert small.axes[0].get_images()[0].get_array().shape == (8, iterations)

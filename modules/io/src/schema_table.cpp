@@ -18,7 +18,9 @@ const std::vector<Entry>& run_entries() {
         {Kind::group, kRoot, "", "", "", "",
          "The file's root group. Every trainscope job writes one HDF5 file (`output.file`, "
          "default `trainscope_run.h5`); all ranks create and write it together through parallel "
-         "HDF5 (MPI-IO driver, collective metadata operations, collective raw-data writes). "
+         "HDF5 (MPI-IO driver, collective metadata operations; per-rank series rows are "
+         "written by each rank with independent I/O, the other datasets with collective "
+         "writes). "
          "Attributes, here and on every group, are written collectively with rank 0's values: "
          "strings are variable-length UTF-8 (h5py returns `str`), integers int64, reals float64; "
          "times are UTC in ISO 8601 with a `Z` suffix, e.g. `2025-01-31T12:34:56Z`. Groups and "
@@ -50,9 +52,9 @@ const std::vector<Entry>& run_entries() {
          "The last sync of the file to disk (rank 0's clock): the file holds every row recorded "
          "before it. Ranks buffer rows in memory and write them in a collective flush every "
          "`output.flush_every` iterations and when the run ends (also when it ends with an error "
-         "all ranks agreed on): each node's ranks send their rows to the node's lowest rank, which "
-         "writes them. HDF5's metadata reaches the disk (an fsync on every rank) at a flush when "
-         "`output.sync_every_s` seconds have passed since the last sync (0: at every flush) and "
+         "all ranks agreed on), every rank its own with independent I/O. HDF5's metadata "
+         "reaches the disk (an fsync on every rank) at a flush when `output.sync_every_s` "
+         "seconds have passed since the last sync (0: at every flush) and "
          "at every status change, so a killed job's file holds the rows of its last sync: at "
          "most `output.sync_every_s` old."},
         {Kind::attribute, kRoot, "finished_utc", "", "str", "status is not running",
@@ -338,18 +340,9 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kIterations, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kIterations, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group. While the run writes, the "
-         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
-         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
-         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
-         "rank's rows."},
+         kSeriesRowsMeaning},
         {Kind::per_rank, "/iterations/rank_rows", "", "1", "int64", "run.workload=cv or llm",
-         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
-         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
-         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
-         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
-         "object-header message limit from 8,184 ranks (files of schema revisions before "
-         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
+         kRankRowsMeaning},
         {Kind::column, kIterations, "iteration", "1", "", "",
          "0-based iteration number, counted over the run (a file written by `--resume` starts at "
          "`resumed_from_iteration`)."},
@@ -529,18 +522,9 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kEpochs, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kEpochs, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group. While the run writes, the "
-         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
-         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
-         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
-         "rank's rows."},
+         kSeriesRowsMeaning},
         {Kind::per_rank, "/epochs/rank_rows", "", "1", "int64", "run.workload=cv or llm",
-         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
-         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
-         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
-         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
-         "object-header message limit from 8,184 ranks (files of schema revisions before "
-         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
+         kRankRowsMeaning},
         {Kind::column, kEpochs, "epoch", "1", "", "", "0-based epoch."},
         {Kind::column, kEpochs, "epoch_s", "s", "", "",
          "Duration of the epoch, evaluation included."},

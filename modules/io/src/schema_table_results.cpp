@@ -170,18 +170,9 @@ const std::vector<Entry>& result_entries() {
         {Kind::attribute, kCommBuckets, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kCommBuckets, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group. While the run writes, the "
-         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
-         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
-         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
-         "rank's rows."},
+         kSeriesRowsMeaning},
         {Kind::per_rank, "/comm/buckets/rank_rows", "", "1", "int64", "gradient buckets",
-         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
-         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
-         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
-         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
-         "object-header message limit from 8,184 ranks (files of schema revisions before "
-         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
+         kRankRowsMeaning},
         {Kind::column, kCommBuckets, "bucket_{k}_s", "s", "", "",
          "Bucket k's allreduce (0-based, in launch order) in that iteration: its own duration, "
          "measured on the MPI backend's progress thread or between CUDA events on NCCL's stream."},
@@ -222,18 +213,9 @@ const std::vector<Entry>& result_entries() {
         {Kind::attribute, kTelemetry, "columns", "", "str", "",
          "Column names in the writer's order, comma-separated."},
         {Kind::attribute, kTelemetry, "rows", "", "int", "",
-         "`n`, the second dimension of every dataset in the group. While the run writes, the "
-         "extent grows in steps of the chunk rows (so a flush changes metadata only once per "
-         "chunk), and the slots beyond a rank's rows are NaN: `rank_rows` says how many each "
-         "rank wrote. A status change (completed, failed, interrupted) sets it to the longest "
-         "rank's rows."},
+         kSeriesRowsMeaning},
         {Kind::per_rank, "/telemetry/rank_rows", "", "1", "int64", "telemetry.enabled=true",
-         "Rows rank r actually wrote (≤ `rows`); rewritten by rank 0 at a flush when the counts "
-         "changed. Use it, not `isnan`, to know how many rows each rank really wrote: a rank "
-         "may also record NaN on purpose (e.g. no validation loss that epoch). A dataset, not "
-         "an attribute: an attribute of world_size elements exceeds HDF5's 64 KiB "
-         "object-header message limit from 8,184 ranks (files of schema revisions before "
-         "issue 39 have it as the attribute `rank_rows`, which readers still accept)."},
+         kRankRowsMeaning},
         {Kind::attribute, kTelemetry, "gpu_available", "", "int", "",
          "1 if every rank sampled its GPU through NVML, else 0."},
         {Kind::attribute, kTelemetry, "gpu_available_ranks", "", "int", "",
