@@ -209,8 +209,8 @@ struct RunFile::Impl {
     //
     // Its global collectives (issue 39, counted by tests/mpi/pmpi_counter.cpp): one MPI_Allreduce
     // (every series' longest and shortest rank, rank 0's clock and its decision to sync), one
-    // MPI_Gather of the row counts to rank 0 while ranks hold different counts, and on a sync
-    // H5Fflush's own. Every rank writes its own rows with one independent H5Dwrite per column
+    // MPI_Gather of the row counts to rank 0 while ranks hold different counts, one MPI_Allreduce
+    // agreeing on a write error (core::first_failure), and on a sync H5Fflush's own. Every rank writes its own rows with one independent H5Dwrite per column
     // (no MPI-IO collective, no file view); rank 0 writes the rank_rows datasets. Dataset extents
     // and attributes are metadata: every rank makes the same calls, and makes them only when an
     // extent grows or at a sync. Returns true when the file was synced.
@@ -280,29 +280,38 @@ struct RunFile::Impl {
                 s.extent = extent;
             }
         }
-        write_rows(old_extent);
-
-        for (std::size_t g = 0; g < groups; ++g) {
-            Series& s = series[g];
-            const auto longest = static_cast<std::int64_t>(reduced[g]);
-            const auto shortest = static_cast<std::int64_t>(-reduced[groups + g]);
-            const bool uneven = longest != shortest;
-            const bool counts_changed =
-                longest != s.max_rows || shortest != s.min_rows || uneven || s.uneven;
-            if (rank == 0 && counts_changed) {
-                std::vector<std::int64_t> rank_rows(static_cast<std::size_t>(size), longest);
-                if (gather)
-                    for (int r = 0; r < size; ++r)
-                        rank_rows[static_cast<std::size_t>(r)] =
-                            all[static_cast<std::size_t>(r) * groups + g];
-                H5_CHECK(H5Dwrite(s.rank_rows, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                  rank_rows.data()),
-                         path, s.group + "/rank_rows");
+        // The writes are independent, so one rank may fail where the others succeed (a full
+        // file system, a quota): every rank learns of it here and raises the same error, rather
+        // than the others going on into a collective the failed rank never reaches.
+        std::string local_error;
+        try {
+            write_rows(old_extent);
+            for (std::size_t g = 0; g < groups; ++g) {
+                Series& s = series[g];
+                const auto longest = static_cast<std::int64_t>(reduced[g]);
+                const auto shortest = static_cast<std::int64_t>(-reduced[groups + g]);
+                const bool uneven = longest != shortest;
+                const bool counts_changed =
+                    longest != s.max_rows || shortest != s.min_rows || uneven || s.uneven;
+                if (rank == 0 && counts_changed) {
+                    std::vector<std::int64_t> rank_rows(static_cast<std::size_t>(size), longest);
+                    if (gather)
+                        for (int r = 0; r < size; ++r)
+                            rank_rows[static_cast<std::size_t>(r)] =
+                                all[static_cast<std::size_t>(r) * groups + g];
+                    H5_CHECK(H5Dwrite(s.rank_rows, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                                      H5P_DEFAULT, rank_rows.data()),
+                             path, s.group + "/rank_rows");
+                }
+                s.min_rows = shortest;
+                s.max_rows = longest;
+                s.uneven = uneven;
             }
-            s.min_rows = shortest;
-            s.max_rows = longest;
-            s.uneven = uneven;
+        } catch (const core::OutputError& e) {
+            local_error = e.what();
         }
+        const std::string shared_error = agree_on_error(comm, local_error);
+        if (!shared_error.empty()) throw_collective_output_error(shared_error);
         if (sync) {
             write_root_attribute(Attribute{
                 "flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});

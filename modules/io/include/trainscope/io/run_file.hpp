@@ -127,9 +127,9 @@ class RunFile {
     // /<group>/rank_rows says how many rows each rank wrote) and become exact at set_status and
     // close. The file is synced (H5Fflush, an fsync on every rank; root attribute flushed_utc)
     // when set_sync_interval's seconds have passed since the last sync (0: every flush), so a
-    // killed job leaves a readable file with the rows of its last sync. Global collectives: one
-    // MPI_Allreduce, plus one MPI_Gather while ranks hold different row counts, plus a sync's
-    // (issue 39; tests/mpi/pmpi_counter.cpp counts them).
+    // killed job leaves a readable file with the rows of its last sync. Global collectives: two
+    // MPI_Allreduce (extents; agreement on a write error), plus one MPI_Gather while ranks hold
+    // different row counts, plus a sync's (issue 39; tests/mpi/pmpi_counter.cpp counts them).
     void flush();
 
     // Collective. status is running|completed|failed|interrupted; flushes and always syncs; a
