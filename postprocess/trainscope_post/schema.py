@@ -66,13 +66,14 @@ ENTRIES = (
      "when": "", "meaning": "The file's root group. Every trainscope job writes one HDF5 file "
                             "(`output.file`, default `trainscope_run.h5`); all ranks create and "
                             "write it together through parallel HDF5 (MPI-IO driver, collective "
-                            "metadata operations, collective raw-data writes). Attributes, here "
-                            "and on every group, are written collectively with rank 0's values: "
-                            "strings are variable-length UTF-8 (h5py returns `str`), integers "
-                            "int64, reals float64; times are UTC in ISO 8601 with a `Z` suffix, "
-                            "e.g. `2025-01-31T12:34:56Z`. Groups and attributes not listed here "
-                            "may be added by later versions of the application under the same "
-                            "schema."},
+                            "metadata operations; per-rank series rows are written by each rank "
+                            "with independent I/O, the other datasets with collective writes). "
+                            "Attributes, here and on every group, are written collectively with "
+                            "rank 0's values: strings are variable-length UTF-8 (h5py returns "
+                            "`str`), integers int64, reals float64; times are UTC in ISO 8601 "
+                            "with a `Z` suffix, e.g. `2025-01-31T12:34:56Z`. Groups and "
+                            "attributes not listed here may be added by later versions of the "
+                            "application under the same schema."},
     {"kind": "attribute", "path": "/", "name": "schema", "units": "", "type": "str",
      "when": "", "meaning": "The schema version, `trainscope/1`. Readers must check it: a "
                             "change that renames, removes or reinterprets anything gets a new "
@@ -103,12 +104,12 @@ ENTRIES = (
                             "every row recorded before it. Ranks buffer rows in memory and "
                             "write them in a collective flush every `output.flush_every` "
                             "iterations and when the run ends (also when it ends with an error "
-                            "all ranks agreed on): each node's ranks send their rows to the "
-                            "node's lowest rank, which writes them. HDF5's metadata reaches the "
-                            "disk (an fsync on every rank) at a flush when "
-                            "`output.sync_every_s` seconds have passed since the last sync (0: "
-                            "at every flush) and at every status change, so a killed job's file "
-                            "holds the rows of its last sync: at most `output.sync_every_s` old."},
+                            "all ranks agreed on), every rank its own with independent I/O. "
+                            "HDF5's metadata reaches the disk (an fsync on every rank) at a "
+                            "flush when `output.sync_every_s` seconds have passed since the "
+                            "last sync (0: at every flush) and at every status change, so a "
+                            "killed job's file holds the rows of its last sync: at most "
+                            "`output.sync_every_s` old."},
     {"kind": "attribute", "path": "/", "name": "finished_utc", "units": "", "type": "str",
      "when": "status is not running", "meaning": "When a final status (`completed`, `failed` or "
                                                  "`interrupted`) was written; absent while "
