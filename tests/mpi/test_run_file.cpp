@@ -526,11 +526,12 @@ std::map<std::string, hssize_t> attribute_sizes(hid_t file) {
 // by the PMPI counter (tests/mpi/pmpi_counter.cpp) around each flush of three series shaped like
 // a training run's (80 iteration columns, every rank a row per flush, crossing 8-row chunks;
 // telemetry rows that differ between ranks, so the row counts are gathered). Measured: two
-// MPI_Allreduce (the extents; the agreement on a write error) and one MPI_Gather per flush; the first update of an object after a file sync
-// reads its object header again (HDF5's collective metadata reads: a broadcast from rank 0 each,
-// 7 in the first flush here, 2 when /epochs gets its first row), so the flush after the
-// preamble's sync may cost up to 12. The status change at the end must sync, which shows the
-// counter sees HDF5's MPI-IO calls. No attribute has more than one element.
+// MPI_Allreduce (the extents; the agreement on a write error) and one MPI_Gather per flush; the
+// first update of an object after a file sync reads its object header again (HDF5's collective
+// metadata reads: a broadcast from rank 0 each, 7 in the first flush here, 2 when /epochs gets its
+// first row), so the flush after the preamble's sync may cost up to 12. The status change at the
+// end must sync, which shows the counter sees HDF5's MPI-IO calls. No attribute has more than one
+// element.
 TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
     namespace pmpi = trainscope::testing::pmpi;
     const std::string path = dir_ + "/collectives.h5";

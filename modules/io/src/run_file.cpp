@@ -210,10 +210,11 @@ struct RunFile::Impl {
     // Its global collectives (issue 39, counted by tests/mpi/pmpi_counter.cpp): one MPI_Allreduce
     // (every series' longest and shortest rank, rank 0's clock and its decision to sync), one
     // MPI_Gather of the row counts to rank 0 while ranks hold different counts, one MPI_Allreduce
-    // agreeing on a write error (core::first_failure), and on a sync H5Fflush's own. Every rank writes its own rows with one independent H5Dwrite per column
-    // (no MPI-IO collective, no file view); rank 0 writes the rank_rows datasets. Dataset extents
-    // and attributes are metadata: every rank makes the same calls, and makes them only when an
-    // extent grows or at a sync. Returns true when the file was synced.
+    // agreeing on a write error (core::first_failure), and on a sync H5Fflush's own. Every rank
+    // writes its own rows with one independent H5Dwrite per column (no MPI-IO collective, no file
+    // view); rank 0 writes the rank_rows datasets. Dataset extents and attributes are metadata:
+    // every rank makes the same calls, and makes them only when an extent grows or at a sync.
+    // Returns true when the file was synced.
     bool write_pending(bool force_sync, bool exact = false) {
         const double entered = MPI_Wtime();
         const std::size_t groups = series.size();
@@ -299,8 +300,8 @@ struct RunFile::Impl {
                         for (int r = 0; r < size; ++r)
                             rank_rows[static_cast<std::size_t>(r)] =
                                 all[static_cast<std::size_t>(r) * groups + g];
-                    H5_CHECK(H5Dwrite(s.rank_rows, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
-                                      H5P_DEFAULT, rank_rows.data()),
+                    H5_CHECK(H5Dwrite(s.rank_rows, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                      rank_rows.data()),
                              path, s.group + "/rank_rows");
                 }
                 s.min_rows = shortest;
