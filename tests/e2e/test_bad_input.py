@@ -748,16 +748,20 @@ def test_the_table_covers_the_issue():
 
 def test_full_filesystem_ends_the_job_with_exit_4(run_ts, tmp_path, mounts):
     """The run file's directory fills up during training: the first writes (file, config, ranks)
-    fit, the first flush of iteration rows does not. HDF5 fails on the rank(s) whose write hit
-    ENOSPC while the peers wait inside the same collective call, so that rank names the file, the
-    full file system and the fix, and aborts the job: every rank must be gone within seconds,
-    mpirun's exit code 4, no crash, and the file must not claim "completed"."""
-    fs = mounts.tmpfs(tmp_path / "full", "2m")
-    free = fill(fs, 160 * 1024)
+    fit, the first flush of iteration rows does not (a run of 2,000 iterations gets chunks of
+    2,048 rows, which the flush fills with the rows and NaN: 2.5 MB). The ranks write their rows
+    independently, so one may hit ENOSPC where the other does not: they agree on the error after
+    the writes, name the file, the full file system and the fix, and end the job: every rank must
+    be gone within seconds, mpirun's exit code 4, no crash, and the file must not claim
+    "completed". (Below 1 MiB free a flush refuses to start, so that HDF5 never runs out of space
+    inside a sync, which it cannot undo on one rank only.)"""
+    fs = mounts.tmpfs(tmp_path / "full", "4m")
+    free = fill(fs, 1536 * 1024)
     out = fs / "run.h5"
     t0 = time.monotonic()
     proc = run_ts(2, *QUICK, "--data.dataset=synthetic", "--data.synthetic_samples=512",
-                  "--train.batch_size=8", "--train.max_iters=40", "--output.flush_every=2",
+                  "--train.batch_size=8", "--train.epochs=100", "--train.max_iters=2000",
+                  "--output.flush_every=2",
                   "--train.eval=false", "--log.every=0", "--telemetry.enabled=false",
                   f"--output.file={out}", timeout=120)
     elapsed = time.monotonic() - t0

@@ -15,6 +15,7 @@
 #include "trainscope/io/schema.hpp"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +35,10 @@ namespace trainscope::io {
 using namespace detail;  // Handle and the support routines (run_file_support.hpp)
 using schema::normalize; // "/a/b/" or "a/b" -> "/a/b"; "" -> "/"
 namespace fs = std::filesystem;
+
+// Below this much free space on the run file's file system a flush stops the job (every rank the
+// same OutputError) instead of letting HDF5 fail a sync on some ranks only.
+constexpr long long kFlushReserveBytes = 1024 * 1024;
 
 // ------------------------------------------------------------------------------------------------
 
@@ -218,7 +223,7 @@ struct RunFile::Impl {
     bool write_pending(bool force_sync, bool exact = false) {
         const double entered = MPI_Wtime();
         const std::size_t groups = series.size();
-        std::vector<double> reduced(2 * groups + 2);
+        std::vector<double> reduced(2 * groups + 3);
         for (std::size_t g = 0; g < groups; ++g) {
             const double rows =
                 static_cast<double>(series[g].written + series[g].pending[0].size());
@@ -230,8 +235,10 @@ struct RunFile::Impl {
             reduced[2 * groups] = static_cast<double>(std::time(nullptr));
             reduced[2 * groups + 1] =
                 force_sync || sync_every_s <= 0 || now - last_sync >= sync_every_s ? 1.0 : 0.0;
+            const double free = free_bytes();
+            reduced[2 * groups + 2] = free < kFlushReserveBytes ? free : -1.0;
         } else {
-            reduced[2 * groups] = reduced[2 * groups + 1] = -1.0;
+            reduced[2 * groups] = reduced[2 * groups + 1] = reduced[2 * groups + 2] = -1.0;
         }
         mpi_check(MPI_Allreduce(MPI_IN_PLACE, reduced.data(), static_cast<int>(reduced.size()),
                                 MPI_DOUBLE, MPI_MAX, comm),
@@ -239,6 +246,16 @@ struct RunFile::Impl {
         arrived = MPI_Wtime();
         arrival_wait = arrived - entered;
         const bool sync = reduced[2 * groups + 1] > 0;
+        // A sync that runs out of space fails inside H5Fflush on some ranks only, which leaves
+        // the others waiting in HDF5's own collectives: stop every rank before, together.
+        if (reduced[2 * groups + 2] >= 0)
+            throw_collective_output_error(
+                "No space left on device for the run file '" + path + "': " +
+                std::to_string(static_cast<long long>(reduced[2 * groups + 2]) / 1024) +
+                " KiB free on its file system, less than the " +
+                std::to_string(kFlushReserveBytes / 1024) +
+                " KiB a flush may need for HDF5's metadata: free space there or choose another "
+                "output.file");
 
         // Row counts per rank reach rank 0 only while they differ (uneven shards, telemetry);
         // every rank knows from the reduction whether they do.
@@ -316,7 +333,16 @@ struct RunFile::Impl {
         if (sync) {
             write_root_attribute(Attribute{
                 "flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});
-            flush_file();
+            // With collective metadata writes each rank writes its share of the metadata, so a
+            // full file system may fail the sync on some ranks only: agree here too.
+            std::string sync_error;
+            try {
+                flush_file();
+            } catch (const core::OutputError& e) {
+                sync_error = e.what();
+            }
+            const std::string shared = agree_on_error(comm, sync_error);
+            if (!shared.empty()) throw_collective_output_error(shared);
             last_sync = now;
             ++stats.syncs;
         }
@@ -367,6 +393,15 @@ struct RunFile::Impl {
     }
 
     void flush_file() { H5_CHECK(H5Fflush(file, H5F_SCOPE_GLOBAL), path, "/"); }
+
+    // Free bytes on the run file's file system (statvfs; unknown: a large number).
+    double free_bytes() const {
+        struct statvfs st{};
+        const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path()
+                                                                : fs::path(".");
+        if (statvfs(dir.c_str(), &st) != 0) return 1e18;
+        return static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
+    }
 
     Series& find_series(std::string_view group, const char* what) {
         const auto it = series_index.find(normalize(group));
