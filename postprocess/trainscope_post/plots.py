@@ -326,7 +326,7 @@ def slowest_ranks(values: np.ndarray, warmup: int, k: int = TOP_RANKS) -> np.nda
     """values [ranks, n]: the k ranks with the largest mean over the measured iterations,
     slowest first."""
     measured = values[:, warmup:] if 0 < warmup < values.shape[1] else values
-    with np.errstate(all="ignore"), warnings.catch_warnings():
+    with warnings.catch_warnings():  # an all-NaN rank's mean is NaN, ranked last
         warnings.simplefilter("ignore", RuntimeWarning)
         mean = np.nanmean(measured, axis=1)
     mean = np.where(np.isfinite(mean), mean, -np.inf)

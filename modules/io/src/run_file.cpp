@@ -250,8 +250,8 @@ struct RunFile::Impl {
         // the others waiting in HDF5's own collectives: stop every rank before, together.
         if (reduced[2 * groups + 2] >= 0)
             throw_collective_output_error(
-                "No space left on device for the run file '" + path + "': " +
-                std::to_string(static_cast<long long>(reduced[2 * groups + 2]) / 1024) +
+                "No space left on device for the run file '" + path +
+                "': " + std::to_string(static_cast<long long>(reduced[2 * groups + 2]) / 1024) +
                 " KiB free on its file system, less than the " +
                 std::to_string(kFlushReserveBytes / 1024) +
                 " KiB a flush may need for HDF5's metadata: free space there or choose another "
@@ -396,9 +396,9 @@ struct RunFile::Impl {
 
     // Free bytes on the run file's file system (statvfs; unknown: a large number).
     double free_bytes() const {
-        struct statvfs st{};
-        const fs::path dir = fs::path(path).has_parent_path() ? fs::path(path).parent_path()
-                                                                : fs::path(".");
+        struct statvfs st {};
+        const fs::path dir =
+            fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
         if (statvfs(dir.c_str(), &st) != 0) return 1e18;
         return static_cast<double>(st.f_bavail) * static_cast<double>(st.f_frsize);
     }

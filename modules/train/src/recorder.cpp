@@ -259,9 +259,11 @@ void Recorder::finish(const RunInfo& info) {
     const auto un = static_cast<std::size_t>(n);
     const auto wait_index = static_cast<std::size_t>(prof::Phase::CommWait);
     std::vector<double> sums(un * (2 + prof::kNumPhases)), maxima(2 * un);
+    double my_busy = 0; // this rank's busy time over the measured iterations (stragglers)
     for (std::size_t i = 0; i < un; ++i) {
         const double w = phase_seconds_[i][wait_index];
         const double busy = step_seconds_[i] - (std::isnan(w) ? 0.0 : w);
+        my_busy += busy;
         sums[i] = maxima[i] = step_seconds_[i];
         sums[un + i] = maxima[un + i] = busy;
         for (std::size_t p = 0; p < prof::kNumPhases; ++p)
@@ -348,15 +350,10 @@ void Recorder::finish(const RunInfo& info) {
     s.push_back({"imbalance_p95", report.imbalance_p95});
     // Stragglers: ranks whose mean busy time exceeds the mean over ranks by the threshold. Each
     // rank's mean reaches rank 0 only (N doubles there, one per rank elsewhere).
-    double my_busy = 0;
-    for (std::size_t i = 0; i < un; ++i) {
-        const double w = phase_seconds_[i][wait_index];
-        my_busy += step_seconds_[i] - (std::isnan(w) ? 0.0 : w);
-    }
     my_busy = n > 0 ? my_busy / static_cast<double>(n) : kNaN;
     std::vector<double> busy_means(rank == 0 ? static_cast<std::size_t>(size) : 0);
     MPI_Gather(&my_busy, 1, MPI_DOUBLE, busy_means.data(), 1, MPI_DOUBLE, 0, comm_);
-    constexpr double kStragglerThreshold = 0.05;
+    const double kStragglerThreshold = stats::Stragglers{}.threshold; // the project's 5 %
     if (rank == 0 && n > 0) {
         const double overall = stats::mean(busy_means);
         for (int r = 0; r < size; ++r)
