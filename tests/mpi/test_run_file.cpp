@@ -124,6 +124,25 @@ struct Reader {
         H5Dclose(d);
         return v;
     }
+    // An aggregate dataset (/<group>/aggregate/<column>) read as io::AggregateRow (by field name).
+    std::vector<io::AggregateRow> aggregates(const std::string& path) const {
+        const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
+        if (d < 0) return {};
+        const hid_t s = H5Dget_space(d);
+        std::vector<io::AggregateRow> v(H5Sget_simple_extent_npoints(s));
+        const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(io::AggregateRow));
+        H5Tinsert(t, "min", HOFFSET(io::AggregateRow, min), H5T_NATIVE_DOUBLE);
+        H5Tinsert(t, "mean", HOFFSET(io::AggregateRow, mean), H5T_NATIVE_DOUBLE);
+        H5Tinsert(t, "max", HOFFSET(io::AggregateRow, max), H5T_NATIVE_DOUBLE);
+        H5Tinsert(t, "argmax", HOFFSET(io::AggregateRow, argmax), H5T_NATIVE_INT64);
+        H5Tinsert(t, "count", HOFFSET(io::AggregateRow, count), H5T_NATIVE_INT64);
+        H5Tinsert(t, "slowest", HOFFSET(io::AggregateRow, slowest), H5T_NATIVE_DOUBLE);
+        if (!v.empty()) H5Dread(d, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data());
+        H5Tclose(t);
+        H5Sclose(s);
+        H5Dclose(d);
+        return v;
+    }
     std::string fixed_string(const std::string& path) const {
         const hid_t d = H5Dopen2(file, path.c_str(), H5P_DEFAULT);
         if (d < 0) return "<missing " + path + ">";
@@ -525,13 +544,15 @@ std::map<std::string, hssize_t> attribute_sizes(hid_t file) {
 // Issue 39: a flush costs at most 5 collectives on the world communicator and no fsync, counted
 // by the PMPI counter (tests/mpi/pmpi_counter.cpp) around each flush of three series shaped like
 // a training run's (80 iteration columns, every rank a row per flush, crossing 8-row chunks;
-// telemetry rows that differ between ranks, so the row counts are gathered). Measured: two
-// MPI_Allreduce (the extents; the agreement on a write error) and one MPI_Gather per flush; the
-// first update of an object after a file sync reads its object header again (HDF5's collective
-// metadata reads: a broadcast from rank 0 each, 7 in the first flush here, 2 when /epochs gets its
-// first row), so the flush after the preamble's sync may cost up to 12. The status change at the
-// end must sync, which shows the counter sees HDF5's MPI-IO calls. No attribute has more than one
-// element.
+// telemetry rows that differ between ranks, so the row counts are gathered), with per-rank rows
+// from every second rank only (output.per_rank=every:2) and aggregates of /iterations and
+// /epochs over all ranks. Measured: two MPI_Allreduce (the extents; the agreement on a write
+// error) and one MPI_Reduce (the aggregates and the uneven row counts) per flush; the first update
+// of an object after a file sync reads its object header again (HDF5's collective metadata reads: a
+// broadcast from rank 0 each), so the flush after the preamble's sync may cost more. The status
+// change at the end must sync, which shows the counter sees HDF5's MPI-IO calls. No attribute has
+// more than one element. The aggregates are checked against every rank's known values: min, mean,
+// max, argmax, count (NaN left out) and the slowest rank's row.
 TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
     namespace pmpi = trainscope::testing::pmpi;
     const std::string path = dir_ + "/collectives.h5";
@@ -544,9 +565,12 @@ TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
     {
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
         file.set_sync_interval(3600);
+        file.select_per_rank(r % 2 == 0);
+        EXPECT_EQ(file.per_rank_count(), (n + 1) / 2);
         // 8-row chunks: flushes cross chunk boundaries (allocating chunks as the extent grows).
-        file.declare_series("iterations", columns, 8);
-        file.declare_series("epochs", {{"epoch", "1"}, {"loss", "1"}}, 8);
+        // The slowest rank of a row: the one with the largest c79 (rank 1 on even rows).
+        file.declare_series("iterations", columns, 8, "c79");
+        file.declare_series("epochs", {{"epoch", "1"}, {"loss", "1"}}, 8, "epoch");
         file.declare_series("telemetry", {{"t_s", "s"}, {"cpu", "percent"}});
         file.flush(); // the first flush syncs (a run's preamble: /config, /ranks)
         EXPECT_EQ(file.flush_stats().syncs, 1);
@@ -556,9 +580,14 @@ TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
                 std::vector<double> values(columns.size());
                 for (std::size_t c = 0; c < values.size(); ++c)
                     values[c] = 1000.0 * r + row + 0.001 * static_cast<double>(c);
+                // c79: rank 1 is the slowest on even rows, the highest rank on odd ones.
+                values[79] = (static_cast<int>(row) % 2 == 0 && r == 1) ? 1e9 : r;
                 file.append("iterations", values);
             }
-            if (f % 4 == 3) file.append("epochs", {static_cast<double>(f / 4), 1.0 / (f + 1)});
+            // Odd ranks have no loss (NaN): the aggregate counts the even ones only.
+            if (f % 4 == 3)
+                file.append("epochs",
+                            {static_cast<double>(f / 4), r % 2 ? std::nan("") : 1.0 / (f + 1) + r});
             for (int i = 0; i < 1 + (r + f) % 3; ++i) // uneven between ranks
                 file.append("telemetry", {row + 0.1 * i, 50.0 + r});
             pmpi::reset();
@@ -582,6 +611,8 @@ TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
             total += count;
         EXPECT_LE(total, f == 0 ? 12 : 5) << "flush " << f << ": " << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f]["MPI_Allreduce"], 2) << pmpi::describe(counts[f]);
+        EXPECT_EQ(counts[f]["MPI_Reduce"], 1) << pmpi::describe(counts[f]);
+        EXPECT_EQ(counts[f].count("MPI_Gather"), 0u) << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f].count("MPI_File_sync"), 0u) << pmpi::describe(counts[f]);
     }
     if (r == 0) {
@@ -595,29 +626,92 @@ TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
     Reader f(path);
     for (const auto& [where, elements] : attribute_sizes(f.file))
         EXPECT_LE(elements, 1) << where << " has " << elements << " elements";
+    const int rows = kFlushes * kRowsPerFlush;
+    const int detail = (n + 1) / 2;
+    std::vector<std::int64_t> ranks;
+    for (int k = 0; k < n; k += 2)
+        ranks.push_back(k);
+    EXPECT_EQ(f.ints("/iterations/ranks"), ranks);
     const auto a = f.doubles("/iterations/c7");
-    ASSERT_EQ(a.dims, (std::vector<hsize_t>{hsize_t(n), hsize_t(kFlushes * kRowsPerFlush)}));
-    for (int k = 0; k < n; ++k)
-        for (int i = 0; i < kFlushes * kRowsPerFlush; ++i)
-            EXPECT_DOUBLE_EQ(a.at(k, i), 1000.0 * k + i + 0.007) << k << "," << i;
+    ASSERT_EQ(a.dims, (std::vector<hsize_t>{hsize_t(detail), hsize_t(rows)}));
+    for (int j = 0; j < detail; ++j)
+        for (int i = 0; i < rows; ++i)
+            EXPECT_DOUBLE_EQ(a.at(j, i), 2000.0 * j + i + 0.007) << j << "," << i;
+    const auto agg = f.aggregates("/iterations/aggregate/c7");
+    ASSERT_EQ(agg.size(), static_cast<std::size_t>(rows));
+    for (int i = 0; i < rows; ++i) {
+        EXPECT_DOUBLE_EQ(agg[i].min, i + 0.007) << i;
+        EXPECT_DOUBLE_EQ(agg[i].max, 1000.0 * (n - 1) + i + 0.007) << i;
+        EXPECT_NEAR(agg[i].mean, 500.0 * (n - 1) + i + 0.007, 1e-9) << i;
+        EXPECT_EQ(agg[i].argmax, n - 1) << i;
+        EXPECT_EQ(agg[i].count, n) << i;
+        const int slowest = (i % 2 == 0 && n > 1) ? 1 : n - 1;
+        EXPECT_DOUBLE_EQ(agg[i].slowest, 1000.0 * slowest + i + 0.007) << i;
+    }
+    const auto loss = f.aggregates("/epochs/aggregate/loss");
+    ASSERT_EQ(loss.size(), static_cast<std::size_t>(kFlushes / 4));
+    for (std::size_t e = 0; e < loss.size(); ++e) {
+        const double base = 1.0 / (4 * e + 4);
+        const int last_even = (n - 1) / 2 * 2;
+        EXPECT_EQ(loss[e].count, detail) << e;
+        EXPECT_DOUBLE_EQ(loss[e].min, base) << e;
+        EXPECT_DOUBLE_EQ(loss[e].max, base + last_even) << e;
+        EXPECT_EQ(loss[e].argmax, last_even) << e;
+        EXPECT_NEAR(loss[e].mean, base + (last_even / 2.0), 1e-12) << e;
+    }
     std::vector<std::int64_t> telemetry_rows;
-    for (int k = 0; k < n; ++k) {
-        std::int64_t rows = 0;
+    for (int k = 0; k < n; k += 2) {
+        std::int64_t count = 0;
         for (int fl = 0; fl < kFlushes; ++fl)
-            rows += 1 + (k + fl) % 3;
-        telemetry_rows.push_back(rows);
+            count += 1 + (k + fl) % 3;
+        telemetry_rows.push_back(count);
     }
     EXPECT_EQ(f.ints("/telemetry/rank_rows"), telemetry_rows);
     const auto t = f.doubles("/telemetry/cpu");
-    for (int k = 0; k < n; ++k)
+    ASSERT_EQ(t.dims[0], hsize_t(detail));
+    for (int j = 0; j < detail; ++j)
         for (hsize_t i = 0; i < t.dims[1]; ++i) {
-            if (static_cast<std::int64_t>(i) < telemetry_rows[k])
-                EXPECT_EQ(t.at(k, i), 50.0 + k);
+            if (static_cast<std::int64_t>(i) < telemetry_rows[j])
+                EXPECT_EQ(t.at(j, i), 50.0 + 2 * j);
             else
-                EXPECT_TRUE(std::isnan(t.at(k, i))) << "telemetry padding of rank " << k;
+                EXPECT_TRUE(std::isnan(t.at(j, i))) << "telemetry padding of row " << j;
         }
-    EXPECT_EQ(f.ints("/iterations/rank_rows"),
-              std::vector<std::int64_t>(n, kFlushes * kRowsPerFlush));
+    EXPECT_EQ(f.ints("/iterations/rank_rows"), std::vector<std::int64_t>(detail, rows));
+}
+
+// Rows only some ranks have (rank r appends r + 1 rows): a flush aggregates the rows every rank
+// has, the close the rest, each row over the ranks that have it. With output.per_rank=none no
+// rank writes per-rank rows: the series' datasets are [0, n] and the aggregates hold everything.
+TEST_F(RunFileTest, AggregatesCoverRowsOnlySomeRanksHaveAndNoPerRankRows) {
+    const std::string path = dir_ + "/aggregates.h5";
+    const int r = world_rank(), n = world_size();
+    {
+        auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
+        file.select_per_rank(false);
+        EXPECT_EQ(file.per_rank_count(), 0);
+        file.declare_series("iterations", {{"step_s", "s"}, {"x", "1"}}, 4, "step_s");
+        file.append("iterations", {1.0 + r, 10.0 * r});
+        file.flush(); // row 0: every rank has it
+        for (int i = 1; i <= r; ++i)
+            file.append("iterations", {1.0 + r, 10.0 * r + i});
+        file.flush(); // nothing new every rank has (unless n == 1)
+        file.close();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (r != 0) return;
+    Reader f(path);
+    EXPECT_EQ(f.doubles("/iterations/x").dims, (std::vector<hsize_t>{0, hsize_t(n)}));
+    EXPECT_TRUE(f.ints("/iterations/ranks").empty());
+    const auto x = f.aggregates("/iterations/aggregate/x");
+    ASSERT_EQ(x.size(), static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) { // row i: ranks i..n-1
+        EXPECT_EQ(x[i].count, n - i) << i;
+        EXPECT_DOUBLE_EQ(x[i].min, 10.0 * i + i) << i;
+        EXPECT_DOUBLE_EQ(x[i].max, 10.0 * (n - 1) + i) << i;
+        EXPECT_EQ(x[i].argmax, n - 1) << i;
+        EXPECT_DOUBLE_EQ(x[i].slowest, 10.0 * (n - 1) + i) << i; // the largest step_s: rank n-1
+    }
+    EXPECT_EQ(f.int_attr("/iterations/aggregate", "rows"), n);
 }
 
 TEST_F(RunFileTest, DestructorWritesBufferedRowsAndCloses) {

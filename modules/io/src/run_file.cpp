@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <utility>
 
 namespace trainscope::io {
@@ -45,17 +46,74 @@ constexpr long long kFlushReserveBytes = 1024 * 1024;
 struct Series {
     std::string group; // normalized, e.g. "/iterations"
     std::vector<Column> columns;
-    std::vector<Handle> datasets;             // one per column, [world_size, extent]
-    Handle rank_rows;                         // <group>/rank_rows, int64 [world_size]
+    std::vector<Handle> datasets;             // one per column, [R, extent]
+    Handle rank_rows;                         // <group>/rank_rows, int64 [R]
     Handle handle;                            // the group, open while the file is
     std::vector<std::vector<double>> pending; // per column: this rank's rows not yet written
+                                              // (empty unless this rank writes per-rank rows)
+    std::int64_t appended = 0;                // this rank's rows so far
     hsize_t written = 0;                      // this rank's rows already in the file
     hsize_t extent = 0;                       // n of every dataset (identical on all ranks)
     hsize_t chunk_rows = 1;                   // extents grow in steps of this many rows
     std::int64_t min_rows = 0;                // the fewest rows any rank has (as of the flush)
     std::int64_t max_rows = 0;                // the most rows any rank has (as of the flush)
     bool uneven = false;                      // ranks had different row counts at a flush
+    // Aggregates over every rank (declare_series' aggregate_by); none when `key` is npos.
+    std::size_t key = std::string::npos;           // the column that decides `slowest`
+    std::vector<Handle> aggregates;                // per column, AggregateRow [agg_extent]
+    Handle aggregate_group;                        // <group>/aggregate
+    std::vector<std::vector<double>> unaggregated; // per column: rows from `aggregated` on
+    hsize_t aggregated = 0;                        // rows reduced (identical on all ranks)
+    hsize_t agg_extent = 0;                        // n of the aggregate datasets
+    bool aggregating() const { return key != std::string::npos; }
 };
+
+// The reduction of the aggregates (RunFile::Impl::reduce_aggregates): first, when the ranks'
+// row counts differ, each per-rank row's count per series; then per series with rows to reduce,
+// per row, per column five doubles {min, max, sum, count, argmax}, then the row's key
+// {value, rank} and the key rank's whole row (columns doubles). The whole buffer is one element
+// of a contiguous MPI type (MPI may split a reduction between elements, never inside one), and
+// the operation reads its layout from here: MPI user functions take no context argument.
+struct AggregateLayout {
+    std::size_t counts = 0; // leading doubles combined by MPI_MAX (per-rank rows' row counts)
+    std::vector<std::pair<std::size_t, std::size_t>> blocks; // (rows, columns) per series
+};
+thread_local const AggregateLayout* t_aggregate_layout = nullptr;
+
+constexpr std::size_t kStats = 5; // min, max, sum, count, argmax
+
+std::size_t row_width(std::size_t columns) {
+    return kStats * columns + 2 + columns;
+}
+
+void reduce_aggregate_rows(void* in_v, void* inout_v, int* len, MPI_Datatype*) {
+    const auto* in = static_cast<const double*>(in_v);
+    auto* io = static_cast<double*>(inout_v);
+    for (int element = 0; element < *len; ++element) {
+        for (std::size_t i = 0; i < t_aggregate_layout->counts; ++i, ++in, ++io)
+            *io = std::max(*io, *in);
+        for (const auto& [rows, columns] : t_aggregate_layout->blocks) {
+            for (std::size_t r = 0; r < rows; ++r) {
+                for (std::size_t c = 0; c < columns; ++c, in += kStats, io += kStats) {
+                    if (in[3] == 0) continue; // no value on the incoming side
+                    if (io[3] == 0 || in[0] < io[0]) io[0] = in[0];
+                    if (io[3] == 0 || in[1] > io[1] || (in[1] == io[1] && in[4] < io[4])) {
+                        io[1] = in[1];
+                        io[4] = in[4];
+                    }
+                    io[2] += in[2];
+                    io[3] += in[3];
+                }
+                // The key: the larger value wins, the lower rank on a tie; rank -1 = none.
+                if (in[1] >= 0 && (io[1] < 0 || in[0] > io[0] || (in[0] == io[0] && in[1] < io[1])))
+                    std::copy(in, in + 2 + columns, io);
+                in += 2 + columns;
+                io += 2 + columns;
+            }
+        }
+    }
+}
+
 struct RunFile::Impl {
     MPI_Comm comm = MPI_COMM_NULL;
     int rank = 0;
@@ -69,6 +127,13 @@ struct RunFile::Impl {
     Handle lapl, gapl, dapl, aapl;
     std::vector<Series> series;
     std::map<std::string, std::size_t> series_index; // normalized group -> position in `series`
+    // Per-rank rows (select_per_rank): whether this rank writes them, its row, R, and on rank 0
+    // the rank of every row.
+    bool per_rank = true;
+    hsize_t per_rank_row = 0;
+    hsize_t per_rank_count = 1;
+    std::vector<std::int64_t> per_rank_ranks;
+    Handle aggregate_type; // AggregateRow in the file (little-endian, packed as in memory)
     SchemaCheck check = SchemaCheck::strict;
     // File syncs (H5Fflush: every rank's MPI_File_sync, i.e. an fsync) at most every
     // sync_every_s seconds of rank 0's clock; 0 = at every flush. Status changes always sync.
@@ -101,10 +166,13 @@ struct RunFile::Impl {
             for (auto& s : series) {
                 for (auto& d : s.datasets)
                     d.release();
+                for (auto& d : s.aggregates)
+                    d.release();
                 s.rank_rows.release();
+                s.aggregate_group.release();
                 s.handle.release();
             }
-            for (Handle* h : {&dxpl, &lapl, &gapl, &dapl, &aapl})
+            for (Handle* h : {&dxpl, &lapl, &gapl, &dapl, &aapl, &aggregate_type})
                 h->release();
             return;
         }
@@ -206,27 +274,28 @@ struct RunFile::Impl {
             write_attribute(root, "/", a);
     }
 
-    // Collective: writes every rank's buffered rows of every series; syncs the file (and then
-    // writes the root attribute flushed_utc) when `force_sync` or when sync_every_s has passed.
-    // `exact`: every extent is set to the longest rank's rows (status changes and close);
+    // Collective: writes the buffered rows of every series (the per-rank rows of the ranks that
+    // write them, the aggregates on rank 0); syncs the file (and then writes the root attribute
+    // flushed_utc) when `force_sync` or when sync_every_s has passed. `exact`: every extent is
+    // set to the longest rank's rows and every row is aggregated (status changes and close);
     // otherwise extents grow in steps of the series' chunk rows, so a flush changes metadata only
-    // once in chunk_rows rows.
+    // once in chunk_rows rows, and a row is aggregated once every rank has it.
     //
     // Its global collectives (issue 39, counted by tests/mpi/pmpi_counter.cpp): one MPI_Allreduce
     // (every series' longest and shortest rank, rank 0's clock and its decision to sync), one
-    // MPI_Gather of the row counts to rank 0 while ranks hold different counts, one MPI_Allreduce
-    // agreeing on a write error (core::first_failure), and on a sync H5Fflush's own. Every rank
-    // writes its own rows with one independent H5Dwrite per column (no MPI-IO collective, no file
-    // view); rank 0 writes the rank_rows datasets. Dataset extents and attributes are metadata:
-    // every rank makes the same calls, and makes them only when an extent grows or at a sync.
-    // Returns true when the file was synced.
+    // MPI_Reduce to rank 0 of the aggregates when there are rows to aggregate and of the row
+    // counts while ranks hold different counts, one MPI_Allreduce agreeing on a write error
+    // (core::first_failure), and on a sync H5Fflush's own. A rank writes its own rows with one
+    // independent H5Dwrite per column (no MPI-IO collective, no file view); rank 0 writes the
+    // aggregates and the rank_rows datasets. Dataset extents and attributes are metadata: every
+    // rank makes the same calls, and makes them only when an extent grows or at a sync. Returns
+    // true when the file was synced.
     bool write_pending(bool force_sync, bool exact = false) {
         const double entered = MPI_Wtime();
         const std::size_t groups = series.size();
         std::vector<double> reduced(2 * groups + 3);
         for (std::size_t g = 0; g < groups; ++g) {
-            const double rows =
-                static_cast<double>(series[g].written + series[g].pending[0].size());
+            const auto rows = static_cast<double>(series[g].appended);
             reduced[g] = rows;
             reduced[groups + g] = -rows;
         }
@@ -264,32 +333,27 @@ struct RunFile::Impl {
             const bool uneven = reduced[g] != -reduced[groups + g];
             gather = gather || uneven || series[g].uneven;
         }
-        std::vector<std::int64_t> all;
-        if (gather) {
-            std::vector<std::int64_t> mine(groups);
-            for (std::size_t g = 0; g < groups; ++g)
-                mine[g] =
-                    static_cast<std::int64_t>(series[g].written + series[g].pending[0].size());
-            if (rank == 0) all.resize(groups * static_cast<std::size_t>(size));
-            mpi_check(MPI_Gather(mine.data(), static_cast<int>(groups), MPI_INT64_T, all.data(),
-                                 static_cast<int>(groups), MPI_INT64_T, 0, comm),
-                      "MPI_Gather");
-        }
+        // Aggregates: rows every rank has (all rows when exact), reduced to rank 0 together with
+        // the per-rank rows' counts when those differ.
+        std::vector<hsize_t> aggregate_to(groups);
+        for (std::size_t g = 0; g < groups; ++g)
+            aggregate_to[g] = static_cast<hsize_t>(exact ? reduced[g] : -reduced[groups + g]);
+        Reduced red = reduce_aggregates(aggregate_to, gather);
+        const std::vector<std::int64_t>& all = red.counts;
+        std::vector<std::vector<AggregateRow>>& aggregate_rows = red.rows;
 
         // Extents: metadata, the same calls on every rank.
-        std::vector<hsize_t> old_extent(groups);
+        std::vector<hsize_t> old_extent(groups), old_agg_extent(groups), old_aggregated(groups);
         for (std::size_t g = 0; g < groups; ++g) {
             Series& s = series[g];
             old_extent[g] = s.extent;
+            old_agg_extent[g] = s.agg_extent;
+            old_aggregated[g] = s.aggregated;
             const auto longest = static_cast<hsize_t>(reduced[g]);
-            hsize_t extent = s.extent;
-            if (exact)
-                extent = longest;
-            else if (longest > s.extent)
-                extent = (longest + s.chunk_rows - 1) / s.chunk_rows * s.chunk_rows;
+            const hsize_t extent = grown_extent(s.extent, longest, s.chunk_rows, exact);
             if (extent != s.extent) {
                 for (std::size_t c = 0; c < s.columns.size(); ++c) {
-                    const hsize_t dims[2] = {static_cast<hsize_t>(size), extent};
+                    const hsize_t dims[2] = {per_rank_count, extent};
                     H5_CHECK(H5Dset_extent(s.datasets[c], dims), path,
                              s.group + "/" + s.columns[c].name);
                 }
@@ -297,6 +361,16 @@ struct RunFile::Impl {
                                 Attribute{"rows", static_cast<std::int64_t>(extent)});
                 s.extent = extent;
             }
+            if (!s.aggregating()) continue;
+            const hsize_t agg_extent =
+                grown_extent(s.agg_extent, aggregate_to[g], s.chunk_rows, exact);
+            if (agg_extent != s.agg_extent) {
+                for (std::size_t c = 0; c < s.columns.size(); ++c)
+                    H5_CHECK(H5Dset_extent(s.aggregates[c], &agg_extent), path,
+                             s.group + "/aggregate/" + s.columns[c].name);
+                s.agg_extent = agg_extent;
+            }
+            s.aggregated = aggregate_to[g];
         }
         // The writes are independent, so one rank may fail where the others succeed (a full
         // file system, a quota): every rank learns of it here and raises the same error, rather
@@ -306,17 +380,18 @@ struct RunFile::Impl {
             write_rows(old_extent);
             for (std::size_t g = 0; g < groups; ++g) {
                 Series& s = series[g];
+                if (rank == 0 && s.aggregating())
+                    write_aggregates(s, aggregate_rows[g], old_aggregated[g], old_agg_extent[g]);
                 const auto longest = static_cast<std::int64_t>(reduced[g]);
                 const auto shortest = static_cast<std::int64_t>(-reduced[groups + g]);
                 const bool uneven = longest != shortest;
                 const bool counts_changed =
                     longest != s.max_rows || shortest != s.min_rows || uneven || s.uneven;
-                if (rank == 0 && counts_changed) {
-                    std::vector<std::int64_t> rank_rows(static_cast<std::size_t>(size), longest);
+                if (rank == 0 && counts_changed && per_rank_count > 0) {
+                    std::vector<std::int64_t> rank_rows(per_rank_count, longest);
                     if (gather)
-                        for (int r = 0; r < size; ++r)
-                            rank_rows[static_cast<std::size_t>(r)] =
-                                all[static_cast<std::size_t>(r) * groups + g];
+                        for (hsize_t j = 0; j < per_rank_count; ++j)
+                            rank_rows[j] = all[j * groups + g];
                     H5_CHECK(H5Dwrite(s.rank_rows, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                       rank_rows.data()),
                              path, s.group + "/rank_rows");
@@ -333,6 +408,10 @@ struct RunFile::Impl {
         if (sync) {
             write_root_attribute(Attribute{
                 "flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});
+            for (Series& s : series)
+                if (s.aggregating())
+                    write_attribute(s.aggregate_group, s.group + "/aggregate",
+                                    Attribute{"rows", static_cast<std::int64_t>(s.aggregated)});
             // With collective metadata writes each rank writes its share of the metadata, so a
             // full file system may fail the sync on some ranks only: agree here too.
             std::string sync_error;
@@ -349,11 +428,173 @@ struct RunFile::Impl {
         return sync;
     }
 
+    // An extent that holds `rows`: exactly (status changes), else grown in steps of chunk_rows.
+    static hsize_t grown_extent(hsize_t extent, hsize_t rows, hsize_t chunk_rows, bool exact) {
+        if (exact) return rows;
+        if (rows > extent) return (rows + chunk_rows - 1) / chunk_rows * chunk_rows;
+        return extent;
+    }
+
+    struct Reduced {
+        std::vector<std::vector<AggregateRow>> rows; // per series, column-major
+        std::vector<std::int64_t> counts;            // [R x series]: rows of each per-rank row
+    };
+    // Collective when any series has rows to aggregate or `counts` (every rank knows the same
+    // arguments): one MPI_Reduce to rank 0 of rows [aggregated, to) of every aggregating series
+    // and, with `counts`, of every series' row count of each per-rank row. Returns both on rank 0;
+    // each rank drops the rows it reduced.
+    Reduced reduce_aggregates(const std::vector<hsize_t>& to, bool counts) {
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        AggregateLayout layout;
+        const std::size_t count_slots =
+            counts ? static_cast<std::size_t>(per_rank_count) * series.size() : 0;
+        layout.counts = count_slots;
+        std::size_t total = count_slots;
+        for (std::size_t g = 0; g < series.size(); ++g) {
+            const Series& s = series[g];
+            const std::size_t rows = s.aggregating() && to[g] > s.aggregated
+                                         ? static_cast<std::size_t>(to[g] - s.aggregated)
+                                         : 0;
+            layout.blocks.emplace_back(rows, s.columns.size());
+            total += rows * row_width(s.columns.size());
+        }
+        Reduced out;
+        out.rows.resize(series.size());
+        if (total == 0) return out;
+        std::vector<double> buffer(total);
+        if (per_rank && count_slots > 0) // the others leave zeros, the identity of MPI_MAX
+            for (std::size_t g = 0; g < series.size(); ++g)
+                buffer[per_rank_row * series.size() + g] = static_cast<double>(series[g].appended);
+        double* p = buffer.data() + count_slots;
+        for (std::size_t g = 0; g < series.size(); ++g) {
+            const auto [rows, columns] = layout.blocks[g];
+            const Series& s = series[g];
+            // unaggregated holds this rank's rows [appended - held, appended), all >= aggregated.
+            const std::int64_t held =
+                s.unaggregated.empty() ? 0 : static_cast<std::int64_t>(s.unaggregated[0].size());
+            const std::int64_t front = s.appended - held;
+            for (std::size_t r = 0; r < rows; ++r) {
+                const std::int64_t i = static_cast<std::int64_t>(s.aggregated + r) - front;
+                const bool have = i >= 0 && i < held;
+                const std::size_t at = have ? static_cast<std::size_t>(i) : 0;
+                for (std::size_t c = 0; c < columns; ++c, p += kStats) {
+                    const double v = have ? s.unaggregated[c][at] : nan;
+                    if (std::isfinite(v)) {
+                        p[0] = p[1] = p[2] = v;
+                        p[3] = 1;
+                        p[4] = rank;
+                    } else {
+                        p[0] = p[1] = p[2] = p[3] = 0;
+                        p[4] = -1;
+                    }
+                }
+                const double key = have ? s.unaggregated[s.key][at] : nan;
+                p[0] = std::isfinite(key) ? key : 0;
+                p[1] = std::isfinite(key) ? rank : -1;
+                for (std::size_t c = 0; c < columns; ++c)
+                    p[2 + c] = std::isfinite(key) ? s.unaggregated[c][at] : nan;
+                p += 2 + columns;
+            }
+        }
+        static MPI_Op op = [] {
+            MPI_Op created = MPI_OP_NULL;
+            MPI_Op_create(&reduce_aggregate_rows, /*commute=*/1, &created);
+            return created;
+        }();
+        MPI_Datatype element = MPI_DATATYPE_NULL;
+        mpi_check(MPI_Type_contiguous(static_cast<int>(total), MPI_DOUBLE, &element),
+                  "MPI_Type_contiguous");
+        MPI_Type_commit(&element);
+        std::vector<double> result(rank == 0 ? total : 0);
+        t_aggregate_layout = &layout;
+        const int rc =
+            MPI_Reduce(buffer.data(), rank == 0 ? result.data() : nullptr, 1, element, op, 0, comm);
+        t_aggregate_layout = nullptr;
+        MPI_Type_free(&element);
+        mpi_check(rc, "MPI_Reduce");
+
+        if (rank == 0)
+            out.counts.assign(result.begin(),
+                              result.begin() + static_cast<std::ptrdiff_t>(count_slots));
+        const double* q = result.data() + count_slots;
+        for (std::size_t g = 0; g < series.size(); ++g) {
+            const auto [rows, columns] = layout.blocks[g];
+            Series& s = series[g];
+            if (rank == 0) {
+                out.rows[g].resize(rows * columns);
+                for (std::size_t r = 0; r < rows; ++r) {
+                    const double* key = q + kStats * columns;
+                    for (std::size_t c = 0; c < columns; ++c, q += kStats) {
+                        AggregateRow& a = out.rows[g][c * rows + r]; // column-major
+                        const bool any = q[3] > 0;
+                        a.min = any ? q[0] : nan;
+                        a.max = any ? q[1] : nan;
+                        a.mean = any ? q[2] / q[3] : nan;
+                        a.count = static_cast<std::int64_t>(q[3]);
+                        a.argmax = any ? static_cast<std::int64_t>(q[4]) : -1;
+                        a.slowest = key[1] >= 0 ? key[2 + c] : nan;
+                    }
+                    q += 2 + columns;
+                }
+            }
+            if (rows > 0 && !s.unaggregated.empty()) { // drop the rows now below `to`
+                const auto held = static_cast<std::int64_t>(s.unaggregated[0].size());
+                const std::int64_t drop = std::clamp<std::int64_t>(
+                    static_cast<std::int64_t>(to[g]) - (s.appended - held), 0, held);
+                for (auto& column : s.unaggregated)
+                    column.erase(column.begin(), column.begin() + drop);
+            }
+        }
+        return out;
+    }
+
+    // Rank 0, independent: rows [from, aggregated) of every aggregate dataset of `s` (`rows`,
+    // column-major), and empty rows (count 0) in the slots a grown extent added beyond them.
+    void write_aggregates(Series& s, const std::vector<AggregateRow>& rows, hsize_t from,
+                          hsize_t old_agg_extent) {
+        hsize_t to = s.aggregated;
+        if (s.agg_extent > old_agg_extent) to = s.agg_extent;
+        if (to <= from) return;
+        const hsize_t count = to - from;
+        const std::size_t n = static_cast<std::size_t>(s.aggregated - from);
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        std::vector<AggregateRow> buffer(count, AggregateRow{nan, nan, nan, -1, 0, nan});
+        Handle mspace(H5_CHECK(H5Screate_simple(1, &count, nullptr), path, s.group), H5Sclose);
+        for (std::size_t c = 0; c < s.columns.size(); ++c) {
+            const std::string object = s.group + "/aggregate/" + s.columns[c].name;
+            std::copy(rows.begin() + static_cast<std::ptrdiff_t>(c * n),
+                      rows.begin() + static_cast<std::ptrdiff_t>((c + 1) * n), buffer.begin());
+            Handle fspace(H5_CHECK(H5Dget_space(s.aggregates[c]), path, object), H5Sclose);
+            H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &from, nullptr, &count, nullptr),
+                     path, object);
+            H5_CHECK(H5Dwrite(s.aggregates[c], aggregate_memory_type(), mspace, fspace, H5P_DEFAULT,
+                              buffer.data()),
+                     path, object);
+        }
+    }
+
+    // AggregateRow in memory (native types; the file type is aggregate_type).
+    hid_t aggregate_memory_type() {
+        static const hid_t type = [] {
+            const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(AggregateRow));
+            H5Tinsert(t, "min", HOFFSET(AggregateRow, min), H5T_NATIVE_DOUBLE);
+            H5Tinsert(t, "mean", HOFFSET(AggregateRow, mean), H5T_NATIVE_DOUBLE);
+            H5Tinsert(t, "max", HOFFSET(AggregateRow, max), H5T_NATIVE_DOUBLE);
+            H5Tinsert(t, "argmax", HOFFSET(AggregateRow, argmax), H5T_NATIVE_INT64);
+            H5Tinsert(t, "count", HOFFSET(AggregateRow, count), H5T_NATIVE_INT64);
+            H5Tinsert(t, "slowest", HOFFSET(AggregateRow, slowest), H5T_NATIVE_DOUBLE);
+            return t; // lives for the process, like HDF5's predefined types
+        }();
+        return type;
+    }
+
     // Local: this rank's new rows of every series into its row of each column, and NaN in its
     // slots that a grown extent added beyond them (the datasets have no fill values: the MPI-IO
     // driver would write them with collective writes whenever an extent grows). One independent
-    // H5Dwrite per column of a series with something to write.
+    // H5Dwrite per column of a series with something to write; nothing on a rank that does not
+    // write per-rank rows (select_per_rank).
     void write_rows(const std::vector<hsize_t>& old_extent) {
+        if (!per_rank) return;
         const double nan = std::numeric_limits<double>::quiet_NaN();
         for (std::size_t g = 0; g < series.size(); ++g) {
             Series& s = series[g];
@@ -362,7 +603,7 @@ struct RunFile::Impl {
             if (s.extent > old_extent[g]) to = s.extent;
             if (to > s.written) {
                 const hsize_t count = to - s.written;
-                const hsize_t start[2] = {static_cast<hsize_t>(rank), s.written};
+                const hsize_t start[2] = {per_rank_row, s.written};
                 const hsize_t block[2] = {1, count};
                 Handle mspace(H5_CHECK(H5Screate_simple(1, &count, nullptr), path, s.group),
                               H5Sclose);
@@ -451,6 +692,12 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
     mpi_check(MPI_Comm_dup(comm, &impl->comm), "MPI_Comm_dup");
     MPI_Comm_rank(impl->comm, &impl->rank);
     MPI_Comm_size(impl->comm, &impl->size);
+    impl->per_rank_row = static_cast<hsize_t>(impl->rank); // every rank (select_per_rank)
+    impl->per_rank_count = static_cast<hsize_t>(impl->size);
+    if (impl->rank == 0) {
+        impl->per_rank_ranks.resize(static_cast<std::size_t>(impl->size));
+        std::iota(impl->per_rank_ranks.begin(), impl->per_rank_ranks.end(), std::int64_t{0});
+    }
 
     // Rank 0 decides whether the path is usable; every rank raises the same error.
     std::string verdict = impl->rank == 0 ? check_output_path(path, overwrite) : std::string();
@@ -638,8 +885,32 @@ void RunFile::write_ranks(const RankRow& mine) {
     m.write_units(ds, object, "1");
 }
 
+void RunFile::select_per_rank(bool mine) {
+    Impl& m = checked("select_per_rank");
+    if (!m.series.empty())
+        throw core::InternalError("RunFile::select_per_rank: call it before declare_series ('" +
+                                  m.path + "')");
+    const int flag = mine ? 1 : 0;
+    int before = 0, count = 0;
+    mpi_check(MPI_Exscan(&flag, &before, 1, MPI_INT, MPI_SUM, m.comm), "MPI_Exscan");
+    if (m.rank == 0) before = 0; // MPI_Exscan leaves rank 0's result undefined
+    mpi_check(MPI_Allreduce(&flag, &count, 1, MPI_INT, MPI_SUM, m.comm), "MPI_Allreduce");
+    std::vector<int> flags(m.rank == 0 ? static_cast<std::size_t>(m.size) : 0);
+    mpi_check(MPI_Gather(&flag, 1, MPI_INT, flags.data(), 1, MPI_INT, 0, m.comm), "MPI_Gather");
+    m.per_rank = mine;
+    m.per_rank_row = static_cast<hsize_t>(before);
+    m.per_rank_count = static_cast<hsize_t>(count);
+    m.per_rank_ranks.clear();
+    for (int r = 0; r < static_cast<int>(flags.size()); ++r)
+        if (flags[static_cast<std::size_t>(r)]) m.per_rank_ranks.push_back(r);
+}
+
+int RunFile::per_rank_count() const {
+    return static_cast<int>(checked("per_rank_count").per_rank_count);
+}
+
 void RunFile::declare_series(std::string_view group, const std::vector<Column>& columns,
-                             std::size_t chunk_rows) {
+                             std::size_t chunk_rows, const std::string& aggregate_by) {
     Impl& m = checked("declare_series");
     const std::string name = normalize(group);
     if (name == "/" || columns.empty() || chunk_rows == 0)
@@ -649,21 +920,32 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
     if (m.series_index.count(name))
         throw core::InternalError("RunFile::declare_series: series '" + name +
                                   "' is already declared in '" + m.path + "'");
-    std::string signature = name + ":" + std::to_string(chunk_rows);
+    std::string signature = name + ":" + std::to_string(chunk_rows) + ":" + aggregate_by;
+    std::size_t key = std::string::npos;
     for (std::size_t i = 0; i < columns.size(); ++i) {
         const auto& c = columns[i];
-        if (c.name.empty() || c.name.find('/') != std::string::npos)
+        if (c.name.empty() || c.name.find('/') != std::string::npos || c.name == "ranks" ||
+            c.name == "rank_rows" || c.name == "aggregate")
             throw core::InternalError("RunFile::declare_series('" + name + "'): bad column name '" +
                                       c.name + "'");
         for (std::size_t j = 0; j < i; ++j)
             if (columns[j].name == c.name)
                 throw core::InternalError("RunFile::declare_series('" + name +
                                           "'): duplicate column '" + c.name + "'");
+        if (c.name == aggregate_by) key = i;
         signature += "," + c.name + "[" + c.units + "]";
     }
+    if (!aggregate_by.empty() && key == std::string::npos)
+        throw core::InternalError("RunFile::declare_series('" + name + "'): aggregate_by '" +
+                                  aggregate_by + "' is not one of its columns");
     m.check_object(name, {schema::Kind::series}, "");
     for (const Column& c : columns)
         m.check_member(schema::Kind::column, name, c.name, c.units);
+    if (!aggregate_by.empty()) {
+        m.check_object(name + "/aggregate", {schema::Kind::group}, "");
+        for (const Column& c : columns)
+            m.check_object(name + "/aggregate/" + c.name, {schema::Kind::compound}, "");
+    }
     // Every rank must create the same datasets: compare a hash of the declaration.
     const std::uint64_t h = std::hash<std::string>{}(signature);
     std::uint64_t mine[2] = {h, ~h}, most[2] = {0, 0};
@@ -673,19 +955,20 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
                                   "'): ranks declared different columns");
 
     Handle grp = m.ensure_group(name);
-    // Chunks span every rank and chunk_rows rows (RunFile::declare_series in the header), so all
-    // ranks' independent writes of a flush land in the same chunks and look up the same index
-    // nodes (collective metadata reads need identical cache misses on every rank). The MPI-IO
-    // driver allocates every chunk of an extent when the extent grows, so chunks stay small for
-    // short runs; there are no fill values (the allocation would write them with
-    // collective writes): each rank writes NaN into its slots that a grown extent adds
-    // (write_rows).
+    // Chunks span every per-rank row and chunk_rows rows (RunFile::declare_series in the
+    // header), so the writing ranks' independent writes of a flush land in the same chunks. The
+    // MPI-IO driver allocates every chunk of an extent when the extent grows, so chunks stay
+    // small for short runs; there are no fill values (the allocation would write them with
+    // collective writes): each writing rank writes NaN into its slots that a grown extent adds
+    // (write_rows), rank 0 empty rows into the aggregates' (write_aggregates).
+    const hsize_t rows_r = m.per_rank_count;
+    const hsize_t chunk_r = std::max<hsize_t>(rows_r, 1); // a chunk of a [0, n] dataset
     Handle dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, name), H5Pclose);
-    const hsize_t chunk[2] = {static_cast<hsize_t>(m.size), static_cast<hsize_t>(chunk_rows)};
+    const hsize_t chunk[2] = {chunk_r, static_cast<hsize_t>(chunk_rows)};
     H5_CHECK(H5Pset_chunk(dcpl, 2, chunk), m.path, name);
     H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), m.path, name);
-    const hsize_t dims[2] = {static_cast<hsize_t>(m.size), 0};
-    const hsize_t max_dims[2] = {static_cast<hsize_t>(m.size), H5S_UNLIMITED};
+    const hsize_t dims[2] = {rows_r, 0};
+    const hsize_t max_dims[2] = {chunk_r, H5S_UNLIMITED};
     Handle space(H5_CHECK(H5Screate_simple(2, dims, max_dims), m.path, name), H5Sclose);
 
     Series s;
@@ -704,21 +987,71 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
         m.write_units(s.datasets.back(), object, c.units);
         column_list += (column_list.empty() ? "" : ",") + c.name;
     }
-    // Rows per rank: a dataset (an attribute of world_size elements outgrows HDF5's 64 KiB
-    // object-header message limit at 8,184 ranks), zeros until rank 0 rewrites it at a flush.
-    const std::string rank_rows = name + "/rank_rows";
-    const hsize_t ranks = static_cast<hsize_t>(m.size);
-    Handle rr_space(H5_CHECK(H5Screate_simple(1, &ranks, nullptr), m.path, rank_rows), H5Sclose);
-    Handle rr_dcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, rank_rows), H5Pclose);
-    const std::int64_t zero = 0;
-    H5_CHECK(H5Pset_fill_value(rr_dcpl, H5T_NATIVE_INT64, &zero), m.path, rank_rows);
-    s.rank_rows = Handle(H5_CHECK(H5Dcreate2(m.file, rank_rows.c_str(), H5T_STD_I64LE, rr_space,
-                                             H5P_DEFAULT, rr_dcpl, m.dapl),
-                                  m.path, rank_rows),
-                         H5Dclose);
-    m.write_units(s.rank_rows, rank_rows, "1");
+    // Rows per per-rank row, and the rank of each: datasets (an attribute of world_size elements
+    // outgrows HDF5's 64 KiB object-header message limit at 8,184 ranks). rank_rows is zeros
+    // until rank 0 rewrites it at a flush; rank 0 writes `ranks` now.
+    for (const char* index : {"rank_rows", "ranks"}) {
+        const std::string object = name + "/" + index;
+        Handle ispace(H5_CHECK(H5Screate_simple(1, &rows_r, nullptr), m.path, object), H5Sclose);
+        Handle idcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, object), H5Pclose);
+        const std::int64_t zero = 0;
+        H5_CHECK(H5Pset_fill_value(idcpl, H5T_NATIVE_INT64, &zero), m.path, object);
+        Handle ds(H5_CHECK(H5Dcreate2(m.file, object.c_str(), H5T_STD_I64LE, ispace, H5P_DEFAULT,
+                                      idcpl, m.dapl),
+                           m.path, object),
+                  H5Dclose);
+        m.write_units(ds, object, "1");
+        if (std::string_view(index) == "ranks") {
+            if (m.rank == 0 && rows_r > 0)
+                H5_CHECK(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                  m.per_rank_ranks.data()),
+                         m.path, object);
+        } else {
+            s.rank_rows = std::move(ds);
+        }
+    }
     m.write_attribute(grp, name, Attribute{"columns", column_list});
     m.write_attribute(grp, name, Attribute{"rows", std::int64_t{0}});
+
+    if (key != std::string::npos) {
+        // Aggregates over every rank: one compound dataset [n] per column, chunked like the
+        // series' rows (a chunk of 64 rows is 3 KiB).
+        s.key = key;
+        s.unaggregated.resize(columns.size());
+        const std::string agg = name + "/aggregate";
+        s.aggregate_group = m.ensure_group(agg);
+        if (m.aggregate_type < 0) {
+            Handle t(H5_CHECK(H5Tcreate(H5T_COMPOUND, sizeof(AggregateRow)), m.path, agg),
+                     H5Tclose);
+            const std::pair<const char*, std::pair<std::size_t, hid_t>> fields[] = {
+                {"min", {HOFFSET(AggregateRow, min), H5T_IEEE_F64LE}},
+                {"mean", {HOFFSET(AggregateRow, mean), H5T_IEEE_F64LE}},
+                {"max", {HOFFSET(AggregateRow, max), H5T_IEEE_F64LE}},
+                {"argmax", {HOFFSET(AggregateRow, argmax), H5T_STD_I64LE}},
+                {"count", {HOFFSET(AggregateRow, count), H5T_STD_I64LE}},
+                {"slowest", {HOFFSET(AggregateRow, slowest), H5T_IEEE_F64LE}},
+            };
+            for (const auto& [field, where] : fields)
+                H5_CHECK(H5Tinsert(t, field, where.first, where.second), m.path, agg);
+            m.aggregate_type = std::move(t);
+        }
+        Handle adcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, agg), H5Pclose);
+        const hsize_t achunk = static_cast<hsize_t>(chunk_rows);
+        H5_CHECK(H5Pset_chunk(adcpl, 1, &achunk), m.path, agg);
+        H5_CHECK(H5Pset_fill_time(adcpl, H5D_FILL_TIME_NEVER), m.path, agg);
+        const hsize_t adims = 0, amax = H5S_UNLIMITED;
+        Handle aspace(H5_CHECK(H5Screate_simple(1, &adims, &amax), m.path, agg), H5Sclose);
+        for (const auto& c : columns) {
+            const std::string object = agg + "/" + c.name;
+            s.aggregates.emplace_back(H5_CHECK(H5Dcreate2(m.file, object.c_str(), m.aggregate_type,
+                                                          aspace, H5P_DEFAULT, adcpl, m.dapl),
+                                               m.path, object),
+                                      H5Dclose);
+            m.write_units(s.aggregates.back(), object, c.units);
+        }
+        m.write_attribute(s.aggregate_group, agg, Attribute{"slowest_by", aggregate_by});
+        m.write_attribute(s.aggregate_group, agg, Attribute{"rows", std::int64_t{0}});
+    }
     m.series_index[name] = m.series.size();
     m.series.push_back(std::move(s));
 }
@@ -729,13 +1062,20 @@ void RunFile::append(std::string_view group, const std::vector<double>& row) {
         throw core::InternalError("RunFile::append('" + s.group + "'): row has " +
                                   std::to_string(row.size()) + " values, the series has " +
                                   std::to_string(s.columns.size()) + " columns");
-    for (std::size_t c = 0; c < row.size(); ++c)
-        s.pending[c].push_back(row[c]);
+    const Impl& m = *impl_;
+    if (m.per_rank)
+        for (std::size_t c = 0; c < row.size(); ++c)
+            s.pending[c].push_back(row[c]);
+    // A row that a status change already aggregated without this rank (it was behind) stays out.
+    if (s.aggregating() && static_cast<hsize_t>(s.appended) >= s.aggregated)
+        for (std::size_t c = 0; c < row.size(); ++c)
+            s.unaggregated[c].push_back(row[c]);
+    ++s.appended;
 }
 
 std::size_t RunFile::rows(std::string_view group) const {
     const Series& s = checked("rows").find_series(group, "rows");
-    return static_cast<std::size_t>(s.written + s.pending[0].size());
+    return static_cast<std::size_t>(s.appended);
 }
 
 std::size_t RunFile::columns(std::string_view group) const {
@@ -924,7 +1264,7 @@ void RunFile::close() {
     }
     m.series.clear();
     m.series_index.clear();
-    for (Handle* h : {&m.dxpl, &m.lapl, &m.gapl, &m.dapl, &m.aapl})
+    for (Handle* h : {&m.dxpl, &m.lapl, &m.gapl, &m.dapl, &m.aapl, &m.aggregate_type})
         h->reset();
     const hid_t file = std::exchange(m.file, H5I_INVALID_HID);
     const herr_t closed = H5Fclose(file);

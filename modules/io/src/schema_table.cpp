@@ -61,7 +61,11 @@ const std::vector<Entry>& run_entries() {
          "When a final status (`completed`, `failed` or `interrupted`) was written; absent while "
          "`running`."},
         {Kind::attribute, kRoot, "world_size", "", "int", "",
-         "Number of ranks = the first dimension of every per-rank series and dataset."},
+         "Number of ranks = the first dimension of every per-rank dataset, and of every per-rank "
+         "series unless `per_rank` kept fewer."},
+        {Kind::attribute, kRoot, "per_rank", "", "str", "",
+         "`output.per_rank` as resolved: which ranks write per-rank series rows (`all`, `none`, "
+         "`node`, `every:K`); the series' `ranks` datasets list them (issue 39)."},
         {Kind::attribute, kRoot, "trainscope_version", "", "str", "",
          "Version of trainscope that wrote the file (the same as `/build@trainscope`)."},
         {Kind::attribute, kRoot, "git_sha", "", "str", "",
@@ -327,10 +331,12 @@ const std::vector<Entry>& run_entries() {
         {Kind::series, kIterations, "", "", "", "run.workload=cv or llm",
          "Per-iteration series of every training run, one row per rank and iteration (NaN where a "
          "value does not exist on this run). A per-rank series group: each column is a 2-D "
-         "float64 dataset `/<group>/<column>` [world_size, n] with its `units`; row r belongs to "
-         "rank r, column i is that rank's i-th record. Datasets are chunked [min(world_size, 64), "
-         "K] (K: the run's expected rows rounded up to a power of two, 8 to 1 MiB per chunk) and "
-         "extendable along n (max shape [world_size, unlimited]); each rank writes its own row "
+         "float64 dataset `/<group>/<column>` [R, n] with its `units`; row j belongs to rank "
+         "`ranks[j]` (R = world_size and row r = rank r unless `output.per_rank` keeps fewer "
+         "ranks), column i is that rank's i-th record; `aggregate/` holds every row's min, mean, "
+         "max, argmax and slowest rank over all ranks. Datasets are chunked [R, K] (K: the run's "
+         "expected rows rounded up to a power of two, 8 to 1 MiB per chunk) and "
+         "extendable along n (max shape [R, unlimited]); each rank writes its own row "
          "block with independent I/O, no fill values. Ranks may record different numbers of "
          "rows; n is the longest rank's count and the missing tail of a shorter rank is NaN, "
          "written by that rank (see `rank_rows`). With `profile.accounting=false` the accounting "
@@ -342,6 +348,25 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kIterations, "rows", "", "int", "", kSeriesRowsMeaning},
         {Kind::per_rank, "/iterations/rank_rows", "", "1", "int64", "run.workload=cv or llm",
          kRankRowsMeaning},
+        {Kind::per_rank, "/iterations/ranks", "", "1", "int64", "run.workload=cv or llm",
+         kRanksMeaning},
+        {Kind::group, "/iterations/aggregate", "", "", "", "", kAggregateGroupMeaning},
+        {Kind::attribute, "/iterations/aggregate", "rows", "", "int", "", kAggregateRowsMeaning},
+        {Kind::attribute, "/iterations/aggregate", "slowest_by", "", "str", "",
+         kAggregateSlowestByMeaning},
+        {Kind::compound, "/iterations/aggregate/{column}", "", "", "", "", kAggregateMeaning},
+        {Kind::field, "/iterations/aggregate/{column}", "min", "", "float64", "",
+         "Smallest value."},
+        {Kind::field, "/iterations/aggregate/{column}", "mean", "", "float64", "",
+         "Mean over the ranks counted."},
+        {Kind::field, "/iterations/aggregate/{column}", "max", "", "float64", "", "Largest value."},
+        {Kind::field, "/iterations/aggregate/{column}", "argmax", "", "int64", "",
+         "The rank holding `max` (the lowest on a tie); -1 when no rank has a value."},
+        {Kind::field, "/iterations/aggregate/{column}", "count", "", "int64", "",
+         "Ranks with a finite value in this row."},
+        {Kind::field, "/iterations/aggregate/{column}", "slowest", "", "float64", "",
+         "The value on the row's slowest rank: the rank with the largest `slowest_by` value "
+         "(`aggregate/<slowest_by>` `argmax`)."},
         {Kind::column, kIterations, "iteration", "1", "", "",
          "0-based iteration number, counted over the run (a file written by `--resume` starts at "
          "`resumed_from_iteration`)."},
@@ -523,6 +548,24 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kEpochs, "rows", "", "int", "", kSeriesRowsMeaning},
         {Kind::per_rank, "/epochs/rank_rows", "", "1", "int64", "run.workload=cv or llm",
          kRankRowsMeaning},
+        {Kind::per_rank, "/epochs/ranks", "", "1", "int64", "run.workload=cv or llm",
+         kRanksMeaning},
+        {Kind::group, "/epochs/aggregate", "", "", "", "", kAggregateGroupMeaning},
+        {Kind::attribute, "/epochs/aggregate", "rows", "", "int", "", kAggregateRowsMeaning},
+        {Kind::attribute, "/epochs/aggregate", "slowest_by", "", "str", "",
+         kAggregateSlowestByMeaning},
+        {Kind::compound, "/epochs/aggregate/{column}", "", "", "", "", kAggregateMeaning},
+        {Kind::field, "/epochs/aggregate/{column}", "min", "", "float64", "", "Smallest value."},
+        {Kind::field, "/epochs/aggregate/{column}", "mean", "", "float64", "",
+         "Mean over the ranks counted."},
+        {Kind::field, "/epochs/aggregate/{column}", "max", "", "float64", "", "Largest value."},
+        {Kind::field, "/epochs/aggregate/{column}", "argmax", "", "int64", "",
+         "The rank holding `max` (the lowest on a tie); -1 when no rank has a value."},
+        {Kind::field, "/epochs/aggregate/{column}", "count", "", "int64", "",
+         "Ranks with a finite value in this row."},
+        {Kind::field, "/epochs/aggregate/{column}", "slowest", "", "float64", "",
+         "The value on the row's slowest rank: the rank with the largest `slowest_by` value "
+         "(`aggregate/<slowest_by>` `argmax`)."},
         {Kind::column, kEpochs, "epoch", "1", "", "", "0-based epoch."},
         {Kind::column, kEpochs, "epoch_s", "s", "", "",
          "Duration of the epoch, evaluation included."},

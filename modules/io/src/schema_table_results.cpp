@@ -172,6 +172,8 @@ const std::vector<Entry>& result_entries() {
         {Kind::attribute, kCommBuckets, "rows", "", "int", "", kSeriesRowsMeaning},
         {Kind::per_rank, "/comm/buckets/rank_rows", "", "1", "int64", "gradient buckets",
          kRankRowsMeaning},
+        {Kind::per_rank, "/comm/buckets/ranks", "", "1", "int64", "gradient buckets",
+         kRanksMeaning},
         {Kind::column, kCommBuckets, "bucket_{k}_s", "s", "", "",
          "Bucket k's allreduce (0-based, in launch order) in that iteration: its own duration, "
          "measured on the MPI backend's progress thread or between CUDA events on NCCL's stream."},
@@ -214,6 +216,8 @@ const std::vector<Entry>& result_entries() {
         {Kind::attribute, kTelemetry, "rows", "", "int", "", kSeriesRowsMeaning},
         {Kind::per_rank, "/telemetry/rank_rows", "", "1", "int64", "telemetry.enabled=true",
          kRankRowsMeaning},
+        {Kind::per_rank, "/telemetry/ranks", "", "1", "int64", "telemetry.enabled=true",
+         kRanksMeaning},
         {Kind::attribute, kTelemetry, "gpu_available", "", "int", "",
          "1 if every rank sampled its GPU through NVML, else 0."},
         {Kind::attribute, kTelemetry, "gpu_available_ranks", "", "int", "",

@@ -89,15 +89,17 @@ Recorder::Recorder(io::RunFile& file, MPI_Comm comm, prof::PhaseTimer& timer, in
                    std::int64_t expected_iterations)
     : file_(file), comm_(comm), timer_(timer), flush_every_(flush_every),
       warmup_iters_(warmup_iters), extra_count_(extra_columns.size()) {
-    int size = 1;
-    MPI_Comm_size(comm_, &size);
-    // Chunks sized to the run (io::series_chunk_rows): a 5-iteration run allocates 8 rows a
-    // chunk, a 100,000-iteration run 1 MiB chunks.
-    chunk_rows_ = io::series_chunk_rows(expected_iterations, size);
+    // Chunks sized to the run and to the ranks writing per-rank rows (io::series_chunk_rows): a
+    // 5-iteration run allocates 8 rows a chunk, a 100,000-iteration run 1 MiB chunks.
+    const int rows_r = std::max(1, file_.per_rank_count());
+    chunk_rows_ = io::series_chunk_rows(expected_iterations, rows_r);
     std::vector<io::Column> columns = iteration_columns();
     columns.insert(columns.end(), extra_columns.begin(), extra_columns.end());
-    file_.declare_series(schema::kIterations, columns, chunk_rows_);
-    file_.declare_series(schema::kEpochs, epoch_columns(), io::series_chunk_rows(0, size));
+    // Per-row aggregates over every rank; a row's slowest rank is the one with the longest step
+    // (the epoch's duration for /epochs).
+    file_.declare_series(schema::kIterations, columns, chunk_rows_, "step_s");
+    file_.declare_series(schema::kEpochs, epoch_columns(), io::series_chunk_rows(0, rows_r),
+                         "epoch_s");
 }
 
 void Recorder::record_iteration(const IterationValues& v) {

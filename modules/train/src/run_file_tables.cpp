@@ -2,6 +2,8 @@
 // and units of docs/run_file_schema.md, from the plain data prof and dist hand over.
 #include "trainscope/train/run_file_tables.hpp"
 
+#include <algorithm>
+
 #include <cstdint>
 
 #include "trainscope/dist/bandwidth.hpp"
@@ -113,9 +115,8 @@ void declare_telemetry(io::RunFile& file, const prof::TelemetrySampler& sampler,
         columns.push_back({c.name, c.units});
     // Samples are few (2 per second by default): chunks sized to the run keep a short run's file
     // small (the MPI-IO driver allocates a whole chunk for its first sample).
-    int size = 1;
-    MPI_Comm_size(file.comm(), &size);
-    file.declare_series(schema::kTelemetry, columns, io::series_chunk_rows(expected_rows, size));
+    file.declare_series(schema::kTelemetry, columns,
+                        io::series_chunk_rows(expected_rows, std::max(1, file.per_rank_count())));
 }
 
 void append_telemetry(io::RunFile& file, prof::TelemetrySampler& sampler) {

@@ -19,6 +19,7 @@
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/io/options.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/io/schema.hpp"
 #include "trainscope/prof/memory.hpp"
@@ -189,6 +190,10 @@ void Session::open_run_file() {
         {"num_nodes", static_cast<std::int64_t>(topo.num_nodes)},
         {"workload", std::string(to_string(s.workload->kind()))},
     };
+    // Which ranks write per-rank series rows (every rank enters the aggregates).
+    const io::PerRank per_rank =
+        io::parse_per_rank(c.get_string("output.per_rank"), topo.world_size);
+    root.push_back({"per_rank", per_rank.str()});
     std::string path = c.get_string("output.file");
     int restart_index = 0;
     if (s.resume) {
@@ -227,6 +232,7 @@ void Session::open_run_file() {
     s.file = std::make_unique<io::RunFile>(
         io::RunFile::create(world, path, c.get_bool("output.overwrite"), root));
     s.file->set_sync_interval(c.get_float("output.sync_every_s"));
+    s.file->select_per_rank(per_rank.writes(topo.rank, topo.local_rank));
     s.checkpointer = std::make_unique<Checkpointer>(
         c.get_string("checkpoint.dir"), static_cast<int>(c.get_int("checkpoint.keep")), world, c,
         path, restart_index, s.env.layout.global_batch());

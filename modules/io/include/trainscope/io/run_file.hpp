@@ -61,6 +61,17 @@ struct FlushStats {
     }
 };
 
+// One row of an aggregate dataset (/<group>/aggregate/<column>): the column's values in one row of
+// the series over every rank that has a finite value there (count); NaN and argmax -1 when none.
+struct AggregateRow {
+    double min;
+    double mean;
+    double max;
+    std::int64_t argmax; // the rank holding max (the lowest such rank on a tie)
+    std::int64_t count;  // ranks with a finite value
+    double slowest;      // the value on the rank with the largest aggregate_by value in this row
+};
+
 class RunFile {
   public:
     // One row of /ranks, filled by each rank about itself.
@@ -103,18 +114,32 @@ class RunFile {
     // Collective. /ranks: compound table [world_size], row r written by rank r.
     void write_ranks(const RankRow& mine);
 
-    // Collective, once per group. Each column becomes dataset /<group>/<column> of shape
-    // [world_size, n] (float64, chunked [world_size, chunk_rows], extendable along n, NaN where
-    // a rank has no row, attribute units), and /<group>/rank_rows (int64 [world_size]) the rows
-    // each rank has written. The MPI-IO driver allocates every chunk of the extent at once, so
-    // chunk_rows should be about the rows a run writes (series_chunk_rows: at most 1 MiB a
-    // chunk). Every rank must declare the same columns in the same order.
+    // Collective, before the first declare_series (default: every rank): whether this rank
+    // writes per-rank rows into the series (output.per_rank). The R ranks that do are the series'
+    // rows, in rank order; the others only contribute to the aggregates. Three collectives
+    // (MPI_Exscan, MPI_Allreduce, MPI_Gather to rank 0), once.
+    void select_per_rank(bool mine);
+    // Local. R, the ranks writing per-rank rows (world_size unless select_per_rank chose fewer).
+    int per_rank_count() const;
+
+    // Collective, once per group. Each column becomes dataset /<group>/<column> of shape [R, n]
+    // (float64, chunked [R, chunk_rows], extendable along n, NaN where a rank has no row,
+    // attribute units): row j holds rank /<group>/ranks[j] (int64 [R]), and /<group>/rank_rows
+    // (int64 [R]) the rows each of them has written. The MPI-IO driver allocates every chunk of
+    // the extent at once, so chunk_rows should be about the rows a run writes (series_chunk_rows:
+    // at most 1 MiB a chunk). Every rank must declare the same columns in the same order.
+    //
+    // aggregate_by (a column name, or empty): the series also gets, over ALL ranks, one compound
+    // dataset /<group>/aggregate/<column> [n] per column (AggregateRow: min, mean, max, argmax,
+    // count, slowest), reduced to rank 0 at each flush (row i once every rank has row i, the
+    // rest at a status change); `slowest` is the column's value on the rank with the largest
+    // aggregate_by value in that row.
     void declare_series(std::string_view group, const std::vector<Column>& columns,
-                        std::size_t chunk_rows = 64);
+                        std::size_t chunk_rows = 64, const std::string& aggregate_by = "");
 
     // Local. Buffers one row (values in column order) until the next flush().
     void append(std::string_view group, const std::vector<double>& row);
-    // Local. Rows of `group` appended by this rank so far (flushed + buffered).
+    // Local. Rows of `group` appended by this rank so far (written or not).
     std::size_t rows(std::string_view group) const;
     // Local. Columns `group` was declared with.
     std::size_t columns(std::string_view group) const;
@@ -127,9 +152,11 @@ class RunFile {
     // /<group>/rank_rows says how many rows each rank wrote) and become exact at set_status and
     // close. The file is synced (H5Fflush, an fsync on every rank; root attribute flushed_utc)
     // when set_sync_interval's seconds have passed since the last sync (0: every flush), so a
-    // killed job leaves a readable file with the rows of its last sync. Global collectives: two
-    // MPI_Allreduce (extents; agreement on a write error), plus one MPI_Gather while ranks hold
-    // different row counts, plus a sync's (issue 39; tests/mpi/pmpi_counter.cpp counts them).
+    // killed job leaves a readable file with the rows of its last sync. Only the R ranks of
+    // select_per_rank write rows; rank 0 writes the aggregates. Global collectives: two
+    // MPI_Allreduce (extents; agreement on a write error), one MPI_Reduce to rank 0 of the
+    // aggregates and, while ranks hold different row counts, of those counts (none when there is
+    // neither), plus a sync's (issue 39; tests/mpi/pmpi_counter.cpp counts them).
     void flush();
 
     // Collective. status is running|completed|failed|interrupted; flushes and always syncs; a
