@@ -141,6 +141,8 @@ struct RunFile::Impl {
     double last_sync = -std::numeric_limits<double>::infinity(); // MPI_Wtime on rank 0; the
                                                                  // first flush always syncs
     FlushStats stats;
+    std::string write_error; // a write of this rank failed at a flush: raised by every rank at the
+                             // next flush (write_pending)
     double arrived = 0, arrival_wait = 0; // the last write_pending's split (FlushStats)
 
     // Under SchemaCheck::strict: what is written must be in the schema table (schema.hpp). Every
@@ -282,10 +284,11 @@ struct RunFile::Impl {
     // once in chunk_rows rows, and a row is aggregated once every rank has it.
     //
     // Its global collectives (issue 39, counted by tests/mpi/pmpi_counter.cpp): one MPI_Allreduce
-    // (every series' longest and shortest rank, rank 0's clock and its decision to sync), one
-    // MPI_Reduce to rank 0 of the aggregates when there are rows to aggregate and of the row
-    // counts while ranks hold different counts, one MPI_Allreduce agreeing on a write error
-    // (core::first_failure), and on a sync H5Fflush's own. A rank writes its own rows with one
+    // (every series' longest and shortest rank, rank 0's clock, its decision to sync, a write
+    // error left by the previous flush), one MPI_Reduce to rank 0 of the aggregates when there
+    // are rows to aggregate and of the row counts while ranks hold different counts; at a sync
+    // or status change also one MPI_Allreduce agreeing on a write error (core::first_failure)
+    // and H5Fflush's own. A rank writes its own rows with one
     // independent H5Dwrite per column (no MPI-IO collective, no file view); rank 0 writes the
     // aggregates and the rank_rows datasets. Dataset extents and attributes are metadata: every
     // rank makes the same calls, and makes them only when an extent grows or at a sync. Returns
@@ -293,7 +296,7 @@ struct RunFile::Impl {
     bool write_pending(bool force_sync, bool exact = false) {
         const double entered = MPI_Wtime();
         const std::size_t groups = series.size();
-        std::vector<double> reduced(2 * groups + 3);
+        std::vector<double> reduced(2 * groups + 4);
         for (std::size_t g = 0; g < groups; ++g) {
             const auto rows = static_cast<double>(series[g].appended);
             reduced[g] = rows;
@@ -309,12 +312,17 @@ struct RunFile::Impl {
         } else {
             reduced[2 * groups] = reduced[2 * groups + 1] = reduced[2 * groups + 2] = -1.0;
         }
+        reduced[2 * groups + 3] = write_error.empty() ? -1.0 : 1.0;
         mpi_check(MPI_Allreduce(MPI_IN_PLACE, reduced.data(), static_cast<int>(reduced.size()),
                                 MPI_DOUBLE, MPI_MAX, comm),
                   "MPI_Allreduce");
         arrived = MPI_Wtime();
         arrival_wait = arrived - entered;
         const bool sync = reduced[2 * groups + 1] > 0;
+        // A write that failed on some rank at the previous flush: every rank raises its text now,
+        // before any metadata call.
+        if (reduced[2 * groups + 3] > 0)
+            throw_collective_output_error(agree_on_error(comm, write_error));
         // A sync that runs out of space fails inside H5Fflush on some ranks only, which leaves
         // the others waiting in HDF5's own collectives: stop every rank before, together.
         if (reduced[2 * groups + 2] >= 0)
@@ -373,9 +381,9 @@ struct RunFile::Impl {
             s.aggregated = aggregate_to[g];
         }
         // The writes are independent, so one rank may fail where the others succeed (a full
-        // file system, a quota): every rank learns of it here and raises the same error, rather
-        // than the others going on into a collective the failed rank never reaches.
-        std::string local_error;
+        // file system, a quota): the failed rank keeps the error (write_error) and every rank
+        // raises the same error together (below, or at the next flush), rather than the others
+        // going on into a collective the failed rank never reaches.
         try {
             write_rows(old_extent);
             for (std::size_t g = 0; g < groups; ++g) {
@@ -401,10 +409,15 @@ struct RunFile::Impl {
                 s.uneven = uneven;
             }
         } catch (const core::OutputError& e) {
-            local_error = e.what();
+            write_error = e.what();
         }
-        const std::string shared_error = agree_on_error(comm, local_error);
-        if (!shared_error.empty()) throw_collective_output_error(shared_error);
+        // The writes are independent: a rank that failed goes on, and every rank learns of it
+        // from the next flush's first MPI_Allreduce, so a flush needs no collective after its
+        // writes. A status change (the last flush) and a sync agree at once.
+        if (exact || sync) {
+            const std::string shared_error = agree_on_error(comm, write_error);
+            if (!shared_error.empty()) throw_collective_output_error(shared_error);
+        }
         if (sync) {
             write_root_attribute(Attribute{
                 "flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});

@@ -153,10 +153,11 @@ class RunFile {
     // close. The file is synced (H5Fflush, an fsync on every rank; root attribute flushed_utc)
     // when set_sync_interval's seconds have passed since the last sync (0: every flush), so a
     // killed job leaves a readable file with the rows of its last sync. Only the R ranks of
-    // select_per_rank write rows; rank 0 writes the aggregates. Global collectives: two
-    // MPI_Allreduce (extents; agreement on a write error), one MPI_Reduce to rank 0 of the
-    // aggregates and, while ranks hold different row counts, of those counts (none when there is
-    // neither), plus a sync's (issue 39; tests/mpi/pmpi_counter.cpp counts them).
+    // select_per_rank write rows; rank 0 writes the aggregates. Global collectives: one
+    // MPI_Allreduce (extents, the sync decision, a write error of the previous flush: every rank
+    // then raises the same OutputError), one MPI_Reduce to rank 0 of the aggregates and, while
+    // ranks hold different row counts, of those counts (none when there is neither); a sync adds
+    // an agreement on write errors and HDF5's own (issue 39; tests/mpi/pmpi_counter.cpp).
     void flush();
 
     // Collective. status is running|completed|failed|interrupted; flushes and always syncs; a
