@@ -28,12 +28,19 @@ PLAN_VAL_INDICES = "/plan/val_indices"  # vector [1]
 RANKS = "/ranks"  # compound [1]
 ITERATIONS = "/iterations"  # series
 ITERATIONS_RANK_ROWS = "/iterations/rank_rows"  # per_rank [1]
+ITERATIONS_RANKS = "/iterations/ranks"  # per_rank [1]
+ITERATIONS_AGGREGATE = "/iterations/aggregate"  # group
+ITERATIONS_AGGREGATE_COLUMN = "/iterations/aggregate/{column}"  # compound
 EPOCHS = "/epochs"  # series
 EPOCHS_RANK_ROWS = "/epochs/rank_rows"  # per_rank [1]
+EPOCHS_RANKS = "/epochs/ranks"  # per_rank [1]
+EPOCHS_AGGREGATE = "/epochs/aggregate"  # group
+EPOCHS_AGGREGATE_COLUMN = "/epochs/aggregate/{column}"  # compound
 SUMMARY = "/summary"  # group
 COMM = "/comm"  # group
 COMM_BUCKETS = "/comm/buckets"  # series
 COMM_BUCKETS_RANK_ROWS = "/comm/buckets/rank_rows"  # per_rank [1]
+COMM_BUCKETS_RANKS = "/comm/buckets/ranks"  # per_rank [1]
 COMM_BUCKETS_BYTES = "/comm/buckets/bytes"  # vector [B]
 COMM_OP = "/comm/{op}"  # group
 COMM_OP_BYTES = "/comm/{op}/bytes"  # vector [B]
@@ -44,6 +51,7 @@ COMM_OP_ALGBW_GBPS = "/comm/{op}/algbw_GBps"  # vector [GB/s]
 COMM_OP_BUSBW_GBPS = "/comm/{op}/busbw_GBps"  # vector [GB/s]
 TELEMETRY = "/telemetry"  # series
 TELEMETRY_RANK_ROWS = "/telemetry/rank_rows"  # per_rank [1]
+TELEMETRY_RANKS = "/telemetry/ranks"  # per_rank [1]
 PROFILE = "/profile"  # group
 PROFILE_WINDOW_S = "/profile/window_s"  # per_rank [s]
 PROFILE_ITERATIONS = "/profile/iterations"  # per_rank [iterations]
@@ -115,8 +123,12 @@ ENTRIES = (
                                                  "`interrupted`) was written; absent while "
                                                  "`running`."},
     {"kind": "attribute", "path": "/", "name": "world_size", "units": "", "type": "int",
-     "when": "", "meaning": "Number of ranks = the first dimension of every per-rank series and "
-                            "dataset."},
+     "when": "", "meaning": "Number of ranks = the first dimension of every per-rank dataset, "
+                            "and of every per-rank series unless `per_rank` kept fewer."},
+    {"kind": "attribute", "path": "/", "name": "per_rank", "units": "", "type": "str",
+     "when": "", "meaning": "`output.per_rank` as resolved: which ranks write per-rank series "
+                            "rows (`all`, `none`, `node`, `every:K`); the series' `ranks` "
+                            "datasets list them (issue 39)."},
     {"kind": "attribute", "path": "/", "name": "trainscope_version", "units": "", "type": "str",
      "when": "", "meaning": "Version of trainscope that wrote the file (the same as "
                             "`/build@trainscope`)."},
@@ -478,20 +490,23 @@ ENTRIES = (
                                                   "one row per rank and iteration (NaN where a "
                                                   "value does not exist on this run). A "
                                                   "per-rank series group: each column is a 2-D "
-                                                  "float64 dataset `/<group>/<column>` "
-                                                  "[world_size, n] with its `units`; row r "
-                                                  "belongs to rank r, column i is that rank's "
-                                                  "i-th record. Datasets are chunked "
-                                                  "[min(world_size, 64), K] (K: the run's "
+                                                  "float64 dataset `/<group>/<column>` [R, n] "
+                                                  "with its `units`; row j belongs to rank "
+                                                  "`ranks[j]` (R = world_size and row r = rank "
+                                                  "r unless `output.per_rank` keeps fewer "
+                                                  "ranks), column i is that rank's i-th record; "
+                                                  "`aggregate/` holds every row's min, mean, "
+                                                  "max, argmax and slowest rank over all ranks. "
+                                                  "Datasets are chunked [R, K] (K: the run's "
                                                   "expected rows rounded up to a power of two, "
                                                   "8 to 1 MiB per chunk) and extendable along n "
-                                                  "(max shape [world_size, unlimited]); each "
-                                                  "rank writes its own row block with "
-                                                  "independent I/O, no fill values. Ranks may "
-                                                  "record different numbers of rows; n is the "
-                                                  "longest rank's count and the missing tail of "
-                                                  "a shorter rank is NaN, written by that rank "
-                                                  "(see `rank_rows`). With "
+                                                  "(max shape [R, unlimited]); each rank writes "
+                                                  "its own row block with independent I/O, no "
+                                                  "fill values. Ranks may record different "
+                                                  "numbers of rows; n is the longest rank's "
+                                                  "count and the missing tail of a shorter rank "
+                                                  "is NaN, written by that rank (see "
+                                                  "`rank_rows`). With "
                                                   "`profile.accounting=false` the accounting "
                                                   "columns (`comm_*`, state bytes, memory "
                                                   "counters) are NaN: that switch exists to "
@@ -506,18 +521,59 @@ ENTRIES = (
                             "A status change (completed, failed, interrupted) sets it to the "
                             "longest rank's rows."},
     {"kind": "per_rank", "path": "/iterations/rank_rows", "name": "", "units": "1", "type": "int64",
-     "when": "run.workload=cv or llm", "meaning": "Rows rank r actually wrote (≤ `rows`); "
-                                                  "rewritten by rank 0 at a flush when the "
-                                                  "counts changed. Use it, not `isnan`, to know "
-                                                  "how many rows each rank really wrote: a rank "
-                                                  "may also record NaN on purpose (e.g. no "
-                                                  "validation loss that epoch). A dataset, not "
-                                                  "an attribute: an attribute of world_size "
-                                                  "elements exceeds HDF5's 64 KiB object-header "
-                                                  "message limit from 8,184 ranks (files of "
-                                                  "schema revisions before issue 39 have it as "
-                                                  "the attribute `rank_rows`, which readers "
-                                                  "still accept)."},
+     "when": "run.workload=cv or llm", "meaning": "Rows the rank of per-rank row j (`ranks[j]`) "
+                                                  "actually wrote (≤ `rows`); rewritten by rank "
+                                                  "0 at a flush when the counts changed. Use "
+                                                  "it, not `isnan`, to know how many rows each "
+                                                  "rank really wrote: a rank may also record "
+                                                  "NaN on purpose (e.g. no validation loss that "
+                                                  "epoch). A dataset, not an attribute: an "
+                                                  "attribute of world_size elements exceeds "
+                                                  "HDF5's 64 KiB object-header message limit "
+                                                  "from 8,184 ranks (files of schema revisions "
+                                                  "before issue 39 have it as the attribute "
+                                                  "`rank_rows`, which readers still accept)."},
+    {"kind": "per_rank", "path": "/iterations/ranks", "name": "", "units": "1", "type": "int64",
+     "when": "run.workload=cv or llm", "meaning": "The MPI rank of each per-rank row, "
+                                                  "ascending: row j of every dataset in the "
+                                                  "group (and of `rank_rows`) is rank "
+                                                  "`ranks[j]`. All ranks (R = world_size) "
+                                                  "unless `output.per_rank` chose fewer (root "
+                                                  "attribute `per_rank`); the aggregates cover "
+                                                  "every rank either way. Files written before "
+                                                  "issue 39 have no `ranks`: their rows are "
+                                                  "ranks 0..world_size-1."},
+    {"kind": "group", "path": "/iterations/aggregate", "name": "", "units": "", "type": "",
+     "when": "", "meaning": "Per-row statistics over **every** rank, whatever `output.per_rank` "
+                            "keeps per rank: one compound dataset per column of the series, "
+                            "reduced to rank 0 at each flush (one MPI_Reduce for all columns) "
+                            "and written by it. A row is aggregated once every rank has it; a "
+                            "status change aggregates the rest (a rank without that row is left "
+                            "out: see `count`)."},
+    {"kind": "attribute", "path": "/iterations/aggregate", "name": "rows", "units": "", "type": "int",
+     "when": "", "meaning": "Rows aggregated as of the last file sync (the datasets' extent may "
+                            "be larger while the run writes: those rows have `count` 0)."},
+    {"kind": "attribute", "path": "/iterations/aggregate", "name": "slowest_by", "units": "", "type": "str",
+     "when": "", "meaning": "The column that decides which rank was the slowest in a row "
+                            "(`slowest`)."},
+    {"kind": "compound", "path": "/iterations/aggregate/{column}", "name": "", "units": "", "type": "",
+     "when": "", "meaning": "Compound [n]: row i summarises column `{column}` in row i over "
+                            "every rank with a finite value there (NaN counts as no value). "
+                            "Attribute `units`: the column's."},
+    {"kind": "field", "path": "/iterations/aggregate/{column}", "name": "min", "units": "", "type": "float64",
+     "when": "", "meaning": "Smallest value."},
+    {"kind": "field", "path": "/iterations/aggregate/{column}", "name": "mean", "units": "", "type": "float64",
+     "when": "", "meaning": "Mean over the ranks counted."},
+    {"kind": "field", "path": "/iterations/aggregate/{column}", "name": "max", "units": "", "type": "float64",
+     "when": "", "meaning": "Largest value."},
+    {"kind": "field", "path": "/iterations/aggregate/{column}", "name": "argmax", "units": "", "type": "int64",
+     "when": "", "meaning": "The rank holding `max` (the lowest on a tie); -1 when no rank has "
+                            "a value."},
+    {"kind": "field", "path": "/iterations/aggregate/{column}", "name": "count", "units": "", "type": "int64",
+     "when": "", "meaning": "Ranks with a finite value in this row."},
+    {"kind": "field", "path": "/iterations/aggregate/{column}", "name": "slowest", "units": "", "type": "float64",
+     "when": "", "meaning": "The value on the row's slowest rank: the rank with the largest "
+                            "`slowest_by` value (`aggregate/<slowest_by>` `argmax`)."},
     {"kind": "column", "path": "/iterations", "name": "iteration", "units": "1", "type": "",
      "when": "", "meaning": "0-based iteration number, counted over the run (a file written by "
                             "`--resume` starts at `resumed_from_iteration`)."},
@@ -749,18 +805,59 @@ ENTRIES = (
                             "A status change (completed, failed, interrupted) sets it to the "
                             "longest rank's rows."},
     {"kind": "per_rank", "path": "/epochs/rank_rows", "name": "", "units": "1", "type": "int64",
-     "when": "run.workload=cv or llm", "meaning": "Rows rank r actually wrote (≤ `rows`); "
-                                                  "rewritten by rank 0 at a flush when the "
-                                                  "counts changed. Use it, not `isnan`, to know "
-                                                  "how many rows each rank really wrote: a rank "
-                                                  "may also record NaN on purpose (e.g. no "
-                                                  "validation loss that epoch). A dataset, not "
-                                                  "an attribute: an attribute of world_size "
-                                                  "elements exceeds HDF5's 64 KiB object-header "
-                                                  "message limit from 8,184 ranks (files of "
-                                                  "schema revisions before issue 39 have it as "
-                                                  "the attribute `rank_rows`, which readers "
-                                                  "still accept)."},
+     "when": "run.workload=cv or llm", "meaning": "Rows the rank of per-rank row j (`ranks[j]`) "
+                                                  "actually wrote (≤ `rows`); rewritten by rank "
+                                                  "0 at a flush when the counts changed. Use "
+                                                  "it, not `isnan`, to know how many rows each "
+                                                  "rank really wrote: a rank may also record "
+                                                  "NaN on purpose (e.g. no validation loss that "
+                                                  "epoch). A dataset, not an attribute: an "
+                                                  "attribute of world_size elements exceeds "
+                                                  "HDF5's 64 KiB object-header message limit "
+                                                  "from 8,184 ranks (files of schema revisions "
+                                                  "before issue 39 have it as the attribute "
+                                                  "`rank_rows`, which readers still accept)."},
+    {"kind": "per_rank", "path": "/epochs/ranks", "name": "", "units": "1", "type": "int64",
+     "when": "run.workload=cv or llm", "meaning": "The MPI rank of each per-rank row, "
+                                                  "ascending: row j of every dataset in the "
+                                                  "group (and of `rank_rows`) is rank "
+                                                  "`ranks[j]`. All ranks (R = world_size) "
+                                                  "unless `output.per_rank` chose fewer (root "
+                                                  "attribute `per_rank`); the aggregates cover "
+                                                  "every rank either way. Files written before "
+                                                  "issue 39 have no `ranks`: their rows are "
+                                                  "ranks 0..world_size-1."},
+    {"kind": "group", "path": "/epochs/aggregate", "name": "", "units": "", "type": "",
+     "when": "", "meaning": "Per-row statistics over **every** rank, whatever `output.per_rank` "
+                            "keeps per rank: one compound dataset per column of the series, "
+                            "reduced to rank 0 at each flush (one MPI_Reduce for all columns) "
+                            "and written by it. A row is aggregated once every rank has it; a "
+                            "status change aggregates the rest (a rank without that row is left "
+                            "out: see `count`)."},
+    {"kind": "attribute", "path": "/epochs/aggregate", "name": "rows", "units": "", "type": "int",
+     "when": "", "meaning": "Rows aggregated as of the last file sync (the datasets' extent may "
+                            "be larger while the run writes: those rows have `count` 0)."},
+    {"kind": "attribute", "path": "/epochs/aggregate", "name": "slowest_by", "units": "", "type": "str",
+     "when": "", "meaning": "The column that decides which rank was the slowest in a row "
+                            "(`slowest`)."},
+    {"kind": "compound", "path": "/epochs/aggregate/{column}", "name": "", "units": "", "type": "",
+     "when": "", "meaning": "Compound [n]: row i summarises column `{column}` in row i over "
+                            "every rank with a finite value there (NaN counts as no value). "
+                            "Attribute `units`: the column's."},
+    {"kind": "field", "path": "/epochs/aggregate/{column}", "name": "min", "units": "", "type": "float64",
+     "when": "", "meaning": "Smallest value."},
+    {"kind": "field", "path": "/epochs/aggregate/{column}", "name": "mean", "units": "", "type": "float64",
+     "when": "", "meaning": "Mean over the ranks counted."},
+    {"kind": "field", "path": "/epochs/aggregate/{column}", "name": "max", "units": "", "type": "float64",
+     "when": "", "meaning": "Largest value."},
+    {"kind": "field", "path": "/epochs/aggregate/{column}", "name": "argmax", "units": "", "type": "int64",
+     "when": "", "meaning": "The rank holding `max` (the lowest on a tie); -1 when no rank has "
+                            "a value."},
+    {"kind": "field", "path": "/epochs/aggregate/{column}", "name": "count", "units": "", "type": "int64",
+     "when": "", "meaning": "Ranks with a finite value in this row."},
+    {"kind": "field", "path": "/epochs/aggregate/{column}", "name": "slowest", "units": "", "type": "float64",
+     "when": "", "meaning": "The value on the row's slowest rank: the rank with the largest "
+                            "`slowest_by` value (`aggregate/<slowest_by>` `argmax`)."},
     {"kind": "column", "path": "/epochs", "name": "epoch", "units": "1", "type": "",
      "when": "", "meaning": "0-based epoch."},
     {"kind": "column", "path": "/epochs", "name": "epoch_s", "units": "s", "type": "",
@@ -997,17 +1094,26 @@ ENTRIES = (
                             "A status change (completed, failed, interrupted) sets it to the "
                             "longest rank's rows."},
     {"kind": "per_rank", "path": "/comm/buckets/rank_rows", "name": "", "units": "1", "type": "int64",
-     "when": "gradient buckets", "meaning": "Rows rank r actually wrote (≤ `rows`); rewritten "
-                                            "by rank 0 at a flush when the counts changed. Use "
-                                            "it, not `isnan`, to know how many rows each rank "
-                                            "really wrote: a rank may also record NaN on "
-                                            "purpose (e.g. no validation loss that epoch). A "
-                                            "dataset, not an attribute: an attribute of "
-                                            "world_size elements exceeds HDF5's 64 KiB "
-                                            "object-header message limit from 8,184 ranks "
-                                            "(files of schema revisions before issue 39 have it "
-                                            "as the attribute `rank_rows`, which readers still "
-                                            "accept)."},
+     "when": "gradient buckets", "meaning": "Rows the rank of per-rank row j (`ranks[j]`) "
+                                            "actually wrote (≤ `rows`); rewritten by rank 0 at "
+                                            "a flush when the counts changed. Use it, not "
+                                            "`isnan`, to know how many rows each rank really "
+                                            "wrote: a rank may also record NaN on purpose (e.g. "
+                                            "no validation loss that epoch). A dataset, not an "
+                                            "attribute: an attribute of world_size elements "
+                                            "exceeds HDF5's 64 KiB object-header message limit "
+                                            "from 8,184 ranks (files of schema revisions before "
+                                            "issue 39 have it as the attribute `rank_rows`, "
+                                            "which readers still accept)."},
+    {"kind": "per_rank", "path": "/comm/buckets/ranks", "name": "", "units": "1", "type": "int64",
+     "when": "gradient buckets", "meaning": "The MPI rank of each per-rank row, ascending: row "
+                                            "j of every dataset in the group (and of "
+                                            "`rank_rows`) is rank `ranks[j]`. All ranks (R = "
+                                            "world_size) unless `output.per_rank` chose fewer "
+                                            "(root attribute `per_rank`); the aggregates cover "
+                                            "every rank either way. Files written before issue "
+                                            "39 have no `ranks`: their rows are ranks "
+                                            "0..world_size-1."},
     {"kind": "column", "path": "/comm/buckets", "name": "bucket_{k}_s", "units": "s", "type": "",
      "when": "", "meaning": "Bucket k's allreduce (0-based, in launch order) in that iteration: "
                             "its own duration, measured on the MPI backend's progress thread or "
@@ -1073,18 +1179,28 @@ ENTRIES = (
                             "A status change (completed, failed, interrupted) sets it to the "
                             "longest rank's rows."},
     {"kind": "per_rank", "path": "/telemetry/rank_rows", "name": "", "units": "1", "type": "int64",
-     "when": "telemetry.enabled=true", "meaning": "Rows rank r actually wrote (≤ `rows`); "
-                                                  "rewritten by rank 0 at a flush when the "
-                                                  "counts changed. Use it, not `isnan`, to know "
-                                                  "how many rows each rank really wrote: a rank "
-                                                  "may also record NaN on purpose (e.g. no "
-                                                  "validation loss that epoch). A dataset, not "
-                                                  "an attribute: an attribute of world_size "
-                                                  "elements exceeds HDF5's 64 KiB object-header "
-                                                  "message limit from 8,184 ranks (files of "
-                                                  "schema revisions before issue 39 have it as "
-                                                  "the attribute `rank_rows`, which readers "
-                                                  "still accept)."},
+     "when": "telemetry.enabled=true", "meaning": "Rows the rank of per-rank row j (`ranks[j]`) "
+                                                  "actually wrote (≤ `rows`); rewritten by rank "
+                                                  "0 at a flush when the counts changed. Use "
+                                                  "it, not `isnan`, to know how many rows each "
+                                                  "rank really wrote: a rank may also record "
+                                                  "NaN on purpose (e.g. no validation loss that "
+                                                  "epoch). A dataset, not an attribute: an "
+                                                  "attribute of world_size elements exceeds "
+                                                  "HDF5's 64 KiB object-header message limit "
+                                                  "from 8,184 ranks (files of schema revisions "
+                                                  "before issue 39 have it as the attribute "
+                                                  "`rank_rows`, which readers still accept)."},
+    {"kind": "per_rank", "path": "/telemetry/ranks", "name": "", "units": "1", "type": "int64",
+     "when": "telemetry.enabled=true", "meaning": "The MPI rank of each per-rank row, "
+                                                  "ascending: row j of every dataset in the "
+                                                  "group (and of `rank_rows`) is rank "
+                                                  "`ranks[j]`. All ranks (R = world_size) "
+                                                  "unless `output.per_rank` chose fewer (root "
+                                                  "attribute `per_rank`); the aggregates cover "
+                                                  "every rank either way. Files written before "
+                                                  "issue 39 have no `ranks`: their rows are "
+                                                  "ranks 0..world_size-1."},
     {"kind": "attribute", "path": "/telemetry", "name": "gpu_available", "units": "", "type": "int",
      "when": "", "meaning": "1 if every rank sampled its GPU through NVML, else 0."},
     {"kind": "attribute", "path": "/telemetry", "name": "gpu_available_ranks", "units": "", "type": "int",
@@ -1444,6 +1560,8 @@ UNITS = {
     "/plan/val_indices": "1",
     "/ranks": "1",
     "/iterations/rank_rows": "1",
+    "/iterations/ranks": "1",
+    "/iterations/aggregate/{column}": "",
     "/iterations/iteration": "1",
     "/iterations/epoch": "1",
     "/iterations/t_start": "s",
@@ -1507,6 +1625,8 @@ UNITS = {
     "/iterations/reduce_scatter_exposed_s": "s",
     "/iterations/gathered_weight_bytes": "B",
     "/epochs/rank_rows": "1",
+    "/epochs/ranks": "1",
+    "/epochs/aggregate/{column}": "",
     "/epochs/epoch": "1",
     "/epochs/epoch_s": "s",
     "/epochs/train_loss": "1",
@@ -1516,6 +1636,7 @@ UNITS = {
     "/epochs/val_perplexity": "1",
     "/epochs/eval_s": "s",
     "/comm/buckets/rank_rows": "1",
+    "/comm/buckets/ranks": "1",
     "/comm/buckets/bucket_{k}_s": "s",
     "/comm/buckets/bytes": "B",
     "/comm/{op}/bytes": "B",
@@ -1525,6 +1646,7 @@ UNITS = {
     "/comm/{op}/algbw_GBps": "GB/s",
     "/comm/{op}/busbw_GBps": "GB/s",
     "/telemetry/rank_rows": "1",
+    "/telemetry/ranks": "1",
     "/telemetry/t_s": "s",
     "/telemetry/cpu_percent": "percent",
     "/telemetry/rss_bytes": "B",
@@ -1574,6 +1696,7 @@ ATTRIBUTES = {
         "flushed_utc": "str",
         "finished_utc": "str",
         "world_size": "int",
+        "per_rank": "str",
         "trainscope_version": "str",
         "git_sha": "str",
         "command_line": "str",
@@ -1662,9 +1785,17 @@ ATTRIBUTES = {
         "columns": "str",
         "rows": "int",
     },
+    "/iterations/aggregate": {
+        "rows": "int",
+        "slowest_by": "str",
+    },
     "/epochs": {
         "columns": "str",
         "rows": "int",
+    },
+    "/epochs/aggregate": {
+        "rows": "int",
+        "slowest_by": "str",
     },
     "/summary": {
         "total_iterations": "int",
