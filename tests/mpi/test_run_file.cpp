@@ -714,6 +714,60 @@ TEST_F(RunFileTest, AggregatesCoverRowsOnlySomeRanksHaveAndNoPerRankRows) {
     EXPECT_EQ(f.int_attr("/iterations/aggregate", "rows"), n);
 }
 
+// output.per_rank and output.mpi_hints as the session resolves them; bad values name the option.
+TEST(RunFileOptions, PerRankModesAndHintsParse) {
+    EXPECT_EQ(io::parse_per_rank("auto", io::kPerRankAutoRanks).str(), "all");
+    EXPECT_EQ(io::parse_per_rank("auto", 64).str(), "every:2");
+    EXPECT_EQ(io::parse_per_rank("auto", 16384).str(), "every:512");
+    const io::PerRank every = io::parse_per_rank("every:3", 64);
+    EXPECT_TRUE(every.writes(0, 0) && every.writes(3, 3) && !every.writes(4, 0));
+    const io::PerRank node = io::parse_per_rank("node", 64);
+    EXPECT_TRUE(node.writes(5, 0) && !node.writes(5, 1));
+    EXPECT_FALSE(io::parse_per_rank("none", 2).writes(0, 0));
+    for (const char* bad : {"every:0", "every:", "every:2x", "some", ""}) {
+        try {
+            io::parse_per_rank(bad, 8);
+            ADD_FAILURE() << bad << " was accepted";
+        } catch (const core::ConfigError& e) {
+            EXPECT_NE(std::string(e.what()).find("output.per_rank"), std::string::npos) << e.what();
+        }
+    }
+    const auto hints = io::parse_mpi_hints("striping_factor=8,romio_cb_write=disable");
+    ASSERT_EQ(hints.size(), 2u);
+    EXPECT_EQ(hints[1], (std::pair<std::string, std::string>{"romio_cb_write", "disable"}));
+    EXPECT_TRUE(io::parse_mpi_hints("").empty());
+    for (const char* bad : {"striping_factor", "=8", "a=1,b", "a = 1"})
+        EXPECT_THROW(io::parse_mpi_hints(bad), core::ConfigError) << bad;
+}
+
+// output.alignment_bytes reaches HDF5: a dataset of at least that size starts on a multiple of it
+// (and, as a control, does not without the hint); MPI-IO hints are accepted.
+TEST_F(RunFileTest, AlignmentHintAlignsLargeDatasets) {
+    std::vector<haddr_t> offsets;
+    for (const std::int64_t alignment : {std::int64_t{0}, std::int64_t{4096}}) {
+        const std::string path = dir_ + "/aligned" + std::to_string(alignment) + ".h5";
+        io::AccessHints hints;
+        hints.mpi_hints = {{"cb_nodes", "1"}};
+        hints.alignment_bytes = alignment;
+        {
+            auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {},
+                                            io::SchemaCheck::off, hints);
+            file.write_vector("small", {1.0, 2.0, 3.0}, "1");
+            file.write_vector("large", std::vector<double>(1000, 0.5), "1");
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (world_rank() != 0) continue;
+        Reader f(path);
+        const hid_t d = H5Dopen2(f.file, "/large", H5P_DEFAULT);
+        offsets.push_back(H5Dget_offset(d));
+        H5Dclose(d);
+    }
+    if (world_rank() != 0) return;
+    ASSERT_EQ(offsets.size(), 2u);
+    EXPECT_NE(offsets[0] % 4096, 0u) << "the control is aligned by chance: " << offsets[0];
+    EXPECT_EQ(offsets[1] % 4096, 0u) << offsets[1];
+}
+
 TEST_F(RunFileTest, DestructorWritesBufferedRowsAndCloses) {
     const std::string path = dir_ + "/run.h5";
     const int r = world_rank();

@@ -26,6 +26,32 @@ void declare_options(core::OptionRegistry& registry) {
         "/telemetry); every rank always enters the per-row aggregates (min, mean, max, argmax, "
         "slowest). all | none | node (local rank 0 of each node) | every:K (ranks 0, K, 2K, ...) "
         "| auto (all up to 32 ranks, else every:ceil(N/32))");
+    registry.add_string("output.mpi_hints", "",
+                        "MPI-IO hints for the run file, key=value pairs separated by commas, e.g. "
+                        "striping_factor=8,striping_unit=4194304,romio_cb_write=disable (Lustre "
+                        "with ROMIO); empty = the MPI library's defaults");
+    registry.add_int("output.alignment_bytes", 0,
+                     "align HDF5 objects of at least this many bytes on multiples of it (e.g. "
+                     "the file system's stripe size); 0 = HDF5's default",
+                     0.0);
+}
+
+std::vector<std::pair<std::string, std::string>> parse_mpi_hints(const std::string& value) {
+    std::vector<std::pair<std::string, std::string>> hints;
+    std::size_t start = 0;
+    while (start < value.size()) {
+        const std::size_t end = std::min(value.find(',', start), value.size());
+        const std::string item = value.substr(start, end - start);
+        const std::size_t eq = item.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == item.size() ||
+            item.find_first_of(" \t") != std::string::npos)
+            throw core::ConfigError("output.mpi_hints=" + value + ": '" + item +
+                                    "' is not key=value (pairs separated by commas, no spaces, "
+                                    "e.g. striping_factor=8,cb_nodes=4)");
+        hints.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+        start = end + 1;
+    }
+    return hints;
 }
 
 PerRank parse_per_rank(const std::string& value, int world_size) {

@@ -695,7 +695,8 @@ RunFile::~RunFile() {
 }
 
 RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
-                        const std::vector<Attribute>& root_attrs, SchemaCheck check) {
+                        const std::vector<Attribute>& root_attrs, SchemaCheck check,
+                        const AccessHints& hints) {
     detail::silence_hdf5_error_printing();
     auto impl = std::make_unique<Impl>();
     impl->check = check;
@@ -720,7 +721,19 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
     std::string local_error;
     try {
         Handle fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), path, "file access list"), H5Pclose);
-        H5_CHECK(H5Pset_fapl_mpio(fapl, impl->comm, MPI_INFO_NULL), path, "file access list");
+        MPI_Info info = MPI_INFO_NULL;
+        if (!hints.mpi_hints.empty()) {
+            MPI_Info_create(&info);
+            for (const auto& [key, value] : hints.mpi_hints)
+                MPI_Info_set(info, key.c_str(), value.c_str());
+        }
+        const herr_t set = H5Pset_fapl_mpio(fapl, impl->comm, info); // HDF5 keeps a copy
+        if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+        H5_CHECK(set, path, "file access list");
+        if (hints.alignment_bytes > 0)
+            H5_CHECK(H5Pset_alignment(fapl, static_cast<hsize_t>(hints.alignment_bytes),
+                                      static_cast<hsize_t>(hints.alignment_bytes)),
+                     path, "file access list");
         // Collective metadata reads (rank 0 reads, then broadcasts) need every rank's metadata
         // cache to miss at the same calls: every rank writes its own rows into the same chunks
         // (a chunk spans all ranks, declare_series), so their chunk lookups load the same index

@@ -194,6 +194,9 @@ void Session::open_run_file() {
     const io::PerRank per_rank =
         io::parse_per_rank(c.get_string("output.per_rank"), topo.world_size);
     root.push_back({"per_rank", per_rank.str()});
+    io::AccessHints hints; // how the file is opened on a parallel file system
+    hints.mpi_hints = io::parse_mpi_hints(c.get_string("output.mpi_hints"));
+    hints.alignment_bytes = c.get_int("output.alignment_bytes");
     std::string path = c.get_string("output.file");
     int restart_index = 0;
     if (s.resume) {
@@ -229,8 +232,8 @@ void Session::open_run_file() {
     }
     s.workload->claim_outputs(path);
     // RunFile::create decides collectively (rank 0 checks, all ranks get the same verdict).
-    s.file = std::make_unique<io::RunFile>(
-        io::RunFile::create(world, path, c.get_bool("output.overwrite"), root));
+    s.file = std::make_unique<io::RunFile>(io::RunFile::create(
+        world, path, c.get_bool("output.overwrite"), root, io::SchemaCheck::strict, hints));
     s.file->set_sync_interval(c.get_float("output.sync_every_s"));
     s.file->select_per_rank(per_rank.writes(topo.rank, topo.local_rank));
     s.checkpointer = std::make_unique<Checkpointer>(

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -28,6 +29,15 @@ struct Attribute {
 struct Column {
     std::string name;
     std::string units;
+};
+
+// How the file is opened on a parallel file system (output.mpi_hints, output.alignment_bytes):
+// MPI-IO hints handed to the MPI-IO driver (e.g. striping_factor, striping_unit, cb_nodes,
+// romio_cb_write on Lustre with ROMIO) and HDF5's object alignment (H5Pset_alignment: objects of
+// at least `alignment_bytes` start on a multiple of it, e.g. the stripe size; 0 = HDF5's default).
+struct AccessHints {
+    std::vector<std::pair<std::string, std::string>> mpi_hints;
+    std::int64_t alignment_bytes = 0;
 };
 
 // Whether a RunFile holds the application's run file, whose every group, dataset, column and
@@ -93,7 +103,7 @@ class RunFile {
     // created_utc, world_size, then root_attrs (rank 0's values; they may override world_size).
     static RunFile create(MPI_Comm comm, const std::string& path, bool overwrite,
                           const std::vector<Attribute>& root_attrs = {},
-                          SchemaCheck check = SchemaCheck::strict);
+                          SchemaCheck check = SchemaCheck::strict, const AccessHints& hints = {});
 
     RunFile(RunFile&&) noexcept;
     RunFile& operator=(RunFile&&) noexcept;
