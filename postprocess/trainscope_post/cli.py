@@ -137,7 +137,7 @@ def cmd_breakdown(args) -> int:
     for k, r in enumerate(runs):
         ph = phase_table(r)
         _emit(ph, args, f"\n{r.path}: mean seconds per phase over the measured iterations")
-        print(text_table(imbalance_table(ph)))
+        print(text_table(imbalance_table(ph, r)))
         stem = _outdir(args) / f"breakdown_{r.path.stem}"
         for p in plots.save(plots.breakdown_figure(ph, r.path.name), stem, args.svg):
             print(f"figure: {p}")
