@@ -440,8 +440,13 @@ def _steps_view_figure(view, title: str) -> plt.Figure:
         k = len(view.hi)
         ax1.fill_between(it[:k], view.lo * 1e3, view.hi * 1e3, color="0.8",
                          label=f"min-max over {over}")
-        ax1.plot(it[:k], view.mean * 1e3, color="black", linewidth=1.2,
-                 label=f"mean over {over}")
+        if view.from_aggregates:
+            mid, what = view.mean * 1e3, "mean"
+        else:  # every rank's rows: the median, as before the aggregates
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mid, what = np.nanmedian(ms, axis=0)[:k], "median"
+        ax1.plot(it[:len(mid)], mid, color="black", linewidth=1.2, label=f"{what} over {over}")
         arg = view.argmax[warmup:] if 0 < warmup < k else view.argmax
         arg = arg[arg >= 0]
         if arg.size:  # the slowest rank per iteration: which rank, how often

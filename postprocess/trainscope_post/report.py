@@ -152,7 +152,9 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
                           f"rank.{rows}{over}")] + ([("table", ph)] if not ph.empty else []) + \
             [("table", imbalance_table(ph, r))]
         if not ph.empty:
-            s.parts.append(("fig", f"breakdown_{k}", _png(plots.breakdown_figure(ph, name))))
+            title = name + (f" ({len(ph)} of {world} ranks with per-rank rows)"
+                            if len(ph) < world else "")
+            s.parts.append(("fig", f"breakdown_{k}", _png(plots.breakdown_figure(ph, title))))
         pr = profile_table(r)
         if not pr.empty:
             p.parts += [("p", f"{name}: device activity in the profiler window (kernels, NCCL "

@@ -172,6 +172,12 @@ class RunFile:
         for key in ("status", "workload"):
             if key in root and not isinstance(root[key], (str, bytes)):
                 raise bad(f"attribute {key} = {root[key]!r}, expected text")
+        # /ranks has a row per rank whatever output.per_rank is: with series of a subset of
+        # ranks, it is what ties world_size to the file.
+        table = self._h5.get(schema.RANKS)
+        if isinstance(table, h5py.Dataset) and (table.ndim != 1 or table.shape[0] != world):
+            raise bad(f"{schema.RANKS} has shape {table.shape}, expected [world_size={world}] "
+                      "rows")
         if schema.SUMMARY in self._h5:
             if not isinstance(self._h5[schema.SUMMARY], h5py.Group):
                 raise bad(f"{schema.SUMMARY} is not a group")

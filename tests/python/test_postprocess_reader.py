@@ -200,6 +200,8 @@ BAD_SUBSETS = [
      "/comm/buckets/ranks"),
     ("buckets-rank-rows-of-world", replace("comm/buckets", "rank_rows", np.full(20, 12)),
      "/comm/buckets/rank_rows has 20 values, expected len"),
+    ("ranks-table-of-another-world", replace("/", "ranks", np.arange(16)),
+     re.escape("/ranks has shape (16,), expected [world_size=20] rows")),
     ("aggregate-not-compound", replace("iterations/aggregate", "step_s", np.zeros(12)),
      "/iterations/aggregate/step_s has shape"),
     ("aggregate-rows-negative",

@@ -141,3 +141,60 @@ def test_figures_at_4096_ranks_bin_the_heat_map_and_show_the_slowest_ranks():
 
     small = plots.heatmap_figure(step[:8], warmup, "narrow")
     assert small.axes[0].get_images()[0].get_array().shape == (8, iterations)
+
+
+def test_step_figures_of_a_subset_show_the_rows_it_has_and_the_slowest_rank_it_lacks(tmp_path):
+    """output.per_rank=every:16 at 64 ranks: rows for ranks 0, 16, 32, 48; the straggler, rank 7,
+    has none, and the aggregates still name it. The same run in the old layout (every rank's
+    rows) draws its slowest rank as a line."""
+    from trainscope_post import plots
+    from trainscope_post.study import load, step_view
+
+    args = dict(law=syn.Law(), ranks=64, nodes=16, noise=0.02, seed=5, iterations=30, warmup=3,
+                straggler=(7, 0.01))
+    new = syn.write_run(tmp_path / "new" / "r.h5", per_rank="every:16", **args)
+    old = syn.write_run(tmp_path / "old" / "r.h5", per_rank=None, **args)
+    view = step_view(load([new]).runs[0])
+    assert view.ranks.tolist() == [0, 16, 32, 48] and view.world == 64 and view.subset
+    assert view.step.shape == (4, 30) and view.hi.shape == (30,) and view.from_aggregates
+    fig = plots.steps_figure(view.step, view.warmup, "subset", view)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert "slowest rank per iteration (rank 7 in 100% of the measured)" in labels
+    assert "mean over all 64 ranks" in labels
+    assert {f"rank {r}" for r in (0, 16, 32, 48)} <= {lab.split(" (")[0] for lab in labels}
+    assert "rank 7" not in [lab.split(" (")[0] for lab in labels]  # it has no rows to draw
+    heat = plots.heatmap_figure(view.step, view.warmup, "subset", view)
+    ax = heat.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "16", "32", "48"]
+    assert "4 of 64 ranks" in ax.get_ylabel() and "4 of 64 ranks" in ax.get_title()
+
+    full = step_view(load([old]).runs[0])
+    assert not full.subset and not full.from_aggregates
+    assert np.allclose(full.hi, view.hi) and np.all(full.argmax == view.argmax)
+    labels = [line.get_label() for line in
+              plots.steps_figure(full.step, full.warmup, "old", full).axes[0].get_lines()]
+    assert "rank 7 (slowest)" in labels and "median over 64 ranks" in labels
+
+
+def test_report_says_which_ranks_each_file_has_rows_of(tmp_path):
+    """A report over files of three layouts: a subset (every:5 of 20), none (0 of 40) and one
+    written before issue 39 point 1 (all 8 ranks, no aggregates)."""
+    runs = tmp_path / "runs"
+    syn.write_run(runs / "subset.h5", syn.Law(), 20, 5, noise=0.05, per_rank="every:5", epochs=2)
+    syn.write_run(runs / "none.h5", syn.Law(), 40, 10, noise=0.05, per_rank="none", seed=1,
+                  config={"run.precision": "fp32"})
+    syn.write_run(runs / "old.h5", syn.Law(), 8, 2, noise=0.05, per_rank=None, seed=2,
+                  config={"run.precision": "bf16"})
+    html = tmp_path / "report.html"
+    out = subprocess.run([sys.executable, "-m", "trainscope_post", "report", str(runs), "-o",
+                          str(html)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    page = html.read_text()
+    assert "per-rank rows of 4 of 20 ranks (output.per_rank=every:5; ranks 0, 5, 10, 15)" in page
+    assert "none.h5: no per-rank rows (output.per_rank=none)" in page
+    assert "heat map (a straggler is a bright row); all 8 ranks" in page
+    assert "The file holds per-rank rows of 4 of 20 ranks" in page
+    assert "The file holds no per-rank rows (output.per_rank=none)" in page
+    assert page.count("Imbalance over all") == 2  # the two files with aggregates
+    # figures: every run's step figure, heat maps only where there are rows
+    assert page.count("id='fig-steps_") == 3 and page.count("id='fig-heatmap_") == 2
