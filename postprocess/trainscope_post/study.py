@@ -580,7 +580,7 @@ class StepView:
     """What the step-time figures show of one run: the per-rank rows `step` [R, n] of the
     detail ranks `ranks` (every rank, or output.per_rank's subset of `world` ranks), and per
     iteration over ALL ranks (aggregates, or reduced from the rows when the file has none):
-    min, median-free mean, max, and the slowest rank `argmax` (-1: none). n is the recorded
+    min, mean, max, and the slowest rank `argmax` (-1: none). n is the recorded
     iterations (warm-up included); `warmup` of them are warm-up."""
     step: np.ndarray
     ranks: np.ndarray
