@@ -294,7 +294,7 @@ def collect(args) -> int:
 
 def train_row(run: RunFile) -> dict:
     s = run.summary
-    collective = run.measured("comm_collective_s").mean(axis=0)
+    collective = run.over_ranks("comm_collective_s")  # per iteration, mean over all ranks
     compute = sum(float(s.get(f"median_{p}_s", 0.0)) for p in
                   ("data", "h2d", "forward", "backward", "optimizer"))
     return {"step": float(s["median_step_s"]), "wait": float(s["median_comm_wait_s"]),

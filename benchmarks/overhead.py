@@ -44,11 +44,11 @@ def analyse(path):
     with RunFile(path) as run:
         run.require_completed()
         cfg = run.config  # resolved options, as strings
-        step = run.recorded("step_s")  # [world_size, n], seconds
-        n = step.shape[1]
-        iteration = run.recorded("iteration")[0]  # [n]
+        # lock-stepped ranks: per iteration the mean over all ranks (aggregates or rows), seconds
+        per_iter = run.over_ranks("step_s", window="recorded")
+        n = per_iter.shape[0]
+        iteration = run.over_ranks("iteration", field="min", window="recorded")  # [n]
         warmup = int(cfg.get("profile.warmup_iters", "0"))
-        per_iter = step.mean(axis=0)  # lock-stepped ranks: mean over ranks per iteration
         measured = per_iter[warmup:]
         if measured.size == 0:
             raise ValueError(f"{path}: no measured iterations ({n} recorded, {warmup} warm-up)")

@@ -41,10 +41,11 @@ def run(args, precision, extra=()):
         if res.returncode != 0:
             sys.exit(f"{precision}: run failed\n{res.stdout}\n{res.stderr}")
     with RunFile(ROOT / out) as run:
-        loss = run.require_completed().recorded("loss")  # [ranks, iterations]
-        skipped = run.recorded("step_skipped")[0]  # ranks skip together
+        # per iteration the mean over all ranks (the aggregates, or every rank's rows)
+        loss = run.require_completed().over_ranks("loss", window="recorded")
+        skipped = run.over_ranks("step_skipped", field="max", window="recorded")  # together
         step = float(run.summary["median_step_s"])
-    return loss.mean(axis=0), skipped.astype(bool), step
+    return loss, skipped > 0, step
 
 
 def smooth(x, w):

@@ -124,7 +124,10 @@ def _check_training_run(r: Run) -> None:
             if key in plan:
                 _check(r.path, schema.PLAN, key, plan[key], lo, hi,
                        f"not a whole number in [{lo:g}, {hi:g}]", integer=True)
-        comm_bytes = rf.measured("comm_bytes")
+        comm_bytes = rf.measured("comm_bytes")  # the detail ranks' rows, and over all ranks:
+        if rf.has_aggregate():
+            comm_bytes = np.concatenate([comm_bytes.ravel()] + [
+                rf.over_ranks("comm_bytes", field=f) for f in ("min", "max")])
         if comm_bytes.size:
             _check_array(r.path, schema.child(schema.ITERATIONS, "comm_bytes"), comm_bytes,
                          "not a byte count (finite, >= 0)", nan_ok=True)

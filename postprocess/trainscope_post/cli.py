@@ -137,9 +137,11 @@ def cmd_breakdown(args) -> int:
     for k, r in enumerate(runs):
         ph = phase_table(r)
         _emit(ph, args, f"\n{r.path}: mean seconds per phase over the measured iterations")
-        print(text_table(imbalance_table(ph)))
+        print(text_table(imbalance_table(ph, r)))
         stem = _outdir(args) / f"breakdown_{r.path.stem}"
-        for p in plots.save(plots.breakdown_figure(ph, r.path.name), stem, args.svg):
+        title = r.path.name + (f" ({len(ph)} of {r.ranks} ranks with per-rank rows)"
+                               if len(ph) < r.ranks else "")
+        for p in plots.save(plots.breakdown_figure(ph, title), stem, args.svg):
             print(f"figure: {p}")
         pr = profile_table(r)
         if pr.empty:

@@ -193,13 +193,13 @@ def measure(run: Run) -> Measured:
     phases = {p: _seconds(s, f"median_{p}_s") for p in COMPUTE_PHASES}
     with run.open() as rf:
         def med(col, group=schema.ITERATIONS):
-            """Per iteration the mean over ranks, then the median (the writer's /summary
-            statistic); 0 when the file lacks the column or holds no number in it."""
-            v = rf.measured(col, group)
-            if v.size == 0 or not np.isfinite(v).any():
-                return 0.0
-            m = np.nanmedian(np.nanmean(v, axis=0))
-            return float(m) if m == m else 0.0
+            """Per iteration the mean over ranks (all ranks: the aggregates where the file has
+            them; /comm/buckets has none, so its detail ranks' rows), then the median (the
+            writer's /summary statistic); 0 when the file lacks the column or holds no number
+            in it."""
+            v = rf.over_ranks(col, group, "mean")
+            v = v[np.isfinite(v)]
+            return float(np.median(v)) if v.size else 0.0
         collective, comm_bytes = med("comm_collective_s"), med("comm_bytes")
         buckets = [float(b) for b in rf.series(schema.COMM_BUCKETS, "bytes").values] \
             if rf.has(schema.COMM_BUCKETS_BYTES) else []

@@ -108,8 +108,18 @@ def _stacked_per_rank(df: pd.DataFrame, series: list[tuple[str, np.ndarray]], yl
     return fig
 
 
+# The breakdown figure draws at most this many ranks' bars (the slowest by step time).
+MAX_BARS = 32
+
+
 def breakdown_figure(phases: pd.DataFrame, title: str) -> plt.Figure:
-    """Stacked bars per rank: mean milliseconds per phase over the measured iterations."""
+    """Stacked bars per rank: mean milliseconds per phase over the measured iterations; above
+    MAX_BARS ranks the MAX_BARS with the longest mean step, in rank order."""
+    if len(phases) > MAX_BARS:
+        keep = phases["step [s]"].fillna(-np.inf).sort_values(ascending=False,
+                                                              kind="stable").index[:MAX_BARS]
+        title = f"{title} ({MAX_BARS} of {len(phases)} ranks: the longest steps)"
+        phases = phases.loc[sorted(keep)]
     series = [(p, phases[f"{p} [s]"].fillna(0).to_numpy() * 1e3) for p in PHASES]
     return _stacked_per_rank(phases, series, "mean time per iteration [ms]", title)
 
@@ -333,11 +343,24 @@ def slowest_ranks(values: np.ndarray, warmup: int, k: int = TOP_RANKS) -> np.nda
     return np.argsort(-mean, kind="stable")[:k]
 
 
-def steps_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
+def rows_text(view) -> str:
+    """"R of N ranks" for a StepView whose rows are a subset (output.per_rank), else ""."""
+    if view is None or not view.subset:
+        return ""
+    return f"{len(view.ranks)} of {view.world} ranks"
+
+
+def steps_figure(step: np.ndarray, warmup: int, title: str, view=None) -> plt.Figure:
     """step [ranks, n] in seconds: left, step time over the iterations per rank with the warm-up
     iterations shaded; right, the distribution of the measured iterations per rank (box plot).
     Above MAX_RANK_LINES ranks: the minimum-median-maximum over ranks per iteration and lines for
-    the TOP_RANKS slowest ranks; right, the distribution of the ranks' mean step times."""
+    the TOP_RANKS slowest ranks; right, the distribution of the ranks' mean step times.
+    view (study.StepView): the rows are those of view.ranks (MPI ranks; a subset of view.world
+    under output.per_rank) and the spread over ALL ranks comes from view (the file's
+    aggregates): min-max and mean over the world, the slowest rank per iteration (view.argmax),
+    lines for the slowest detail ranks."""
+    if view is not None:
+        return _steps_view_figure(view, title)
     ms = step * 1e3
     ranks = ms.shape[0]
     many = ranks > MAX_RANK_LINES
@@ -368,21 +391,98 @@ def steps_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
     ax1.legend(fontsize=7, ncol=2 if len(shown) > 4 else 1)
     measured = [row[warmup:][~np.isnan(row[warmup:])] for row in ms]
     if many:
-        means = np.array([m.mean() for m in measured if m.size])
-        ax2.hist(means, bins=min(50, max(5, int(np.sqrt(means.size)))), color=colour(0),
-                 edgecolor="black", hatch=HATCHES[0])
-        ax2.set_xlabel("mean step time over the measured iterations [ms]")
-        ax2.set_ylabel("ranks")
-        ax2.set_title(f"distribution of the {ranks} ranks' means", fontsize=9)
+        _means_histogram(ax2, np.array([m.mean() for m in measured if m.size]),
+                         f"distribution of the {ranks} ranks' means")
     else:
-        box = ax2.boxplot(measured, patch_artist=True, widths=0.6,
-                          medianprops={"color": "black"})
-        for r, patch in enumerate(box["boxes"]):
-            patch.set(facecolor=colour(r), hatch=HATCHES[r % len(HATCHES)], edgecolor="black")
-        ax2.set_xticks(np.arange(1, len(measured) + 1), [str(r) for r in range(len(measured))])
-        ax2.set_xlabel("rank")
-        ax2.set_ylabel("step time [ms]")
-        ax2.set_title("distribution over the measured iterations", fontsize=9)
+        _boxes(ax2, measured, [str(r) for r in range(len(measured))])
+    ax2.grid(True, axis="y", color="0.85")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _means_histogram(ax, means: np.ndarray, title: str) -> None:
+    if means.size:
+        ax.hist(means, bins=min(50, max(5, int(np.sqrt(means.size)))), color=colour(0),
+                edgecolor="black", hatch=HATCHES[0])
+    else:
+        ax.text(0.5, 0.5, "no per-rank rows in this file\n(output.per_rank=none)", ha="center",
+                va="center", transform=ax.transAxes, fontsize=8, color="0.3")
+    ax.set_xlabel("mean step time, measured iterations [ms]")
+    ax.set_ylabel("ranks")
+    ax.set_title(title, fontsize=9)
+
+
+def _boxes(ax, measured: list, labels: list) -> None:
+    box = ax.boxplot(measured, patch_artist=True, widths=0.6, medianprops={"color": "black"})
+    for r, patch in enumerate(box["boxes"]):
+        patch.set(facecolor=colour(r), hatch=HATCHES[r % len(HATCHES)], edgecolor="black")
+    ax.set_xticks(np.arange(1, len(measured) + 1), labels)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("step time [ms]")
+    ax.set_title("distribution over the measured iterations", fontsize=9)
+
+
+def _steps_view_figure(view, title: str) -> plt.Figure:
+    """steps_figure of a study.StepView (see there)."""
+    ms = view.step * 1e3
+    rows, world, warmup = ms.shape[0], view.world, view.warmup
+    n = max(ms.shape[1], len(view.hi))
+    many = world > MAX_RANK_LINES
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 5.2), gridspec_kw={"width_ratios": [2, 1]})
+    it = np.arange(n)
+    if warmup > 0:
+        ax1.axvspan(-0.5, warmup - 0.5, color="0.88", label=f"warm-up ({warmup} iterations, "
+                                                            "excluded from statistics)")
+    shown = slowest_ranks(ms, warmup) if many and rows else np.arange(rows)
+    over = f"all {world} ranks" if view.from_aggregates else f"{world} ranks"
+    if many and len(view.hi):
+        k = len(view.hi)
+        ax1.fill_between(it[:k], view.lo * 1e3, view.hi * 1e3, color="0.8",
+                         label=f"min-max over {over}")
+        if view.from_aggregates:
+            mid, what = view.mean * 1e3, "mean"
+        else:  # every rank's rows: the median, as before the aggregates
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mid, what = np.nanmedian(ms, axis=0)[:k], "median"
+        ax1.plot(it[:len(mid)], mid, color="black", linewidth=1.2, label=f"{what} over {over}")
+        arg = view.argmax[warmup:] if 0 < warmup < k else view.argmax
+        arg = arg[arg >= 0]
+        if arg.size:  # the slowest rank per iteration: which rank, how often
+            top = np.bincount(arg).argmax()
+            share = 100.0 * float(np.mean(arg == top))
+            ax1.plot(it[:k], view.hi * 1e3, color=colour(3), linestyle="none", marker=".",
+                     markersize=2,
+                     label=f"slowest rank per iteration (rank {top} in {share:.0f}% of "
+                           "the measured)")
+    for i, j in enumerate(shown):
+        label = f"rank {view.ranks[j]}" + (" (slowest with rows)" if many and i == 0
+                                           and view.subset else " (slowest)" if many and i == 0
+                                           else "")
+        ax1.plot(np.arange(ms.shape[1]), ms[j], label=label, color=colour(i),
+                 linestyle=LINES[i % len(LINES)], marker=MARKERS[i % len(MARKERS)], markersize=3,
+                 markevery=max(1, ms.shape[1] // 10))
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax1.set_xlabel("iteration")
+    ax1.set_ylabel("step time [ms]")
+    shown_text = rows_text(view)
+    if not many:
+        ax1.set_title("step time per iteration and rank" +
+                      (f" ({shown_text} have rows)" if shown_text else ""), fontsize=9)
+    else:
+        ax1.set_title(f"spread over {over}; " + (
+            f"lines: {len(shown)} slowest of the {rows} ranks with per-rank rows" if rows else
+            "no per-rank rows (output.per_rank=none)"), fontsize=9)
+    ax1.grid(True, color="0.85")
+    ax1.legend(fontsize=6, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.16),
+               frameon=False)
+    measured = [row[warmup:][~np.isnan(row[warmup:])] for row in ms]
+    if many or not rows:
+        _means_histogram(ax2, np.array([m.mean() for m in measured if m.size]),
+                         f"means of the {shown_text or f'{rows} ranks'}")
+    else:
+        _boxes(ax2, measured, [str(r) for r in view.ranks])
     ax2.grid(True, axis="y", color="0.85")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -401,14 +501,17 @@ def binned_rows(values: np.ndarray, most: int = MAX_HEATMAP_ROWS):
         return np.fmax.reduceat(values, starts, axis=0), starts
 
 
-def heatmap_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
+def heatmap_figure(step: np.ndarray, warmup: int, title: str, view=None) -> plt.Figure:
     """step [ranks, n] as a rank x iteration heat map (milliseconds): a straggling rank is a
     bright row, a slow iteration on every rank a bright column. The colour scale spans the
     measured iterations, so that slow warm-up iterations (clipped to the brightest colour) do not
     wash out the differences between ranks. Above MAX_HEATMAP_ROWS ranks the rows are bins of
-    consecutive ranks showing each bin's slowest."""
+    consecutive ranks showing each bin's slowest. view (study.StepView): the rows are the MPI
+    ranks view.ranks, of view.world (output.per_rank), as the axis and title say."""
     ranks = step.shape[0]
     ms, starts = binned_rows(step * 1e3)
+    names = np.asarray(view.ranks) if view is not None else np.arange(ranks)
+    starts = names[starts] if len(names) == ranks else starts
     binned = ms.shape[0] < ranks
     height = max(2.4, 0.35 * ms.shape[0] + 1.8) if ms.shape[0] <= 32 else 9.0
     fig, ax = plt.subplots(figsize=(11, height))
@@ -429,10 +532,13 @@ def heatmap_figure(step: np.ndarray, warmup: int, title: str) -> plt.Figure:
             FuncFormatter(lambda y, _: str(starts[int(y)]) if 0 <= int(y) < len(starts) else ""))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
-    ax.set_ylabel("rank" if not binned else
-                  f"rank (bins of ~{ranks / ms.shape[0]:.0f} ranks: each bin's slowest)")
+    shown = rows_text(view)
+    ax.set_ylabel(("rank" if not binned else
+                   f"rank (bins of ~{ranks / ms.shape[0]:.0f} ranks: each bin's slowest)") +
+                  (f"\n{shown} (output.per_rank)" if shown else ""))
     ax.set_title(f"{title}: step time per rank and iteration (colours span the measured "
-                 "iterations)", fontsize=9, pad=14)
+                 "iterations" + (f"; the {shown} with per-rank rows" if shown else "") + ")",
+                 fontsize=9, pad=14)
     extend = "max" if finite.size and np.nanmax(ms) > lim["vmax"] else "neither"
     fig.colorbar(im, ax=ax, label="step time [ms]", extend=extend)
     fig.tight_layout()
@@ -458,9 +564,12 @@ def telemetry_figure(df: pd.DataFrame, title: str) -> plt.Figure:
                     markersize=3)
         ax.set_xlabel("time since the run started [s]")
         ax.set_ylabel(c)
+        world = int(df.attrs.get("world", ranks) or ranks)
+        of = f"{ranks} of {world} ranks with per-rank rows" if world > ranks else ""
         ax.set_title(c.split(" [")[0] + " over time" +
-                     (f" ({TOP_RANKS} of {ranks} ranks: highest {cols[0]})" if keep else ""),
-                     fontsize=9)
+                     (f" ({len(keep)} of {ranks} ranks: highest {cols[0]}"
+                      + (f"; {of}" if of else "") + ")" if keep else
+                      f" ({of})" if of else ""), fontsize=9)
         ax.grid(True, color="0.85")
         ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)

@@ -20,7 +20,7 @@ from .study import (Study, StudyError, comm_table,
                     curves_tables, describe_group, execution_table,
                     group_by_config,
                     imbalance_table, label, memory_table, phase_table, profile_table,
-                    scaling_table, step_matrix, summary_table, telemetry_table, top_ops_table)
+                    scaling_table, step_view, summary_table, telemetry_table, top_ops_table)
 
 SECTIONS = ["Findings", "Runs", "Scaling", "Model and advice", "Training curves", "Step times",
             "Telemetry", "Top operators", "Phase breakdown", "Profile", "Memory", "Communication"]
@@ -136,12 +136,25 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     for k, r in enumerate(usable[:MAX_RUN_SECTIONS]):
         name = label(r, base)
         ph = phase_table(r)
-        if ph.empty:
+        with r.open() as rf:
+            world, agg = rf.world_size, rf.has_aggregate()
+        if ph.empty and not agg:
             continue
-        s.parts += [("p", f"{name}: mean seconds per phase over the measured iterations, per rank; "
-                          "imbalance = max / mean over ranks."), ("table", ph),
-                    ("table", imbalance_table(ph)),
-                    ("fig", f"breakdown_{k}", _png(plots.breakdown_figure(ph, name)))]
+        rows = (" The file holds no per-rank rows (output.per_rank=none)." if ph.empty else
+                f" The file holds per-rank rows of {len(ph)} of {world} ranks "
+                f"(output.per_rank): the first table shows those {len(ph)}."
+                if len(ph) < world else "")
+        over = (f" Imbalance over all {world} ranks from the per-iteration aggregates: mean = "
+                "mean over the measured iterations of the mean over ranks, max = of the slowest "
+                "rank's time, slowest rank = the rank slowest in the most iterations."
+                if agg else " Imbalance = max / mean over ranks of the per-rank means.")
+        s.parts += [("p", f"{name}: mean seconds per phase over the measured iterations, per "
+                          f"rank.{rows}{over}")] + ([("table", ph)] if not ph.empty else []) + \
+            [("table", imbalance_table(ph, r))]
+        if not ph.empty:
+            title = name + (f" ({len(ph)} of {world} ranks with per-rank rows)"
+                            if len(ph) < world else "")
+            s.parts.append(("fig", f"breakdown_{k}", _png(plots.breakdown_figure(ph, title))))
         pr = profile_table(r)
         if not pr.empty:
             p.parts += [("p", f"{name}: device activity in the profiler window (kernels, NCCL "
@@ -320,6 +333,19 @@ def _model_curve(cm, extra_ranks: int | None = None) -> pd.DataFrame:
     return pd.DataFrame([cm.predict(int(p)) for p in sorted(grid)])
 
 
+def _per_rank_mode(run) -> str:
+    with run.open() as rf:
+        return rf.per_rank_mode()
+
+
+def _rank_list(ranks, most: int = 8) -> str:
+    """"0, 512, 1024, ..., 15872" for a long list of ranks."""
+    ranks = [int(r) for r in ranks]
+    if len(ranks) <= most:
+        return ", ".join(map(str, ranks)) or "none"
+    return ", ".join(map(str, ranks[:3])) + ", ..., " + str(ranks[-1])
+
+
 def _run_sections(usable, base: Path) -> list[_Section]:
     """Training curves (one figure per workload), step times and their heat map, telemetry and
     the top operators, per run (the first MAX_RUN_SECTIONS)."""
@@ -341,16 +367,39 @@ def _run_sections(usable, base: Path) -> list[_Section]:
     st, te, to = _Section("Step times"), _Section("Telemetry"), _Section("Top operators")
     for k, r in enumerate(runs):
         name = label(r, base)
-        step, warmup = step_matrix(r)
-        if step.size and not np.all(np.isnan(step)):
-            st.parts += [("p", f"{name}: step time per iteration and rank (warm-up shaded, "
-                               "excluded from the statistics), its distribution per rank, and the "
-                               "rank x iteration heat map (a straggler is a bright row)."),
-                         ("fig", f"steps_{k}", _png(plots.steps_figure(step, warmup, name))),
-                         ("fig", f"heatmap_{k}", _png(plots.heatmap_figure(step, warmup, name)))]
+        view = step_view(r)
+        step, warmup = view.step, view.warmup
+        has_rows = step.size and not np.all(np.isnan(step))
+        if has_rows or (view.hi.size and np.isfinite(view.hi).any()):
+            shown = plots.rows_text(view)
+            if shown and not len(view.ranks):
+                text = (f"{name}: no per-rank rows (output.per_rank=none): the spread over all "
+                        f"{view.world} ranks and the slowest rank per iteration from the file's "
+                        "aggregates (warm-up shaded, excluded from the statistics).")
+            elif shown:
+                text = (f"{name}: per-rank rows of {shown} (output.per_rank="
+                        f"{_per_rank_mode(r)}; ranks {_rank_list(view.ranks)}). The step figure "
+                        f"shows the spread over all {view.world} ranks and the slowest rank per "
+                        "iteration from the file's aggregates, lines for the slowest of the "
+                        f"{len(view.ranks)} ranks with rows, and their means' distribution; the "
+                        f"heat map shows those {len(view.ranks)} ranks (warm-up shaded, excluded "
+                        "from the statistics).")
+            else:
+                text = (f"{name}: step time per iteration and rank (warm-up shaded, excluded from "
+                        "the statistics), its distribution per rank, and the rank x iteration "
+                        f"heat map (a straggler is a bright row); all {view.world} ranks.")
+            st.parts += [("p", text),
+                         ("fig", f"steps_{k}", _png(plots.steps_figure(step, warmup, name,
+                                                                       view)))]
+            if has_rows:
+                st.parts.append(("fig", f"heatmap_{k}",
+                                 _png(plots.heatmap_figure(step, warmup, name, view))))
         tel = telemetry_table(r)
         if not tel.empty and len(tel.columns) > 2:
-            te.parts += [("p", f"{name}: sampled counters per rank (telemetry.interval_ms)."),
+            world = int(tel.attrs.get("world", 0) or 0)
+            ranks = tel["rank"].nunique()
+            of = f" ({ranks} of {world} ranks have per-rank rows)" if world > ranks else ""
+            te.parts += [("p", f"{name}: sampled counters per rank (telemetry.interval_ms){of}."),
                          ("fig", f"telemetry_{k}", _png(plots.telemetry_figure(tel, name)))]
         ops = top_ops_table(r)
         if not ops.empty:

@@ -327,26 +327,37 @@ def scaling_table(study: Study, mode: str, include_incomplete: bool = False) -> 
 
 # --- breakdown ----------------------------------------------------------------------------------
 def phase_table(run: Run) -> pd.DataFrame:
-    """Per rank: mean seconds of each phase over the measured iterations, the step time, and each
-    phase's share of the summed phases."""
+    """Per detail rank (the ranks whose rows the file holds: all of them, or the subset of
+    output.per_rank; column "rank" is the MPI rank): mean seconds of each phase over the
+    measured iterations and the step time."""
     with run.open() as rf:
         data = {p: rf.measured(f"{p}_s") for p in PHASES}
         step = rf.measured("step_s")
+        ranks = rf.detail_ranks()
     n = step.shape[0]
     rows = []
     for r in range(n):
-        row = {"rank": r}
+        row = {"rank": int(ranks[r]) if r < len(ranks) else r}
         for p in PHASES:
             v = data[p][r] if data[p].size else np.array([math.nan])
             row[f"{p} [s]"] = float(np.nanmean(v)) if np.any(~np.isnan(v)) else math.nan
         row["step [s]"] = float(np.nanmean(step[r])) if step.size and np.any(~np.isnan(step[r])) \
             else math.nan
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["rank", *[f"{p} [s]" for p in PHASES], "step [s]"])
 
 
-def imbalance_table(phases: pd.DataFrame) -> pd.DataFrame:
-    """Per phase: mean over ranks, max, max/mean, and the slowest rank (the straggler)."""
+def imbalance_table(phases: pd.DataFrame, run: Run | None = None) -> pd.DataFrame:
+    """Per phase: mean over ranks, max, max/mean, and the slowest rank (the straggler).
+    Without `run` (or for a file without aggregates): from the per-rank means of `phases`
+    (phase_table: every rank in such files), max = the largest rank mean. With a `run` whose
+    file has /iterations/aggregate: over ALL ranks from the aggregates, mean = the mean over the
+    measured iterations of the mean over ranks, max = the mean over the measured iterations of
+    the slowest rank's time, slowest rank = the rank that was slowest in the most iterations."""
+    if run is not None:
+        table = _imbalance_from_aggregates(run)
+        if table is not None:
+            return table
     rows = []
     for p in PHASES + ["step"]:
         col = phases[f"{p} [s]"]
@@ -356,6 +367,33 @@ def imbalance_table(phases: pd.DataFrame) -> pd.DataFrame:
         rows.append({"phase": p, "mean [s]": mean, "max [s]": float(col.max()),
                      "max/mean": float(col.max()) / mean if mean > 0 else math.nan,
                      "slowest rank": int(phases.loc[col.idxmax(), "rank"])})
+    return pd.DataFrame(rows)
+
+
+def _nanmean(v: np.ndarray) -> float:
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else math.nan
+
+
+def _imbalance_from_aggregates(run: Run) -> pd.DataFrame | None:
+    rows = []
+    with run.open() as rf:
+        if not rf.has_aggregate():
+            return None
+        for p in PHASES + ["step"]:
+            col = f"{p}_s"
+            try:
+                mean = _nanmean(rf.measured_aggregate(col, field="mean"))
+                top = _nanmean(rf.measured_aggregate(col, field="max"))
+                arg = rf.measured_aggregate(col, field="argmax")
+            except KeyError:  # a column this file has no aggregate of
+                continue
+            if mean != mean:
+                continue
+            arg = arg[arg >= 0]
+            rows.append({"phase": p, "mean [s]": mean, "max [s]": top,
+                         "max/mean": top / mean if mean > 0 else math.nan,
+                         "slowest rank": int(np.bincount(arg).argmax()) if arg.size else -1})
     return pd.DataFrame(rows)
 
 
@@ -461,14 +499,15 @@ MEMORY_COLUMNS = [
 
 def memory_table(study: Study, include_incomplete: bool = False) -> pd.DataFrame:
     """Per run: the largest value over ranks and measured iterations of each memory column, in
-    MiB; columns that are NaN everywhere (e.g. device counters on CPU) are dropped."""
+    MiB (over all ranks: from the aggregates where the file has them); columns that are NaN
+    everywhere (e.g. device counters on CPU) are dropped."""
     rows = []
     for r in study.usable(include_incomplete):
         row = {"run": r.path.name, "method": r.row.get("method") or "-",
                "precision": r.row.get("precision", ""), "ranks": r.ranks}
         with r.open() as rf:
             for col, title in MEMORY_COLUMNS:
-                v = rf.measured(col)
+                v = rf.over_ranks(col, field="max")
                 row[f"{title} [MiB]"] = float(np.nanmax(v)) / 2**20 if v.size and \
                     np.any(~np.isnan(v)) else math.nan
         rows.append(row)
@@ -500,7 +539,8 @@ def comm_table(study: Study, include_incomplete: bool = False) -> pd.DataFrame:
 # --- export -------------------------------------------------------------------------------------
 def long_table(study: Study, include_incomplete: bool = True) -> pd.DataFrame:
     """Every /iterations value as tidy rows: run, rank, iteration, metric, value, units. Only the
-    rows each rank wrote (rank_rows)."""
+    rows each rank wrote (rank_rows), of the ranks the file holds rows of (all, or the detail
+    ranks of output.per_rank; "rank" is the MPI rank)."""
     frames = []
     for r in study.usable(include_incomplete):
         with r.open() as rf:
@@ -508,6 +548,7 @@ def long_table(study: Study, include_incomplete: bool = True) -> pd.DataFrame:
             if g is None:
                 continue
             rows = rf.rank_rows()
+            ranks = rf.detail_ranks()
             it = np.asarray(g["iteration"][...]) if "iteration" in g else None
             for name in rf.columns(schema.ITERATIONS):
                 if name == "iteration":
@@ -517,7 +558,8 @@ def long_table(study: Study, include_incomplete: bool = True) -> pd.DataFrame:
                 for rank in range(data.shape[0]):
                     k = int(rows[rank]) if rank < len(rows) else data.shape[1]
                     frames.append(pd.DataFrame({
-                        "run": r.path.name, "rank": rank,
+                        "run": r.path.name,
+                        "rank": int(ranks[rank]) if rank < len(ranks) else rank,
                         "iteration": it[rank, :k] if it is not None else np.arange(k),
                         "metric": name, "value": data[rank, :k], "units": units}))
     if not frames:
@@ -527,43 +569,85 @@ def long_table(study: Study, include_incomplete: bool = True) -> pd.DataFrame:
 
 # --- per-run series for the report ------------------------------------------------------------
 def step_matrix(run: Run) -> tuple[np.ndarray, int]:
-    """step_s [ranks, n] over every iteration all ranks recorded (warm-up included, so the report
-    can show it), and the number of warm-up iterations at its start."""
+    """step_s [R, n] of the detail ranks over every iteration they all recorded (warm-up
+    included, so the report can show it), and the number of warm-up iterations at its start."""
+    view = step_view(run)
+    return view.step, view.warmup
+
+
+@dataclass
+class StepView:
+    """What the step-time figures show of one run: the per-rank rows `step` [R, n] of the
+    detail ranks `ranks` (every rank, or output.per_rank's subset of `world` ranks), and per
+    iteration over ALL ranks (aggregates, or reduced from the rows when the file has none):
+    min, mean, max, and the slowest rank `argmax` (-1: none). n is the recorded
+    iterations (warm-up included); `warmup` of them are warm-up."""
+    step: np.ndarray
+    ranks: np.ndarray
+    world: int
+    warmup: int
+    lo: np.ndarray
+    mean: np.ndarray
+    hi: np.ndarray
+    argmax: np.ndarray
+    from_aggregates: bool
+
+    @property
+    def subset(self) -> bool:
+        """The rows are a subset of the ranks (output.per_rank other than all)."""
+        return len(self.ranks) < self.world
+
+
+def step_view(run: Run) -> StepView:
+    """step_s of `run` for the step-time figures (StepView); empty rows without the column."""
     with run.open() as rf:
+        ranks, world, warmup = rf.detail_ranks(), rf.world_size, rf.warmup
         try:
-            return rf.recorded("step_s"), rf.warmup
+            step = rf.recorded("step_s")
         except KeyError:
-            return np.empty((run.ranks, 0)), 0
-
-
-def _rank_mean(a: np.ndarray) -> np.ndarray:
-    """Mean over ranks (axis 0) ignoring NaN; NaN (no warning) where every rank has NaN."""
-    if not a.size:
-        return np.empty(a.shape[1] if a.ndim == 2 else 0)
-    ok = ~np.isnan(a)
-    n = ok.sum(axis=0)
-    return np.where(n > 0, np.where(ok, a, 0).sum(axis=0) / np.maximum(n, 1), math.nan)
+            step = np.empty((len(ranks), 0))
+        agg = rf.has_aggregate()
+        try:
+            stats = [rf.over_ranks("step_s", field=f, window="recorded")
+                     for f in ("min", "mean", "max", "argmax")]
+        except KeyError:
+            stats = [np.empty(0)] * 3 + [np.empty(0, dtype=np.int64)]
+    n = min(step.shape[1], len(stats[0])) if step.shape[0] else len(stats[0])
+    if step.shape[0]:
+        step = step[:, :n]
+    stats = [v[:n] for v in stats]
+    return StepView(step, ranks, world, warmup, *stats, from_aggregates=agg)
 
 
 def curves_tables(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Training curves: per iteration, the train loss (mean over ranks, warm-up included); per
     epoch, train loss, val loss and val accuracy [%] (mean over ranks; NaN where not evaluated)."""
     with run.open() as rf:
+        def mean_over_ranks(name, group=schema.ITERATIONS):
+            """Per row the mean over ALL ranks (the aggregates, or the rows of files without
+            them), every recorded row; KeyError without the column."""
+            if not rf.has_column(name, group):
+                raise KeyError(name)
+            return rf.over_ranks(name, group, "mean", window="recorded")
         try:
-            loss = rf.recorded("loss")
-            it = rf.recorded("iteration")[0] \
-                if rf.has(schema.child(schema.ITERATIONS, "iteration")) else np.arange(loss.shape[1])
+            loss = mean_over_ranks("loss")
+            try:
+                it = mean_over_ranks("iteration")
+            except KeyError:
+                it = np.arange(len(loss), dtype=np.float64)
+            n = min(len(loss), len(it))
+            loss, it = loss[:n], it[:n]
         except KeyError:
-            loss, it = np.empty((0, 0)), np.empty(0)
+            loss, it = np.empty(0), np.empty(0)
         per_epoch = {}
         for name in ("epoch", "train_loss", "val_loss", "val_accuracy"):
             try:
-                per_epoch[name] = rf.recorded(name, schema.EPOCHS)
+                per_epoch[name] = mean_over_ranks(name, schema.EPOCHS)
             except KeyError:
-                per_epoch[name] = np.empty((0, 0))
-    iters = pd.DataFrame({"iteration": it, "train loss": _rank_mean(loss)})
-    n = per_epoch["epoch"].shape[1] if per_epoch["epoch"].size else 0
-    mean = {k: _rank_mean(v) if v.size else np.full(n, math.nan) for k, v in per_epoch.items()}
+                per_epoch[name] = np.empty(0)
+    iters = pd.DataFrame({"iteration": it, "train loss": loss})
+    n = per_epoch["epoch"].size
+    mean = {k: v[:n] if v.size >= n else np.full(n, math.nan) for k, v in per_epoch.items()}
     epochs = pd.DataFrame({"epoch": mean["epoch"], "train loss": mean["train_loss"],
                            "val loss": mean["val_loss"],
                            "val accuracy [%]": 100.0 * mean["val_accuracy"]}) if n else \
@@ -579,22 +663,28 @@ TELEMETRY_COLUMNS = [("cpu_percent", "CPU [% of one core]", 1.0), ("rss_bytes", 
 def telemetry_table(run: Run) -> pd.DataFrame:
     """/telemetry as rows: rank, time [s] and the sampled CPU %, RSS, GPU power and utilisation
     (each rank's own row count; columns that are NaN everywhere, e.g. GPU ones on CPU, dropped).
-    Empty without telemetry."""
+    Only the ranks the file holds telemetry rows of (all, or output.per_rank's detail ranks;
+    "rank" is the MPI rank); df.attrs["world"] is the run's world size. Empty without
+    telemetry."""
     frames = []
     with run.open() as rf:
         g = rf.group(schema.TELEMETRY)
         if g is None or "t_s" not in g:
             return pd.DataFrame()
         rows = rf.rank_rows(schema.TELEMETRY)
+        ranks, world = rf.detail_ranks(schema.TELEMETRY), rf.world_size
         t = np.asarray(g["t_s"][...], dtype=np.float64)
         cols = {title: np.asarray(g[c][...], dtype=np.float64) * scale
                 for c, title, scale in TELEMETRY_COLUMNS if c in g}
     for rank in range(t.shape[0]):
         k = int(rows[rank]) if rank < len(rows) else t.shape[1]
-        frames.append(pd.DataFrame({"rank": rank, "time [s]": t[rank, :k],
+        frames.append(pd.DataFrame({"rank": int(ranks[rank]) if rank < len(ranks) else rank,
+                                    "time [s]": t[rank, :k],
                                     **{title: v[rank, :k] for title, v in cols.items()}}))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    return df.dropna(axis=1, how="all") if not df.empty else df
+    df = df.dropna(axis=1, how="all") if not df.empty else df
+    df.attrs["world"] = world
+    return df
 
 
 def top_ops_table(run: Run, n: int = 10) -> pd.DataFrame:
@@ -630,11 +720,9 @@ def top_ops_table(run: Run, n: int = 10) -> pd.DataFrame:
 def execution_time(run: Run) -> float:
     """Training time of the run: the sum over its recorded iterations of the slowest rank's step
     (validation, setup and checkpoints excluded); NaN without /iterations/step_s."""
-    step, _ = step_matrix(run)
-    if not step.size or np.all(np.isnan(step)):
-        return math.nan
-    slowest = np.where(np.isnan(step), -np.inf, step).max(axis=0)  # [n]: NaN = rank did not run
-    return float(slowest[np.isfinite(slowest)].sum())
+    slowest = step_view(run).hi  # [n] over all ranks: NaN where no rank ran
+    slowest = slowest[np.isfinite(slowest)]
+    return float(slowest.sum()) if slowest.size else math.nan
 
 
 def execution_table(study: Study, mode: str, include_incomplete: bool = False) -> pd.DataFrame:

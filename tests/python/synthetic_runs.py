@@ -136,6 +136,9 @@ class Law:
 
 def _series(group, name, data, units):
     data = np.asarray(data, dtype=np.float64)
+    if not data.shape[0]:  # output.per_rank=none: [0, n], nothing to chunk
+        group.create_dataset(name, data=data).attrs["units"] = units
+        return
     # Chunked as the writer does: up to 64 ranks by the rows (io::series_chunk_rows).
     chunks = (min(data.shape[0], 64), max(1, min(data.shape[1], 1 << 14)))
     ds = group.create_dataset(name, data=data, maxshape=(data.shape[0], None), chunks=chunks)
@@ -143,9 +146,88 @@ def _series(group, name, data, units):
 
 
 def _rank_rows(group, ranks: int, rows: int):
-    """<group>/rank_rows as the writer has made it since issue 39: an int64 dataset."""
+    """<group>/rank_rows as the writer has made it since issue 39: an int64 dataset [R]."""
     ds = group.create_dataset("rank_rows", data=np.full(ranks, rows, dtype=np.int64))
     ds.attrs["units"] = "1"
+
+
+# --- output.per_rank (issue 39 point 1): detail ranks and aggregates over all ranks -------------
+AGGREGATE = np.dtype([("min", "<f8"), ("mean", "<f8"), ("max", "<f8"), ("argmax", "<i8"),
+                      ("count", "<i8"), ("slowest", "<f8")])
+# The largest world whose every rank writes its rows under output.per_rank=auto.
+AUTO_ALL_UP_TO = 32
+
+
+def detail_ranks(mode: str, world: int, nodes: int = 1) -> np.ndarray:
+    """The ranks that write per-rank rows under output.per_rank=`mode`: all, none, node (local
+    rank 0 of every node, ranks filling nodes of ceil(world / nodes) as _ranks_table places
+    them), every:K (0, K, 2K, ...), auto (all up to 32 ranks, else every ceil(world/32)-th)."""
+    if mode == "all" or (mode == "auto" and world <= AUTO_ALL_UP_TO):
+        return np.arange(world, dtype=np.int64)
+    if mode == "none":
+        return np.empty(0, dtype=np.int64)
+    if mode == "node":
+        return np.arange(0, world, math.ceil(world / nodes), dtype=np.int64)
+    if mode == "auto":
+        step = math.ceil(world / AUTO_ALL_UP_TO)
+    elif mode.startswith("every:") and mode[6:].isdigit() and int(mode[6:]) > 0:
+        step = int(mode[6:])
+    else:
+        raise ValueError(f"output.per_rank={mode!r}")
+    return np.arange(0, world, step, dtype=np.int64)
+
+
+def aggregate_rows(values: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """<group>/aggregate/<column> rows for values [world, n] over ALL ranks: min, mean, max,
+    argmax (rank of the max, -1 when no rank has a value), count (finite values), slowest (this
+    column on the argmax rank of the key column `key` [world, n], NaN when none)."""
+    values = np.asarray(values, dtype=np.float64)
+    key = np.asarray(key, dtype=np.float64)
+    n = values.shape[1]
+    out = np.empty(n, dtype=AGGREGATE)
+    finite = np.isfinite(values)
+    count = finite.sum(axis=0)
+    some = count > 0
+    with np.errstate(invalid="ignore"):
+        out["min"] = np.where(some, np.where(finite, values, np.inf).min(axis=0), np.nan)
+        out["max"] = np.where(some, np.where(finite, values, -np.inf).max(axis=0), np.nan)
+        out["mean"] = np.where(some, np.where(finite, values, 0.0).sum(axis=0) /
+                               np.maximum(count, 1), np.nan)
+    out["argmax"] = np.where(some, np.argmax(np.where(finite, values, -np.inf), axis=0), -1)
+    out["count"] = count
+    kfinite = np.isfinite(key)
+    slow = np.argmax(np.where(kfinite, key, -np.inf), axis=0)
+    out["slowest"] = np.where(kfinite.any(axis=0), values[slow, np.arange(n)], np.nan)
+    return out
+
+
+def _aggregate(group, cols: dict, units: dict, key: str):
+    """<group>/aggregate with one compound dataset per column (cols: name -> [world, n])."""
+    a = group.create_group("aggregate")
+    a.attrs["slowest_by"] = key
+    rows = 0
+    for name, data in cols.items():
+        ds = a.create_dataset(name, data=aggregate_rows(data, cols[key]))
+        ds.attrs["units"] = units.get(name, "s")
+        rows = ds.shape[0]
+    a.attrs["rows"] = np.int64(rows)
+
+
+def _series_group(group, cols: dict, units: dict, detail, key: str | None, shape=None):
+    """A per-rank series group: every column's rows of the detail ranks (`detail`; None: the
+    layout before issue 39 point 1, every rank's row and no `ranks` dataset), rank_rows, and with
+    `key` the aggregates over all ranks."""
+    world, n = next(iter(cols.values())).shape if cols else shape
+    rows = detail if detail is not None else slice(None)
+    for name, data in cols.items():
+        _series(group, name, np.asarray(data)[rows], units.get(name, "s"))
+    group.attrs["columns"] = ",".join(cols)
+    group.attrs["rows"] = np.int64(n)
+    _rank_rows(group, len(detail) if detail is not None else world, n)
+    if detail is not None:
+        group.create_dataset("ranks", data=np.asarray(detail, dtype=np.int64)).attrs["units"] = "1"
+        if key is not None:
+            _aggregate(group, cols, units, key)
 
 
 def _ranks_table(f, ranks: int, nodes: int, device: str):
@@ -172,11 +254,16 @@ def _root(f, workload: str, ranks: int, nodes: int, status: str):
 def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None = None,
               noise: float = 0.0, seed: int = 0, iterations: int = 12, warmup: int = 2,
               device: str = "cuda", status: str = "completed", shards: bool = True,
-              slow: float = 1.0, backend: str = "nccl") -> Path:
+              slow: float = 1.0, backend: str = "nccl", per_rank: str | None = "auto",
+              epochs: int = 0, straggler: tuple[int, float] | None = None) -> Path:
     """A cv (or, with law.tokens_per_sample, llm) training run at `ranks` on `nodes` nodes.
     `config` overrides /config attributes (strings), e.g. to name the configuration. shards:
     /plan records memory_plan_<category>_shards, as the binary does since it writes them.
-    slow: every time of this run multiplied by it (a repeat that ran slower or faster)."""
+    slow: every time of this run multiplied by it (a repeat that ran slower or faster).
+    per_rank: output.per_rank (detail_ranks) with /iterations and /epochs aggregates over all
+    ranks, as the writer lays them out since issue 39 point 1; None: the layout before it (every
+    rank's rows, no <group>/ranks, no aggregates). epochs: /epochs rows (0: no /epochs).
+    straggler: (rank, seconds) added to that rank's step and backward on every iteration."""
     rng = np.random.default_rng(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,12 +285,15 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
     cols["comm_wait_s"] = wait
     cols["comm_collective_s"] = coll
     cols["step_s"] = sum(cols[f"{ph}_s"] for ph in PHASES) + wait + other
-    per_rank = law.global_batch / p
+    samples_per_rank = law.global_batch / p
     cols["comm_bytes"] = np.full(shape, law.rounds * sum(law.bucket_bytes) if p > 1 else 0.0)
-    cols["samples"] = np.full(shape, per_rank)
-    cols["tokens"] = np.full(shape, per_rank * law.tokens_per_sample if llm else math.nan)
+    cols["samples"] = np.full(shape, samples_per_rank)
+    cols["tokens"] = np.full(shape, samples_per_rank * law.tokens_per_sample if llm else math.nan)
     cols["loss"] = np.full(shape, 2.0)
     cols["iteration"] = np.tile(np.arange(iterations, dtype=np.float64), (ranks, 1))
+    if straggler is not None:
+        cols["backward_s"][straggler[0]] += straggler[1]
+        cols["step_s"][straggler[0]] += straggler[1]
 
     meas = slice(warmup, iterations)
 
@@ -251,24 +341,149 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
             g = f.create_group(name)
             for k, v in attrs.items():
                 g.attrs[k] = v
-        it = f.create_group("iterations")
+        detail = detail_ranks(per_rank, ranks, nodes) if per_rank is not None else None
+        if per_rank is not None:
+            f.attrs["per_rank"] = per_rank
         units = {"samples": "samples", "tokens": "tokens", "comm_bytes": "B", "loss": "1",
-                 "iteration": "1"}
-        for name, data in cols.items():
-            _series(it, name, data, units.get(name, "s"))
-        it.attrs["columns"] = ",".join(cols)
-        it.attrs["rows"] = np.int64(iterations)
-        _rank_rows(it, ranks, iterations)
+                 "iteration": "1", "epoch": "1", "train_loss": "1", "val_loss": "1",
+                 "val_accuracy": "1"}
+        _series_group(f.create_group("iterations"), cols, units, detail, "step_s")
+        if epochs:
+            per = iterations // epochs
+            ep = {"epoch": np.tile(np.arange(epochs, dtype=np.float64), (ranks, 1)),
+                  "epoch_s": np.stack([cols["step_s"][:, e * per:(e + 1) * per].sum(axis=1)
+                                       for e in range(epochs)], axis=1),
+                  "train_loss": np.tile(2.0 / (1.0 + np.arange(epochs)), (ranks, 1)),
+                  "val_loss": np.tile(2.2 / (1.0 + np.arange(epochs)), (ranks, 1)),
+                  "val_accuracy": np.tile(0.5 + 0.04 * np.arange(epochs), (ranks, 1)),
+                  "samples": np.full((ranks, epochs), per * law.global_batch / p)}
+            _series_group(f.create_group("epochs"), ep, units, detail, "epoch_s")
         b = f.create_group("comm/buckets")
         bb = b.create_dataset("bytes", data=np.asarray(law.bucket_bytes, dtype=np.float64))
         bb.attrs["units"] = "B"
         total = max(sum(law.bucket_bytes), 1.0)
-        for k, nbytes in enumerate(law.bucket_bytes):  # the collective split by payload
-            _series(b, f"bucket_{k}_s", coll * nbytes / total, "s")
-        b.attrs["columns"] = ",".join(f"bucket_{k}_s" for k in range(len(law.bucket_bytes)))
-        b.attrs["rows"] = np.int64(iterations)
-        _rank_rows(b, ranks, iterations)
+        # the collective split by payload; no aggregates in /comm/buckets
+        _series_group(b, {f"bucket_{k}_s": coll * nbytes / total
+                          for k, nbytes in enumerate(law.bucket_bytes)}, {}, detail, None,
+                      shape)
         _ranks_table(f, ranks, nodes, device)
+    return path
+
+
+# The large writer's phase means [s] (a ~100 ms step); forward, backward and data vary by 2 %.
+LARGE_PHASES = {"data_s": 0.002, "h2d_s": 0.001, "forward_s": 0.030, "backward_s": 0.060,
+                "optimizer_s": 0.005, "control_s": 0.0005}
+LARGE_NOISY = ("data_s", "forward_s", "backward_s")
+
+
+def write_large_run(path: Path, world: int, iterations: int, nodes: int | None = None,
+                    per_rank: str = "auto", warmup: int = 5, seed: int = 0,
+                    straggler: tuple[int, float] | None = None, epochs: int = 10,
+                    block: int = 128) -> Path:
+    """A completed cv run of `world` ranks x `iterations` iterations in the writer's layout since
+    issue 39 point 1 (output.per_rank=`per_rank`), made `block` iterations at a time so that no
+    [world, iterations] array exists (16,384 x 10,000 doubles are 1.3 GB per column): each
+    block's values for ALL ranks give the aggregates, and the detail ranks' rows of the same
+    values are written beside them. straggler: (rank, factor): that rank's backward is `factor`
+    times longer (default: a rank that is no detail rank under auto, world // 3 + 1, 1.3).
+    The warm-up iterations are 3x slower. /summary as the writer computes it (medians over the
+    measured iterations of the mean over ranks)."""
+    rng = np.random.default_rng(seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nodes = nodes or max(1, world // 4)
+    straggler = straggler or (world // 3 + 1, 1.3)
+    detail = detail_ranks(per_rank, world, nodes)
+    rows = len(detail)
+    per_rank_batch = 32
+    names = [*LARGE_PHASES, "comm_collective_s", "comm_wait_s", "step_s", "loss", "samples",
+             "comm_bytes", "iteration"]
+    units = {"loss": "1", "samples": "samples", "comm_bytes": "B", "iteration": "1",
+             "epoch": "1", "train_loss": "1", "val_loss": "1", "val_accuracy": "1"}
+    speed = 1.0 + 0.01 * rng.standard_normal(world)  # each rank's own pace
+    per_epoch = max(1, iterations // epochs) if epochs else 0
+    epoch_s = np.zeros((world, epochs))
+    with h5py.File(path, "w") as f:
+        _root(f, "cv", world, nodes, "completed")
+        f.attrs["per_rank"] = per_rank
+        it = f.create_group("iterations")
+        agg = it.create_group("aggregate")
+        agg.attrs["slowest_by"] = "step_s"
+        agg.attrs["rows"] = np.int64(iterations)
+        chunk = (max(1, min(rows, 64)), max(1, min(iterations, 2**17 // max(rows, 1))))
+        sets, aggs = {}, {}
+        for name in names:
+            sets[name] = it.create_dataset(name, shape=(rows, iterations), dtype="<f8",
+                                           chunks=chunk if rows else None)
+            sets[name].attrs["units"] = units.get(name, "s")
+            aggs[name] = agg.create_dataset(name, shape=(iterations,), dtype=AGGREGATE)
+            aggs[name].attrs["units"] = units.get(name, "s")
+        it.attrs["columns"] = ",".join(names)
+        it.attrs["rows"] = np.int64(iterations)
+        _rank_rows(it, rows, iterations)
+        it.create_dataset("ranks", data=detail).attrs["units"] = "1"
+        for a in range(0, iterations, block):
+            b = min(block, iterations - a)
+            idx = np.arange(a, a + b)
+            warm = np.where(idx < warmup, 3.0, 1.0)
+            cols = {}
+            for name, mean in LARGE_PHASES.items():
+                v = np.outer(speed, mean * warm)
+                if name in LARGE_NOISY:
+                    v *= 1.0 + 0.02 * rng.standard_normal((world, b))
+                cols[name] = v
+            cols["backward_s"][straggler[0]] *= straggler[1]
+            coll = np.full((world, b), 0.02)
+            cols["comm_collective_s"] = coll
+            cols["comm_wait_s"] = np.maximum(0.2 * coll, coll - cols["backward_s"])
+            cols["step_s"] = sum(cols[k] for k in LARGE_PHASES) + cols["comm_wait_s"] + 0.001
+            cols["loss"] = np.tile(2.0 / (1.0 + 1e-3 * idx), (world, 1))
+            cols["samples"] = np.full((world, b), float(per_rank_batch))
+            cols["comm_bytes"] = np.full((world, b), 60 * MiB)
+            cols["iteration"] = np.tile(idx.astype(np.float64), (world, 1))
+            for name in names:
+                aggs[name][a:a + b] = aggregate_rows(cols[name], cols["step_s"])
+                if rows:
+                    sets[name][:, a:a + b] = cols[name][detail]
+            if epochs:
+                e = np.minimum(idx // per_epoch, epochs - 1)
+                for k in np.unique(e):
+                    epoch_s[:, k] += cols["step_s"][:, e == k].sum(axis=1)
+        step_mean = aggs["step_s"].fields("mean")[warmup:]
+        summary = {f"median_{k}": float(np.median(aggs[k].fields("mean")[warmup:]))
+                   for k in (*LARGE_PHASES, "comm_wait_s")}
+        step = float(np.median(step_mean))
+        summary.update({
+            "median_step_s": step, "mean_step_s": float(np.mean(step_mean)),
+            "global_batch_samples": float(per_rank_batch * world),
+            "throughput_samples_per_s": per_rank_batch * world / step,
+            "warmup_iterations": np.int64(warmup),
+            "measured_iterations": np.int64(iterations - warmup),
+            "total_iterations": np.int64(iterations), "energy_per_sample_j": math.nan,
+            "wall_s": float(np.sum(aggs["step_s"].fields("max")[:])),
+            "peak_device_allocated_bytes": 4 * GiB, "peak_host_rss_bytes": GiB})
+        cfg = {"run.workload": "cv", "run.strategy": "ddp-ds", "run.precision": "bf16-mixed",
+               "run.device": "cuda", "dist.zero": "0", "dist.backend": "nccl",
+               "train.batch_size": str(per_rank_batch), "train.global_batch_size": "0",
+               "profile.warmup_iters": str(warmup), "train.max_iters": str(iterations),
+               "cv.model": "mobilenet_v2", "output.per_rank": per_rank, "output.file": str(path)}
+        plan = {"device": "cuda", "backend": "nccl", "strategy": "ddp-ds",
+                "precision": "bf16-mixed", "global_batch": np.int64(per_rank_batch * world),
+                "batch_per_rank": np.int64(per_rank_batch), "threads_per_rank": np.int64(1),
+                "total_iterations": np.int64(iterations), "zero": np.int64(0)}
+        for name, attrs in (("config", cfg), ("plan", plan), ("summary", summary)):
+            g = f.create_group(name)
+            for k, v in attrs.items():
+                g.attrs[k] = v
+        if epochs:
+            ep = {"epoch": np.tile(np.arange(epochs, dtype=np.float64), (world, 1)),
+                  "epoch_s": epoch_s,
+                  "train_loss": np.tile(2.0 / (1.0 + np.arange(epochs)), (world, 1)),
+                  "val_loss": np.tile(2.2 / (1.0 + np.arange(epochs)), (world, 1)),
+                  "val_accuracy": np.tile(0.5 + 0.04 * np.arange(epochs), (world, 1)),
+                  "samples": np.full((world, epochs), float(per_epoch * per_rank_batch))}
+            _series_group(f.create_group("epochs"), ep, units, detail, "epoch_s")
+        _ranks_table(f, world, nodes, "cuda")
     return path
 
 
