@@ -750,8 +750,9 @@ def test_full_filesystem_ends_the_job_with_exit_4(run_ts, tmp_path, mounts):
     """The run file's directory fills up during training: the first writes (file, config, ranks)
     fit, the first flush of iteration rows does not (a run of 2,000 iterations gets chunks of
     2,048 rows, which the flush fills with the rows and NaN: 2.5 MB). The ranks write their rows
-    independently, so one may hit ENOSPC where the other does not: they agree on the error after
-    the writes, name the file, the full file system and the fix, and end the job: every rank must
+    independently, so one may hit ENOSPC where the other does not: every rank raises it at the
+    next flush (or status change), naming the file, the full file system and the fix, and ends
+    the job: every rank must
     be gone within seconds, mpirun's exit code 4, no crash, and the file must not claim
     "completed". (Below 1 MiB free a flush refuses to start, so that HDF5 never runs out of space
     inside a sync, which it cannot undo on one rank only.)"""

@@ -65,6 +65,10 @@ struct Series {
     std::vector<std::vector<double>> unaggregated; // per column: rows from `aggregated` on
     hsize_t aggregated = 0;                        // rows reduced (identical on all ranks)
     hsize_t agg_extent = 0;                        // n of the aggregate datasets
+    // File addresses of every allocated chunk, per column (the rows' datasets; the aggregates'):
+    // rows and aggregates are written to them with pwrite, outside HDF5 (RunFile::Impl::raw_fd).
+    std::vector<std::vector<haddr_t>> chunk_addr, agg_chunk_addr;
+    haddr_t rank_rows_addr = HADDR_UNDEF; // rank_rows' storage (contiguous)
     bool aggregating() const { return key != std::string::npos; }
 };
 
@@ -143,6 +147,12 @@ struct RunFile::Impl {
     FlushStats stats;
     std::string write_error; // a write of this rank failed at a flush: raised by every rank at the
                              // next flush (write_pending)
+    // This rank's own descriptor of the file for the series' rows and aggregates (opened at its
+    // first write). Those writes go to chunk addresses every rank looked up together, not
+    // through HDF5: only some ranks write them, and an HDF5 call on some ranks only leaves their
+    // metadata caches different from the others', which HDF5 1.10's collective metadata reads
+    // (always on for metadata-changing calls) turn into a broadcast the others never join.
+    int raw_fd = -1;
     double arrived = 0, arrival_wait = 0; // the last write_pending's split (FlushStats)
 
     // Under SchemaCheck::strict: what is written must be in the schema table (schema.hpp). Every
@@ -162,6 +172,7 @@ struct RunFile::Impl {
     }
 
     ~Impl() {
+        if (raw_fd >= 0) ::close(raw_fd);
         // Reached with the file open only when a rank unwinds an exception: HDF5 closes the file
         // at MPI_Finalize/exit, and no call here may wait for peers that are elsewhere.
         if (file >= 0) {
@@ -288,8 +299,8 @@ struct RunFile::Impl {
     // error left by the previous flush), one MPI_Reduce to rank 0 of the aggregates when there
     // are rows to aggregate and of the row counts while ranks hold different counts; at a sync
     // or status change also one MPI_Allreduce agreeing on a write error (core::first_failure)
-    // and H5Fflush's own. A rank writes its own rows with one
-    // independent H5Dwrite per column (no MPI-IO collective, no file view); rank 0 writes the
+    // and H5Fflush's own. A rank writes its own rows with one pwrite per column and chunk
+    // (write_raw: no MPI-IO collective, no HDF5 call on some ranks only); rank 0 writes the
     // aggregates and the rank_rows datasets. Dataset extents and attributes are metadata: every
     // rank makes the same calls, and makes them only when an extent grows or at a sync. Returns
     // true when the file was synced.
@@ -350,36 +361,24 @@ struct RunFile::Impl {
         const std::vector<std::int64_t>& all = red.counts;
         std::vector<std::vector<AggregateRow>>& aggregate_rows = red.rows;
 
-        // Extents: metadata, the same calls on every rank.
+        // Extents: metadata, the same calls on every rank. An extent grows before the writes;
+        // one that shrinks (to the exact rows at a status change) shrinks after them: HDF5 then
+        // rewrites the partial last chunk from the file, rows included, where a shrink before
+        // the writes had it rewrite that chunk over them later.
         std::vector<hsize_t> old_extent(groups), old_agg_extent(groups), old_aggregated(groups);
+        std::vector<hsize_t> extent(groups), agg_extent(groups);
         for (std::size_t g = 0; g < groups; ++g) {
             Series& s = series[g];
             old_extent[g] = s.extent;
             old_agg_extent[g] = s.agg_extent;
             old_aggregated[g] = s.aggregated;
-            const auto longest = static_cast<hsize_t>(reduced[g]);
-            const hsize_t extent = grown_extent(s.extent, longest, s.chunk_rows, exact);
-            if (extent != s.extent) {
-                for (std::size_t c = 0; c < s.columns.size(); ++c) {
-                    const hsize_t dims[2] = {per_rank_count, extent};
-                    H5_CHECK(H5Dset_extent(s.datasets[c], dims), path,
-                             s.group + "/" + s.columns[c].name);
-                }
-                write_attribute(s.handle, s.group,
-                                Attribute{"rows", static_cast<std::int64_t>(extent)});
-                s.extent = extent;
-            }
-            if (!s.aggregating()) continue;
-            const hsize_t agg_extent =
-                grown_extent(s.agg_extent, aggregate_to[g], s.chunk_rows, exact);
-            if (agg_extent != s.agg_extent) {
-                for (std::size_t c = 0; c < s.columns.size(); ++c)
-                    H5_CHECK(H5Dset_extent(s.aggregates[c], &agg_extent), path,
-                             s.group + "/aggregate/" + s.columns[c].name);
-                s.agg_extent = agg_extent;
-            }
-            s.aggregated = aggregate_to[g];
+            extent[g] =
+                grown_extent(s.extent, static_cast<hsize_t>(reduced[g]), s.chunk_rows, exact);
+            agg_extent[g] = grown_extent(s.agg_extent, aggregate_to[g], s.chunk_rows, exact);
         }
+        set_extents(extent, agg_extent, /*grow=*/true);
+        for (std::size_t g = 0; g < groups; ++g)
+            if (series[g].aggregating()) series[g].aggregated = aggregate_to[g];
         // The writes are independent, so one rank may fail where the others succeed (a full
         // file system, a quota): the failed rank keeps the error (write_error) and every rank
         // raises the same error together (below, or at the next flush), rather than the others
@@ -400,9 +399,9 @@ struct RunFile::Impl {
                     if (gather)
                         for (hsize_t j = 0; j < per_rank_count; ++j)
                             rank_rows[j] = all[j * groups + g];
-                    H5_CHECK(H5Dwrite(s.rank_rows, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                      rank_rows.data()),
-                             path, s.group + "/rank_rows");
+                    pwrite_all(reinterpret_cast<const char*>(rank_rows.data()),
+                               rank_rows.size() * sizeof(std::int64_t), s.rank_rows_addr,
+                               s.group + "/rank_rows");
                 }
                 s.min_rows = shortest;
                 s.max_rows = longest;
@@ -411,6 +410,7 @@ struct RunFile::Impl {
         } catch (const core::OutputError& e) {
             write_error = e.what();
         }
+        set_extents(extent, agg_extent, /*grow=*/false);
         // The writes are independent: a rank that failed goes on, and every rank learns of it
         // from the next flush's first MPI_Allreduce, so a flush needs no collective after its
         // writes. A status change (the last flush) and a sync agree at once.
@@ -429,6 +429,10 @@ struct RunFile::Impl {
             // full file system may fail the sync on some ranks only: agree here too.
             std::string sync_error;
             try {
+                // The rows this rank wrote outside HDF5 reach the disk with the file's sync.
+                if (raw_fd >= 0 && ::fdatasync(raw_fd) != 0)
+                    throw core::OutputError("syncing the run file '" + path +
+                                            "' failed: " + std::strerror(errno));
                 flush_file();
             } catch (const core::OutputError& e) {
                 sync_error = e.what();
@@ -439,6 +443,38 @@ struct RunFile::Impl {
             ++stats.syncs;
         }
         return sync;
+    }
+
+    // Collective: every series' datasets to `extent` and its aggregates to `agg_extent` where
+    // that grows them (`grow`) or shrinks them (not `grow`); the chunk addresses follow.
+    void set_extents(const std::vector<hsize_t>& extent, const std::vector<hsize_t>& agg_extent,
+                     bool grow) {
+        for (std::size_t g = 0; g < series.size(); ++g) {
+            Series& s = series[g];
+            if (extent[g] != s.extent && (extent[g] > s.extent) == grow) {
+                for (std::size_t c = 0; c < s.columns.size(); ++c) {
+                    const std::string object = s.group + "/" + s.columns[c].name;
+                    const hsize_t dims[2] = {per_rank_count, extent[g]};
+                    H5_CHECK(H5Dset_extent(s.datasets[c], dims), path, object);
+                    if (per_rank_count > 0)
+                        refresh_chunks(s.datasets[c], 2, extent[g], s.chunk_rows, s.chunk_addr[c],
+                                       object);
+                }
+                write_attribute(s.handle, s.group,
+                                Attribute{"rows", static_cast<std::int64_t>(extent[g])});
+                s.extent = extent[g];
+            }
+            if (!s.aggregating() || agg_extent[g] == s.agg_extent ||
+                (agg_extent[g] > s.agg_extent) != grow)
+                continue;
+            for (std::size_t c = 0; c < s.columns.size(); ++c) {
+                const std::string object = s.group + "/aggregate/" + s.columns[c].name;
+                H5_CHECK(H5Dset_extent(s.aggregates[c], &agg_extent[g]), path, object);
+                refresh_chunks(s.aggregates[c], 1, agg_extent[g], s.chunk_rows, s.agg_chunk_addr[c],
+                               object);
+            }
+            s.agg_extent = agg_extent[g];
+        }
     }
 
     // An extent that holds `rows`: exactly (status changes), else grown in steps of chunk_rows.
@@ -561,7 +597,7 @@ struct RunFile::Impl {
         return out;
     }
 
-    // Rank 0, independent: rows [from, aggregated) of every aggregate dataset of `s` (`rows`,
+    // Rank 0, outside HDF5: rows [from, aggregated) of every aggregate dataset of `s` (`rows`,
     // column-major), and empty rows (count 0) in the slots a grown extent added beyond them.
     void write_aggregates(Series& s, const std::vector<AggregateRow>& rows, hsize_t from,
                           hsize_t old_agg_extent) {
@@ -572,21 +608,87 @@ struct RunFile::Impl {
         const std::size_t n = static_cast<std::size_t>(s.aggregated - from);
         const double nan = std::numeric_limits<double>::quiet_NaN();
         std::vector<AggregateRow> buffer(count, AggregateRow{nan, nan, nan, -1, 0, nan});
-        Handle mspace(H5_CHECK(H5Screate_simple(1, &count, nullptr), path, s.group), H5Sclose);
         for (std::size_t c = 0; c < s.columns.size(); ++c) {
-            const std::string object = s.group + "/aggregate/" + s.columns[c].name;
             std::copy(rows.begin() + static_cast<std::ptrdiff_t>(c * n),
                       rows.begin() + static_cast<std::ptrdiff_t>((c + 1) * n), buffer.begin());
-            Handle fspace(H5_CHECK(H5Dget_space(s.aggregates[c]), path, object), H5Sclose);
-            H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &from, nullptr, &count, nullptr),
-                     path, object);
-            H5_CHECK(H5Dwrite(s.aggregates[c], aggregate_memory_type(), mspace, fspace, H5P_DEFAULT,
-                              buffer.data()),
-                     path, object);
+            write_raw(s.agg_chunk_addr[c], s.chunk_rows, 0, from, count, buffer.data(),
+                      sizeof(AggregateRow), s.group + "/aggregate/" + s.columns[c].name);
         }
     }
 
-    // AggregateRow in memory (native types; the file type is aggregate_type).
+    // Collective (every rank the same calls): the file addresses of the chunks of `ds` that
+    // cover `extent` rows along its last dimension (chunks of chunk_rows rows, one chunk across
+    // the other dimension), looked up for the chunks not yet known; HDF5 allocates every chunk
+    // of an extent when it grows (the MPI-IO driver's early allocation).
+    void refresh_chunks(hid_t ds, int ndims, hsize_t extent, hsize_t chunk_rows,
+                        std::vector<haddr_t>& addr, const std::string& object) {
+        const std::size_t chunks = static_cast<std::size_t>((extent + chunk_rows - 1) / chunk_rows);
+        for (std::size_t k = addr.size(); k < chunks; ++k) {
+            hsize_t offset[2] = {0, 0};
+            offset[ndims - 1] = static_cast<hsize_t>(k) * chunk_rows;
+            unsigned filter_mask = 0;
+            haddr_t where = HADDR_UNDEF;
+            hsize_t bytes = 0;
+            H5_CHECK(H5Dget_chunk_info_by_coord(ds, offset, &filter_mask, &where, &bytes), path,
+                     object);
+            if (where == HADDR_UNDEF)
+                throw core::InternalError("RunFile: chunk " + std::to_string(k) + " of '" + object +
+                                          "' in '" + path + "' is not allocated");
+            addr.push_back(where);
+        }
+        addr.resize(chunks);
+    }
+
+    // Local: `count` elements of `element` bytes from `data` into row `row` of a chunked dataset
+    // whose chunks span every row and chunk_rows elements along the last dimension ([R,
+    // chunk_rows] row-major; a 1-D dataset: row 0), from element `start` on, with pwrite at the
+    // chunks' addresses. The file's types are the memory's (declare_series checks).
+    void write_raw(const std::vector<haddr_t>& addr, hsize_t chunk_rows, hsize_t row, hsize_t start,
+                   hsize_t count, const void* data, std::size_t element,
+                   const std::string& object) {
+        const auto* bytes = static_cast<const char*>(data);
+        hsize_t i = start;
+        while (i < start + count) {
+            const std::size_t k = static_cast<std::size_t>(i / chunk_rows);
+            const hsize_t within = i % chunk_rows;
+            const hsize_t run = std::min(chunk_rows - within, start + count - i);
+            if (k >= addr.size())
+                throw core::InternalError("RunFile: row " + std::to_string(i) + " of '" + object +
+                                          "' lies beyond its allocated chunks in '" + path + "'");
+            pwrite_all(bytes + (i - start) * element, static_cast<std::size_t>(run) * element,
+                       addr[k] + (row * chunk_rows + within) * element, object);
+            i += run;
+        }
+    }
+
+    // Local: `size` bytes at file address `at` through raw_fd (opened at the first call).
+    void pwrite_all(const char* p, std::size_t size, haddr_t at, const std::string& object) {
+        if (raw_fd < 0) {
+            raw_fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+            if (raw_fd < 0)
+                throw core::OutputError("cannot open the run file '" + path +
+                                        "' to write its rows: " + std::strerror(errno));
+        }
+        auto offset = static_cast<off_t>(at);
+        while (size > 0) {
+            const ssize_t wrote = ::pwrite(raw_fd, p, size, offset);
+            if (wrote < 0 && errno == EINTR) continue;
+            if (wrote <= 0) {
+                const int error = wrote < 0 ? errno : EIO;
+                throw core::OutputError(
+                    "writing the run file '" + path + "' (" + object +
+                    ") failed: " + std::strerror(error) +
+                    (error == ENOSPC || error == EDQUOT
+                         ? ": free space on its file system or choose another output.file"
+                         : ""));
+            }
+            size -= static_cast<std::size_t>(wrote);
+            p += wrote;
+            offset += wrote;
+        }
+    }
+
+    // AggregateRow in memory (native types): the file's type (aggregate_type) must equal it.
     hid_t aggregate_memory_type() {
         static const hid_t type = [] {
             const hid_t t = H5Tcreate(H5T_COMPOUND, sizeof(AggregateRow));
@@ -603,9 +705,9 @@ struct RunFile::Impl {
 
     // Local: this rank's new rows of every series into its row of each column, and NaN in its
     // slots that a grown extent added beyond them (the datasets have no fill values: the MPI-IO
-    // driver would write them with collective writes whenever an extent grows). One independent
-    // H5Dwrite per column of a series with something to write; nothing on a rank that does not
-    // write per-rank rows (select_per_rank).
+    // driver would write them with collective writes whenever an extent grows). One pwrite per
+    // column and chunk (write_raw); nothing on a rank that does not write per-rank rows
+    // (select_per_rank).
     void write_rows(const std::vector<hsize_t>& old_extent) {
         if (!per_rank) return;
         const double nan = std::numeric_limits<double>::quiet_NaN();
@@ -616,21 +718,11 @@ struct RunFile::Impl {
             if (s.extent > old_extent[g]) to = s.extent;
             if (to > s.written) {
                 const hsize_t count = to - s.written;
-                const hsize_t start[2] = {per_rank_row, s.written};
-                const hsize_t block[2] = {1, count};
-                Handle mspace(H5_CHECK(H5Screate_simple(1, &count, nullptr), path, s.group),
-                              H5Sclose);
                 std::vector<double> buffer(count, nan);
                 for (std::size_t c = 0; c < s.columns.size(); ++c) {
-                    const std::string object = s.group + "/" + s.columns[c].name;
                     std::copy(s.pending[c].begin(), s.pending[c].end(), buffer.begin());
-                    Handle fspace(H5_CHECK(H5Dget_space(s.datasets[c]), path, object), H5Sclose);
-                    H5_CHECK(
-                        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, nullptr, block, nullptr),
-                        path, object);
-                    H5_CHECK(H5Dwrite(s.datasets[c], H5T_NATIVE_DOUBLE, mspace, fspace, H5P_DEFAULT,
-                                      buffer.data()),
-                             path, object);
+                    write_raw(s.chunk_addr[c], s.chunk_rows, per_rank_row, s.written, count,
+                              buffer.data(), sizeof(double), s.group + "/" + s.columns[c].name);
                 }
             }
             for (auto& column : s.pending)
@@ -997,10 +1089,17 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
     const hsize_t max_dims[2] = {chunk_r, H5S_UNLIMITED};
     Handle space(H5_CHECK(H5Screate_simple(2, dims, max_dims), m.path, name), H5Sclose);
 
+    // The rows and aggregates are written as bytes (write_raw): the file's types must be the
+    // memory's.
+    if (H5Tequal(H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE) <= 0 ||
+        H5Tequal(H5T_STD_I64LE, H5T_NATIVE_INT64) <= 0)
+        throw core::InternalError("RunFile: this host's doubles or int64 are not little-endian "
+                                  "IEEE, which the run file's raw row writes assume");
     Series s;
     s.group = name;
     s.columns = columns;
     s.pending.resize(columns.size());
+    s.chunk_addr.resize(columns.size());
     s.handle = Handle(H5_CHECK(H5Gopen2(m.file, name.c_str(), m.gapl), m.path, name), H5Gclose);
     s.chunk_rows = static_cast<hsize_t>(chunk_rows);
     std::string column_list;
@@ -1027,13 +1126,23 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
                            m.path, object),
                   H5Dclose);
         m.write_units(ds, object, "1");
+        // Contiguous storage, allocated at creation (the MPI-IO driver); written with pwrite.
+        const haddr_t at = rows_r > 0 ? H5Dget_offset(ds) : HADDR_UNDEF;
+        if (rows_r > 0 && at == HADDR_UNDEF)
+            throw core::InternalError("RunFile: '" + object + "' in '" + m.path +
+                                      "' has no storage");
         if (std::string_view(index) == "ranks") {
-            if (m.rank == 0 && rows_r > 0)
-                H5_CHECK(H5Dwrite(ds, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                                  m.per_rank_ranks.data()),
-                         m.path, object);
+            if (m.rank == 0 && rows_r > 0) {
+                try { // rank 0 alone: every rank raises a failure at the next flush
+                    m.pwrite_all(reinterpret_cast<const char*>(m.per_rank_ranks.data()),
+                                 rows_r * sizeof(std::int64_t), at, object);
+                } catch (const core::OutputError& e) {
+                    m.write_error = e.what();
+                }
+            }
         } else {
             s.rank_rows = std::move(ds);
+            s.rank_rows_addr = at;
         }
     }
     m.write_attribute(grp, name, Attribute{"columns", column_list});
@@ -1044,6 +1153,7 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
         // series' rows (a chunk of 64 rows is 3 KiB).
         s.key = key;
         s.unaggregated.resize(columns.size());
+        s.agg_chunk_addr.resize(columns.size());
         const std::string agg = name + "/aggregate";
         s.aggregate_group = m.ensure_group(agg);
         if (m.aggregate_type < 0) {
@@ -1059,6 +1169,9 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
             };
             for (const auto& [field, where] : fields)
                 H5_CHECK(H5Tinsert(t, field, where.first, where.second), m.path, agg);
+            if (H5Tequal(t, m.aggregate_memory_type()) <= 0)
+                throw core::InternalError("RunFile: AggregateRow's memory layout is not the "
+                                          "file's, which the raw aggregate writes assume");
             m.aggregate_type = std::move(t);
         }
         Handle adcpl(H5_CHECK(H5Pcreate(H5P_DATASET_CREATE), m.path, agg), H5Pclose);
@@ -1287,6 +1400,10 @@ void RunFile::close() {
         m.write_pending(/*force_sync=*/true, /*exact=*/true);
     } catch (...) {
         failure = std::current_exception();
+    }
+    if (m.raw_fd >= 0) {
+        ::close(m.raw_fd);
+        m.raw_fd = -1;
     }
     m.series.clear();
     m.series_index.clear();
