@@ -251,7 +251,8 @@ TEST(Checkpoint, FlatShardsAreCutAgainForAnotherRankCount) {
         out.write("zero_shard", part);
     });
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
-    tt::CheckpointShards saved(m, torch::kCPU);
+    // Rank 0's file wanted by every rank: read once per node and shared; the others on demand.
+    tt::CheckpointShards saved(m, torch::kCPU, MPI_COMM_WORLD, {0});
     for (int new_world : {1, 2, 3, 4, 16}) {
         const std::int64_t size = (numel + new_world - 1) / new_world;
         for (int r = 0; r < new_world; ++r) {
@@ -261,6 +262,38 @@ TEST(Checkpoint, FlatShardsAreCutAgainForAnotherRankCount) {
             const std::int64_t n = std::min(numel, begin + size) - begin;
             if (n > 0) want.narrow(0, 0, n).copy_(full.narrow(0, begin, n));
             EXPECT_TRUE(torch::equal(got, want)) << "rank " << r << " of " << new_world;
+        }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank() == 0) fs::remove_all(dir);
+}
+
+// Issue 39: a file read once for the node and found missing (or corrupt) is the same InputError,
+// naming it, on every rank that wanted it; nobody waits for bytes that never come.
+TEST(Checkpoint, ASharedRankFileThatCannotBeReadFailsEveryRankThatWantedIt) {
+    const std::string dir = shared_dir("shared_missing");
+    const core::Config cfg = config({{"checkpoint.dir", dir}, {"output.file", "s.h5"}});
+    tt::Checkpointer ck(dir, 1, MPI_COMM_WORLD, cfg, "s.h5", 0, 8);
+    ck.save(3, [&](torch::serialize::OutputArchive& out) { tt::write_int(out, "x", rank()); });
+    const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
+    for (const bool corrupt : {true, false}) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank() == 0) {
+            if (corrupt)
+                std::ofstream(m.path + "/rank00000.pt", std::ios::trunc) << "not a zip archive";
+            else
+                fs::remove(m.path + "/rank00000.pt");
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        tt::CheckpointShards shards(m, torch::kCPU, MPI_COMM_WORLD, {0, rank()});
+        if (rank() > 0) EXPECT_EQ(tt::read_int(shards.rank(rank()), "x"), rank());
+        try {
+            shards.rank(0);
+            FAIL() << "a " << (corrupt ? "corrupt" : "missing") << " rank file was accepted";
+        } catch (const core::InputError& e) {
+            const std::string what = e.what();
+            EXPECT_NE(what.find("rank00000.pt cannot be read"), std::string::npos) << what;
+            if (!corrupt) EXPECT_NE(what.find("No such file"), std::string::npos) << what;
         }
     }
     MPI_Barrier(MPI_COMM_WORLD);

@@ -5,7 +5,10 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
 #include <regex>
 #include <set>
 #include <stdexcept>
@@ -739,10 +742,13 @@ TEST(Topology, DescribesRanksNodesAndHosts) {
     auto t = dist::discover_topology(MPI_COMM_WORLD);
     EXPECT_EQ(t.rank, world_rank());
     EXPECT_EQ(t.world_size, world_size());
-    ASSERT_EQ(t.hostnames.size(), static_cast<std::size_t>(t.world_size));
-    EXPECT_EQ(t.hostnames[t.rank], t.hostname);
+    // Issue 39: the host names are gathered to rank 0 only (it alone prints them).
+    ASSERT_EQ(t.hostnames.size(), t.rank == 0 ? static_cast<std::size_t>(t.world_size) : 0u);
+    const auto hostnames = core::allgather_strings(MPI_COMM_WORLD, t.hostname);
+    if (t.rank == 0) EXPECT_EQ(t.hostnames, hostnames);
+    EXPECT_EQ(hostnames[t.rank], t.hostname);
     EXPECT_FALSE(t.hostname.empty());
-    std::set<std::string> hosts(t.hostnames.begin(), t.hostnames.end());
+    std::set<std::string> hosts(hostnames.begin(), hostnames.end());
     EXPECT_EQ(t.num_nodes, static_cast<int>(hosts.size()));
     EXPECT_GE(t.node, 0);
     EXPECT_LT(t.node, t.num_nodes);
@@ -750,11 +756,47 @@ TEST(Topology, DescribesRanksNodesAndHosts) {
     EXPECT_LT(t.local_rank, t.local_size);
     // Local size = ranks on this host; node leaders count the nodes.
     EXPECT_EQ(t.local_size,
-              static_cast<int>(std::count(t.hostnames.begin(), t.hostnames.end(), t.hostname)));
+              static_cast<int>(std::count(hostnames.begin(), hostnames.end(), t.hostname)));
     int leaders = t.local_rank == 0 ? 1 : 0, total = 0;
     MPI_Allreduce(&leaders, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     EXPECT_EQ(total, t.num_nodes);
     EXPECT_NE(dist::mpi_library_version().find("MPI"), std::string::npos);
+}
+
+// Issue 39: one rank per node reads a file, the node's other ranks get its bytes or its verdict.
+TEST(NodeComm, GroupsTheTopologysNodeAndSharesOneRead) {
+    auto t = dist::discover_topology(MPI_COMM_WORLD);
+    core::NodeComm node(MPI_COMM_WORLD);
+    EXPECT_EQ(node.size(), t.local_size);
+    EXPECT_EQ(node.rank(), t.local_rank);
+    const auto hosts = core::gather_strings(node.get(), t.hostname);
+    if (node.rank() == 0) EXPECT_EQ(hosts, std::vector<std::string>(node.size(), t.hostname));
+    if (node.rank() != 0) EXPECT_TRUE(hosts.empty());
+
+    // Each node's last local rank reads: the bytes (binary, with NULs) arrive everywhere intact.
+    const std::string path = ::testing::TempDir() + "node_read_" + std::to_string(t.node) + "_" +
+                             std::to_string(::getppid());
+    std::string content("\0header\0", 8);
+    for (int i = 0; i < 3000; ++i)
+        content += static_cast<char>(i * 7);
+    const int reader = node.size() - 1;
+    if (node.rank() == reader) {
+        std::FILE* f = std::fopen(path.c_str(), "wb");
+        ASSERT_NE(f, nullptr);
+        std::fwrite(content.data(), 1, content.size(), f);
+        std::fclose(f);
+    }
+    MPI_Barrier(node.get());
+    const core::SharedFile got = core::read_file_on_node(node.get(), path, reader);
+    EXPECT_EQ(got.error, "");
+    EXPECT_EQ(got.bytes, content);
+    MPI_Barrier(node.get());
+    if (node.rank() == reader) std::remove(path.c_str());
+    MPI_Barrier(node.get());
+    // A missing file: the reader's error on every rank, no bytes, nobody left waiting.
+    const core::SharedFile missing = core::read_file_on_node(node.get(), path, reader);
+    EXPECT_NE(missing.error.find("No such file"), std::string::npos) << missing.error;
+    EXPECT_TRUE(missing.bytes.empty());
 }
 
 // Issue 25: distinct GPUs are counted by PCI bus id across a node's ranks (faked device lists).

@@ -1,11 +1,16 @@
 // The shared MPI helpers (see mpi_util.hpp).
 #include "trainscope/core/mpi_util.hpp"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <iomanip>
 #include <sstream>
@@ -134,6 +139,88 @@ std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& min
         out.push_back(
             all.substr(static_cast<std::size_t>(offs[i]), static_cast<std::size_t>(lens[i])));
     return out;
+}
+
+std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root) {
+    int rank = 0, size = 1;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    int len = static_cast<int>(mine.size());
+    std::vector<int> lens(rank == root ? static_cast<std::size_t>(size) : 0), offs(lens.size());
+    MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, comm));
+    int total = 0;
+    for (std::size_t i = 0; i < lens.size(); ++i)
+        offs[i] = total, total += lens[i];
+    std::string all(static_cast<std::size_t>(total), '\0');
+    MPI_CHECK(MPI_Gatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offs.data(),
+                          MPI_CHAR, root, comm));
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < lens.size(); ++i)
+        out.push_back(
+            all.substr(static_cast<std::size_t>(offs[i]), static_cast<std::size_t>(lens[i])));
+    return out;
+}
+
+void broadcast_bytes(MPI_Comm comm, void* data, std::size_t bytes, int root) {
+    constexpr std::size_t piece = std::size_t{1} << 30; // MPI counts are int
+    auto* p = static_cast<char*>(data);
+    for (std::size_t off = 0; off < bytes; off += piece)
+        MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(piece, bytes - off)), MPI_BYTE, root,
+                            comm));
+}
+
+NodeComm::NodeComm(MPI_Comm comm) {
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    // key = rank: local ranks in the order of `comm`, so local rank 0 is the node's lowest rank.
+    MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &comm_));
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+NodeComm::~NodeComm() {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::string read_whole_file(const std::string& path, std::string& bytes) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return std::string("cannot open: ") + std::strerror(errno);
+    struct stat st {};
+    std::string error;
+    if (::fstat(fd, &st) != 0) {
+        error = std::string("cannot stat: ") + std::strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+        error = "not a regular file";
+    } else {
+        bytes.resize(static_cast<std::size_t>(st.st_size));
+        std::size_t done = 0;
+        while (done < bytes.size()) {
+            const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) {
+                error = std::string("read failed: ") + std::strerror(errno);
+                break;
+            }
+            if (n == 0) { // shrank while reading
+                bytes.resize(done);
+                break;
+            }
+            done += static_cast<std::size_t>(n);
+        }
+    }
+    ::close(fd);
+    if (!error.empty()) bytes.clear();
+    return error;
+}
+
+SharedFile read_file_on_node(MPI_Comm comm, const std::string& path, int reader) {
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    SharedFile f;
+    if (rank == reader) f.error = read_whole_file(path, f.bytes);
+    f.error = broadcast_string(comm, f.error, reader); // the verdict before any data
+    if (f.error.empty()) f.bytes = broadcast_string(comm, f.bytes, reader);
+    return f;
 }
 
 std::string first_failure(MPI_Comm comm, const std::string& local_error) {

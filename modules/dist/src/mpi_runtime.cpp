@@ -90,11 +90,11 @@ Topology discover_topology(MPI_Comm comm) {
     MPI_CHECK(MPI_Comm_rank(comm, &t.rank));
     MPI_CHECK(MPI_Comm_size(comm, &t.world_size));
 
-    // Ranks sharing memory form a node; key=rank keeps local ranks in world order.
-    MPI_Comm local = MPI_COMM_NULL;
-    MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, t.rank, MPI_INFO_NULL, &local));
-    MPI_CHECK(MPI_Comm_rank(local, &t.local_rank));
-    MPI_CHECK(MPI_Comm_size(local, &t.local_size));
+    // The node: core::NodeComm's grouping (MPI_COMM_TYPE_SHARED, local ranks in world order),
+    // the one every node-local read uses too.
+    core::NodeComm local(comm);
+    t.local_rank = local.rank();
+    t.local_size = local.size();
 
     // Node leaders (local rank 0) ordered by world rank number the nodes.
     MPI_Comm leaders = MPI_COMM_NULL;
@@ -105,20 +105,13 @@ Topology discover_topology(MPI_Comm comm) {
         MPI_CHECK(MPI_Comm_size(leaders, &node_info[1]));
         MPI_Comm_free(&leaders);
     }
-    MPI_CHECK(MPI_Bcast(node_info, 2, MPI_INT, 0, local));
-    MPI_Comm_free(&local);
+    MPI_CHECK(MPI_Bcast(node_info, 2, MPI_INT, 0, local.get()));
     t.node = node_info[0];
     t.num_nodes = node_info[1];
 
+    // Every host name on rank 0 only: rank 0 alone prints the plan that lists them.
     t.hostname = local_hostname();
-    std::vector<char> mine(MPI_MAX_PROCESSOR_NAME, '\0');
-    std::copy_n(t.hostname.begin(), std::min<std::size_t>(t.hostname.size(), mine.size() - 1),
-                mine.begin());
-    std::vector<char> all(mine.size() * static_cast<std::size_t>(t.world_size));
-    MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(),
-                            static_cast<int>(mine.size()), MPI_CHAR, comm));
-    for (int r = 0; r < t.world_size; ++r)
-        t.hostnames.emplace_back(all.data() + r * mine.size());
+    t.hostnames = core::gather_strings(comm, t.hostname);
     return t;
 }
 

@@ -7,11 +7,12 @@
 // stalled), blocking calls only an ordering event.
 //
 // dist.timeout: the communicator is created nonblocking (ncclConfig_t::blocking = 0), so neither
-// ncclCommInitRankConfig nor an enqueue can block the host forever in NCCL: both return
+// the initialisation (ncclCommInitRankScalable with ceil(sqrt(N)) roots where NCCL >= 2.23 has it,
+// else ncclCommInitRankConfig) nor an enqueue can block the host forever in NCCL: both return
 // ncclInProgress and we poll ncclCommGetAsyncError until the communicator is ready, with the
 // deadline. Every host wait on the device (barrier, Work::seconds, synchronize, time_batch) polls
 // a CUDA event and NCCL's asynchronous error with the deadline too, and the MPI traffic on the
-// side (the unique id's broadcast, allreduce_host) is nonblocking and bounded
+// side (the unique ids' exchange, allreduce_host) is nonblocking and bounded
 // (core::wait_for_peers). On expiry the communicator is aborted (ncclCommAbort ends kernels
 // waiting for an absent peer) and the wait throws core::PeerTimeoutError. After an abort (by any
 // thread, once) or the destruction nothing touches the handle or its events again: see
@@ -27,12 +28,16 @@
 #include <nccl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "mpi_check.hpp"
 #include "nccl_health.hpp"
@@ -141,36 +146,68 @@ class NcclCommunicator final : public Communicator {
         MPI_CHECK(MPI_Comm_size(comm, &size_));
         c10::cuda::CUDAGuard guard(device_.index());
         CUDA_CHECK(cudaSetDevice(device_.index())); // NCCL binds the communicator to this device
-        // Rank 0's id travels with its status, so a failure there does not leave the other ranks
-        // waiting in ncclCommInitRank.
-        // On the heap: a timed-out broadcast may still write into it (core::wait_for_peers).
+        // The roots' ids travel with their status, so a failure there does not leave the other
+        // ranks waiting in NCCL's initialisation.
+        // On the heap: a timed-out exchange may still write into it (core::wait_for_peers).
         struct Boot {
             int status = ncclSuccess;
             ncclUniqueId id{};
         };
-        auto boot_buffer = std::make_unique<Boot>();
-        Boot& boot = *boot_buffer;
-        if (rank_ == 0) boot.status = ncclGetUniqueId(&boot.id);
+        static_assert(sizeof(Boot) == sizeof(int) + sizeof(ncclUniqueId), "Boot has padding");
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 23, 0)
+        // Issue 39: ncclCommInitRankScalable with ceil(sqrt(N)) unique ids, the i-th made by
+        // rank floor(i * N / roots), the first rank of the i-th of `roots` equal groups: NCCL's
+        // bootstrap spreads over the roots instead of every rank contacting rank 0 (4 roots at
+        // 16 ranks, 128 at 16,384).
+        const int roots =
+            std::min(size_, static_cast<int>(std::ceil(std::sqrt(static_cast<double>(size_)))));
+        const char* init_call = "ncclCommInitRankScalable";
+#else
+        const int roots = 1; // this NCCL has one root only (ncclCommInitRankConfig)
+        const char* init_call = "ncclCommInitRankConfig";
+#endif
+        auto root_of = [&](int i) {
+            return static_cast<int>(static_cast<std::int64_t>(i) * size_ / roots);
+        };
+        // Every byte zero (status 0, id{}; no padding in Boot): the exchange ORs bytes.
+        auto boot_buffer = std::make_unique<std::vector<Boot>>(static_cast<std::size_t>(roots));
+        std::vector<Boot>& boot = *boot_buffer;
+        for (int i = 0; i < roots; ++i)
+            if (root_of(i) == rank_)
+                boot[static_cast<std::size_t>(i)].status =
+                    ncclGetUniqueId(&boot[static_cast<std::size_t>(i)].id);
+        // One collective for all the roots' ids: each slot is non-zero on its root only.
         MPI_Request request = MPI_REQUEST_NULL;
-        MPI_CHECK(MPI_Ibcast(&boot, sizeof(boot), MPI_BYTE, 0, comm, &request));
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, boot.data(), static_cast<int>(roots * sizeof(Boot)),
+                                 MPI_BYTE, MPI_BOR, comm, &request));
         core::wait_for_peers(request, boot_buffer, timeout_s,
-                             "the broadcast of NCCL's unique id (NCCL communicator set-up)");
-        if (boot.status != ncclSuccess)
-            throw core::DistributedError(
-                std::string("ncclGetUniqueId failed on rank 0: ") +
-                ncclGetErrorString(static_cast<ncclResult_t>(boot.status)) +
-                " (set NCCL_DEBUG=WARN; check the network interfaces NCCL may use)");
-        // Nonblocking: ncclCommInitRankConfig returns at once (ncclInProgress) and the connection
+                             "the exchange of NCCL's unique ids (NCCL communicator set-up)");
+        std::vector<ncclUniqueId> ids;
+        for (int i = 0; i < roots; ++i) {
+            const Boot& b = boot[static_cast<std::size_t>(i)];
+            if (b.status != ncclSuccess)
+                throw core::DistributedError(
+                    "ncclGetUniqueId failed on rank " + std::to_string(root_of(i)) + ": " +
+                    ncclGetErrorString(static_cast<ncclResult_t>(b.status)) +
+                    " (set NCCL_DEBUG=WARN; check the network interfaces NCCL may use)");
+            ids.push_back(b.id);
+        }
+        // Nonblocking: the initialisation returns at once (ncclInProgress) and the connection
         // to the peers is polled with the deadline, so a peer that never arrives costs
         // dist.timeout, not a hang.
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;
         {
             std::lock_guard<std::mutex> lock(health_->m);
-            NCCL_CHECK(ncclCommInitRankConfig(&health_->comm, size_, boot.id, rank_, &config));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 23, 0)
+            NCCL_CHECK(
+                ncclCommInitRankScalable(&health_->comm, size_, rank_, roots, ids.data(), &config));
+#else
+            NCCL_CHECK(ncclCommInitRankConfig(&health_->comm, size_, ids[0], rank_, &config));
+#endif
             comm_ = health_->comm;
         }
-        health_->wait_ready("NCCL communicator initialisation (ncclCommInitRankConfig)");
+        health_->wait_ready(std::string("NCCL communicator initialisation (") + init_call + ")");
         MPI_CHECK(MPI_Comm_dup(comm, &host_comm_)); // allreduce_host: control traffic
     }
 
@@ -185,11 +222,21 @@ class NcclCommunicator final : public Communicator {
         health_->finalize_and_destroy();
     }
 
-    int rank() const override { return rank_; }
-    int size() const override { return size_; }
-    std::string backend() const override { return "nccl"; }
-    void set_timeout(double seconds) override { health_->timeout_s = seconds; }
-    std::string poll_async_error() override { return health_->poll(); }
+    int rank() const override {
+        return rank_;
+    }
+    int size() const override {
+        return size_;
+    }
+    std::string backend() const override {
+        return "nccl";
+    }
+    void set_timeout(double seconds) override {
+        health_->timeout_s = seconds;
+    }
+    std::string poll_async_error() override {
+        return health_->poll();
+    }
 
     void synchronize(const char* what) override {
         const std::string why =
@@ -225,7 +272,9 @@ class NcclCommunicator final : public Communicator {
         host_wait(*health_, device_.index(), end.get(), what);
         return elapsed_seconds(*health_, device_.index(), begin.get(), end.get(), what);
     }
-    torch::Device device() const override { return device_; }
+    torch::Device device() const override {
+        return device_;
+    }
 
     std::shared_ptr<Work> allreduce_async(torch::Tensor tensor, ReduceOp op) override {
         check(tensor, "allreduce");

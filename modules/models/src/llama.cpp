@@ -826,8 +826,9 @@ bool derived_from_config(const std::string& name) {
 
 } // namespace
 
-HfWeightLoader::HfWeightLoader(LlamaForCausalLMImpl& model, const std::string& checkpoint)
-    : ckpt_(std::make_unique<SafetensorsCheckpoint>(checkpoint)) {
+HfWeightLoader::HfWeightLoader(LlamaForCausalLMImpl& model, const std::string& checkpoint,
+                               std::shared_ptr<SafetensorsShare> share)
+    : ckpt_(std::make_unique<SafetensorsCheckpoint>(checkpoint, std::move(share))) {
     const SafetensorsCheckpoint& ckpt = *ckpt_;
     LoadReport& r = report_;
     // Checkpoint name of every parameter: "model.X" ("lm_head.weight" as is), or "X" for

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -95,8 +96,22 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
     if (mapping_->base == MAP_FAILED)
         safetensors_error(path, std::string("mmap failed: ") + std::strerror(errno));
-    SafetensorsHeader header =
-        parse_safetensors_header(static_cast<const unsigned char*>(mapping_->base), size, path);
+    set_header(static_cast<const unsigned char*>(mapping_->base), size);
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path, const std::string& header,
+                                 std::uint64_t file_size)
+    : path_(path) {
+    // The parser reads the 8-byte length and the JSON only, and checks offsets against the size.
+    if (header.size() > file_size)
+        safetensors_error(path, "header of " + std::to_string(header.size()) +
+                                    " bytes in a file of " + std::to_string(file_size));
+    set_header(reinterpret_cast<const unsigned char*>(header.data()), file_size);
+}
+
+void SafetensorsFile::set_header(const unsigned char* bytes, std::uint64_t size) {
+    file_size_ = size;
+    SafetensorsHeader header = parse_safetensors_header(bytes, size, path_);
     for (auto& h : header.entries) {
         index_[h.name] = entries_.size();
         entries_.push_back(
@@ -118,15 +133,78 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
     return entries_[it->second];
 }
 
+std::string SafetensorsFile::header() const {
+    if (!mapping_ || !mapping_->base) return {};
+    return std::string(static_cast<const char*>(mapping_->base), header_bytes_);
+}
+
 torch::Tensor SafetensorsFile::tensor(const std::string& name) const {
     const SafetensorsEntry& e = entry(name);
+    if (!mapping_)
+        throw core::InternalError("safetensors file '" + path_ +
+                                  "': its data are on the rank that opened it (tensor() there)");
     auto* data = static_cast<char*>(mapping_->base) + header_bytes_ + e.begin;
     auto keep = mapping_; // the tensor keeps the mapping alive
     return torch::from_blob(
         data, e.shape, [keep](void*) {}, torch::TensorOptions().dtype(e.dtype));
 }
 
-SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
+namespace {
+
+// The headers of a checkpoint's files as one string: per file, "<path length> <path><size>
+// <header length> <header>", lengths in decimal.
+void put_field(std::string& out, const std::string& field) {
+    out += std::to_string(field.size()) + " " + field;
+}
+std::string take_field(const std::string& in, std::size_t& at) {
+    const std::size_t space = in.find(' ', at);
+    const std::size_t n = std::stoull(in.substr(at, space - at));
+    std::string field = in.substr(space + 1, n);
+    at = space + 1 + n;
+    return field;
+}
+
+} // namespace
+
+SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path,
+                                             std::shared_ptr<SafetensorsShare> share)
+    : share_(std::move(share)) {
+    if (!share_) {
+        open(path);
+        return;
+    }
+    // The reader's verdict first ("1" + the headers, or "0" + its error), so that every rank
+    // fails alike or goes on to the same headers.
+    std::string verdict;
+    std::exception_ptr error;
+    if (share_->reader()) {
+        try {
+            open(path);
+            verdict = "1";
+            for (const auto& f : files_) {
+                put_field(verdict, f->path());
+                put_field(verdict, std::to_string(f->file_size()));
+                put_field(verdict, f->header());
+            }
+        } catch (const std::exception& e) {
+            error = std::current_exception();
+            verdict = "0" + std::string(e.what());
+        }
+    }
+    verdict = share_->share_text(verdict);
+    if (error) std::rethrow_exception(error);
+    if (verdict.empty() || verdict[0] != '1') throw core::InputError(verdict.substr(1));
+    if (share_->reader()) return;
+    for (std::size_t at = 1; at < verdict.size();) {
+        const std::string file = take_field(verdict, at);
+        const std::uint64_t size = std::stoull(take_field(verdict, at));
+        files_.push_back(std::make_unique<SafetensorsFile>(file, take_field(verdict, at), size));
+        for (const auto& e : files_.back()->entries())
+            where_[e.name] = files_.size() - 1;
+    }
+}
+
+void SafetensorsCheckpoint::open(const std::string& path) {
     const fs::path p(path);
     std::vector<std::string> files;
     if (fs::is_directory(p)) {
@@ -195,8 +273,14 @@ std::string SafetensorsCheckpoint::file_of(const std::string& name) const {
 }
 
 torch::Tensor SafetensorsCheckpoint::tensor(const std::string& name) const {
-    entry(name);
-    return files_[where_.at(name)]->tensor(name);
+    const SafetensorsEntry& e = entry(name);
+    const SafetensorsFile& file = *files_[where_.at(name)];
+    if (!share_) return file.tensor(name);
+    torch::Tensor t = share_->reader()
+                          ? file.tensor(name)
+                          : torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+    share_->share_bytes(t.data_ptr(), static_cast<std::size_t>(e.end - e.begin));
+    return t;
 }
 
 void save_safetensors(const std::string& path,

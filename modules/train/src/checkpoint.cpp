@@ -55,6 +55,13 @@ std::string rank_file(const std::string& dir, int rank) {
     return o.str();
 }
 
+// A rank file that could not be read (`why`: the reader's strerror text), for the rank that wanted
+// it or, when another rank of its node read it, for every rank that wanted it.
+[[noreturn]] void unreadable(const CheckpointManifest& m, int rank, const std::string& why) {
+    throw core::InputError("checkpoint file " + rank_file(m.path, rank) + " cannot be read: " +
+                           why + " (delete " + m.path + " to resume from an older checkpoint)");
+}
+
 // fsync a file or directory so the data (or the directory entry) survive a node crash.
 void sync_path(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -491,11 +498,18 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
 }
 
 void Checkpointer::load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in,
-                        torch::Device device) {
+                        torch::Device device, const std::string* bytes) {
     const std::string file = rank_file(m.path, rank);
     std::int64_t saved_rank = -1, saved_iteration = -1;
+    // One open() per file: LibTorch's load_from(file) opens it twice (format probe, then read).
+    std::string mine;
+    if (!bytes) {
+        const std::string error = core::read_whole_file(file, mine);
+        if (!error.empty()) unreadable(m, rank, error);
+        bytes = &mine;
+    }
     try {
-        in.load_from(file, device);
+        in.load_from(bytes->data(), bytes->size(), device);
         saved_rank = read_int(in, "rank");
         saved_iteration = read_int(in, "next_iteration");
     } catch (const c10::Error& e) {
@@ -515,16 +529,47 @@ void Checkpointer::load(const CheckpointManifest& m, int rank, torch::serialize:
                                m.path + " to resume from an older checkpoint");
 }
 
-CheckpointShards::CheckpointShards(const CheckpointManifest& m, torch::Device device)
+CheckpointShards::CheckpointShards(const CheckpointManifest& m, torch::Device device,
+                                   MPI_Comm world, const std::vector<int>& wanted)
     : manifest_(m), device_(device) {
     archives_.resize(static_cast<std::size_t>(std::max(m.world_size, 0)));
+    core::NodeComm node(world);
+    // Which saved ranks every rank of the node wants ("0,3"): a few bytes per local rank.
+    std::string mine;
+    for (int r : wanted)
+        if (r >= 0 && r < m.world_size) mine += std::to_string(r) + ",";
+    std::map<int, std::vector<int>> wanted_by; // saved rank -> local ranks that want it
+    const std::vector<std::string> all = core::allgather_strings(node.get(), mine);
+    for (int local = 0; local < node.size(); ++local) {
+        std::istringstream in(all[static_cast<std::size_t>(local)]);
+        std::string r;
+        while (std::getline(in, r, ','))
+            if (!r.empty()) {
+                auto& who = wanted_by[std::stoi(r)];
+                if (who.empty() || who.back() != local) who.push_back(local);
+            }
+    }
+    // The same order on every rank of the node: one broadcast per shared file.
+    for (const auto& [r, who] : wanted_by) {
+        if (who.size() < 2) continue; // one reader: rank() reads it
+        core::SharedFile f = core::read_file_on_node(node.get(), rank_file(m.path, r), who.front());
+        if (std::find(who.begin(), who.end(), node.rank()) == who.end()) continue;
+        if (f.error.empty())
+            shared_[r] = std::move(f.bytes);
+        else
+            failed_[r] = std::move(f.error);
+    }
 }
 
 torch::serialize::InputArchive& CheckpointShards::rank(int r) {
     auto& slot = archives_.at(static_cast<std::size_t>(r));
     if (!slot) {
+        if (const auto bad = failed_.find(r); bad != failed_.end())
+            unreadable(manifest_, r, bad->second);
         auto in = std::make_unique<torch::serialize::InputArchive>();
-        Checkpointer::load(manifest_, r, *in, device_);
+        const auto it = shared_.find(r);
+        Checkpointer::load(manifest_, r, *in, device_, it == shared_.end() ? nullptr : &it->second);
+        if (it != shared_.end()) shared_.erase(it); // the archive holds its own copies
         slot = std::move(in);
     }
     return *slot;

@@ -227,14 +227,10 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
     dist::agree_on_errors(s.world, [&] {
         // An elastic resume (another rank count; ddp-ds only, checked before) reads the replicated
         // state from the rank that wrote it; a rank the checkpoint did not have keeps its own RNG.
+        // The source's file is read once per node (CheckpointShards), this rank's own by itself.
         const bool has_mine = s.rank < m.world_size;
-        torch::serialize::InputArchive mine, source;
-        if (has_mine) Checkpointer::load(m, s.rank, mine, s.o.device);
-        torch::serialize::InputArchive* from = &mine;
-        if (s.state_source_rank() != s.rank || !has_mine) {
-            Checkpointer::load(m, s.state_source_rank(), source, s.o.device);
-            from = &source;
-        }
+        CheckpointShards shards(m, s.o.device, s.world, {s.rank, s.state_source_rank()});
+        torch::serialize::InputArchive* from = &shards.rank(s.state_source_rank());
         torch::serialize::InputArchive model, optimizer, scaler;
         from->read("model", model);
         from->read("optimizer", optimizer);
@@ -242,7 +238,7 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
         load_named_tensors(model, *s.model, m.path);
         s.optimizer->load(optimizer);
         s.scaler->load(scaler);
-        if (has_mine) load_rng_state(mine, s.cuda_index());
+        if (has_mine) load_rng_state(shards.rank(s.rank), s.cuda_index());
         s.start_iteration = read_int(*from, "next_iteration");
     });
     s.exec->after_update();

@@ -12,6 +12,7 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
+#include "trainscope/core/mpi_util.hpp"
 #include "trainscope/dist/fsdp.hpp"
 #include "trainscope/dist/zero.hpp"
 #include "trainscope/models/fake_quant.hpp"
@@ -44,6 +45,23 @@ std::uint64_t unit_seed(std::uint64_t seed, int unit) {
     return z ^ (z >> 31);
 }
 
+// A checkpoint read once per node: the node's local rank 0 opens the files, the node's other
+// ranks get the headers and each tensor's bytes by broadcast inside the node.
+class NodeSafetensorsShare final : public models::SafetensorsShare {
+  public:
+    explicit NodeSafetensorsShare(MPI_Comm world) : node_(world) {}
+    bool reader() const override { return node_.rank() == 0; }
+    std::string share_text(const std::string& text) override {
+        return core::broadcast_string(node_.get(), text);
+    }
+    void share_bytes(void* data, std::size_t bytes) override {
+        core::broadcast_bytes(node_.get(), data, bytes);
+    }
+
+  private:
+    core::NodeComm node_;
+};
+
 } // namespace
 
 void finish_llm_model(LlmModel& m) {
@@ -67,7 +85,8 @@ void finish_llm_model(LlmModel& m) {
 }
 
 LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
-                         const PrecisionPolicy& policy, torch::Device device, std::uint64_t seed) {
+                         const PrecisionPolicy& policy, torch::Device device, std::uint64_t seed,
+                         MPI_Comm world) {
     LlmModel m;
     const auto options = torch::TensorOptions().dtype(policy.param_dtype).device(device);
     // Shapes only (the meta device); each unit gets memory, values, checkpoint weights and the
@@ -93,7 +112,9 @@ LlmModel build_llm_model(const LlmOptions& o, const models::LlamaConfig& config,
     }
     std::shared_ptr<models::HfWeightLoader> loader;
     if (!o.checkpoint.empty()) // names, shapes and unused tensors checked before any read
-        loader = std::make_shared<models::HfWeightLoader>(*m.model, o.checkpoint);
+        loader = std::make_shared<models::HfWeightLoader>(
+            *m.model, o.checkpoint,
+            world == MPI_COMM_NULL ? nullptr : std::make_shared<NodeSafetensorsShare>(world));
     models::LlamaForCausalLMImpl* model = m.model.get();
     const LlmOptions opts = o;
     const torch::ScalarType dtype = policy.param_dtype;

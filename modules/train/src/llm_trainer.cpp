@@ -382,7 +382,8 @@ void LlmTrainer::restore(const CheckpointManifest& m) {
         // Elastic resume (another rank count): replicated state from rank 0's file, shards cut
         // again from the saved ranks' shards that overlap this rank's; a rank the checkpoint did
         // not have keeps its own RNG.
-        CheckpointShards shards(m, s.o.device);
+        // Rank 0's file (replicated state) once per node, this rank's own by itself.
+        CheckpointShards shards(m, s.o.device, s.world, {0, s.rank});
         torch::serialize::InputArchive scaler;
         shards.rank(0).read("scaler", scaler);
         s.scaler->load(scaler);

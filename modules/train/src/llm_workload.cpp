@@ -344,7 +344,8 @@ void LlmWorkload::build() {
         prof::reset_host_tensor_peak();
     LlmModel model;
     dist::agree_on_errors(env_.world, [&] {
-        model = build_llm_model(l_, llama_, policy, env_.device.device, env_.train.seed);
+        model =
+            build_llm_model(l_, llama_, policy, env_.device.device, env_.train.seed, env_.world);
     });
     core::log::info() << "model " << llama_.name << ": " << model.describe();
     LlmTrainerOptions t;

@@ -148,8 +148,9 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
                                  "failing, and are not bitwise reproducible";
     }
     const bool named = !env.device.name.empty() && env.device.name != env.device.device.str();
-    env.devices = core::allgather_strings(world, env.device.device.str() +
-                                                     (named ? " (" + env.device.name + ")" : ""));
+    // Rank 0 alone lists every rank's device (the plan's rank lines): gathered there only.
+    env.devices = core::gather_strings(world, env.device.device.str() +
+                                                  (named ? " (" + env.device.name + ")" : ""));
     const std::string malloc_policy = prof::apply_host_memory_policy(
         c.get_string("run.host_memory") == "release" ? prof::HostMemoryPolicy::Release
                                                      : prof::HostMemoryPolicy::Retain);
@@ -285,7 +286,7 @@ void Session::open_run_file() {
          << "  host " << row.hostname << "  device " << row.device
          << (row.pci_bus_id.empty() ? "" : " (" + row.pci_bus_id + ")") << "  cpus "
          << row.cpu_affinity;
-    const std::vector<std::string> lines = core::allgather_strings(world, line.str());
+    const std::vector<std::string> lines = core::gather_strings(world, line.str()); // rank 0 prints
     if (topo.rank == 0) {
         std::ostringstream o;
         o << "placement: " << topo.world_size << " rank(s) on " << topo.num_nodes << " node(s)";

@@ -76,9 +76,12 @@ std::string Workload::ranks_text() const {
     o << "  ranks         " << env_.topo.world_size << " on " << env_.topo.num_nodes << " node(s), "
       << env_.threads_per_rank << " CPU thread(s) per rank, communicator " << env_.dist.backend
       << "\n";
-    for (int r = 0; r < env_.topo.world_size; ++r)
-        o << "    rank " << r << "  host " << env_.topo.hostnames.at(r) << "  device "
-          << env_.devices.at(r) << "\n";
+    // The per-rank lines on rank 0, which prints the plan (placement is gathered there only).
+    if (env_.topo.hostnames.size() == static_cast<std::size_t>(env_.topo.world_size) &&
+        env_.devices.size() == env_.topo.hostnames.size())
+        for (int r = 0; r < env_.topo.world_size; ++r)
+            o << "    rank " << r << "  host " << env_.topo.hostnames.at(r) << "  device "
+              << env_.devices.at(r) << "\n";
     return o.str();
 }
 

@@ -1,11 +1,13 @@
 // The torch-free MPI helpers every module shares, in one place: MPI_CHECK, the bounded wait for
-// peers (dist.timeout), string broadcast and allgather, the lowest failing rank's message, and
-// agree_on_errors (every rank fails together with the same typed error, or none does). io, prof,
-// dist and train use these instead of their own copies.
+// peers (dist.timeout), string broadcast, gather and allgather, the node's ranks and a file read
+// once per node, the lowest failing rank's message, and agree_on_errors (every rank fails together
+// with the same typed error, or none does). io, prof, dist and train use these instead of their own
+// copies.
 #pragma once
 
 #include <mpi.h>
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -63,6 +65,47 @@ std::string broadcast_string(MPI_Comm comm, const std::string& text, int root = 
                              double timeout_s = 0);
 // Collective over comm: every rank's string, in rank order, on every rank.
 std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine);
+// Collective over comm: every rank's string, in rank order, on `root`; an empty vector elsewhere.
+// For what only the root writes or prints (placement): O(N) memory on the root alone.
+std::vector<std::string> gather_strings(MPI_Comm comm, const std::string& mine, int root = 0);
+// Collective over comm: `bytes` bytes at `data` from `root` to every rank, in MPI_Bcast calls of
+// at most 1 GiB (MPI counts are int).
+void broadcast_bytes(MPI_Comm comm, void* data, std::size_t bytes, int root = 0);
+
+// The ranks of one node -------------------------------------------------------------------------
+// A node is what MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) groups: the identity
+// dist::discover_topology numbers nodes by and /ranks records. The emulated nodes of
+// tests/multinode (each started by its own Open MPI daemon under its own host name) are apart.
+// Start-up and resume read a file once per node through it (read_file_on_node) instead of once
+// per rank: at 16k ranks on 4k nodes, 4k opens of a weights file instead of 16k.
+class NodeComm {
+  public:
+    explicit NodeComm(MPI_Comm comm); // collective over comm
+    ~NodeComm();                      // MPI_Comm_free
+    NodeComm(const NodeComm&) = delete;
+    NodeComm& operator=(const NodeComm&) = delete;
+    MPI_Comm get() const { return comm_; }
+    int rank() const { return rank_; } // local rank: 0 is the node's leader
+    int size() const { return size_; }
+
+  private:
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    int rank_ = 0, size_ = 1;
+};
+
+// What a shared read of one file gave: its bytes, or why it could not be read (the reader's
+// strerror text); the same on every rank of the communicator.
+struct SharedFile {
+    std::string bytes;
+    std::string error; // empty: read
+};
+// Local: the whole of `path` into `bytes` with one open(); "" or why not ("cannot open:
+// <strerror>", "not a regular file": a FIFO or device is refused before reading).
+std::string read_whole_file(const std::string& path, std::string& bytes);
+// Collective over `comm` (a NodeComm's): rank `reader` alone opens and reads the whole of `path`;
+// its verdict goes to every rank first, then the bytes (broadcast_string), so a missing or
+// unreadable file is the same error everywhere and no rank waits for bytes that never come.
+SharedFile read_file_on_node(MPI_Comm comm, const std::string& path, int reader = 0);
 // Collective over comm, for a step that may fail on some ranks only: "" when local_error is empty
 // on every rank, else the lowest failing rank's message (with " (on rank r)" when r > 0) on all.
 std::string first_failure(MPI_Comm comm, const std::string& local_error);

@@ -11,10 +11,10 @@ namespace trainscope::dist {
 
 struct Topology {
     int rank = 0, world_size = 1;
-    int local_rank = 0, local_size = 1; // within this node (MPI_COMM_TYPE_SHARED)
+    int local_rank = 0, local_size = 1; // within this node (core::NodeComm)
     int node = 0, num_nodes = 1;        // nodes numbered by their lowest world rank
     std::string hostname;               // this rank's host
-    std::vector<std::string> hostnames; // [world_size], per rank
+    std::vector<std::string> hostnames; // [world_size] per rank on rank 0; empty elsewhere
 };
 
 // Collective over `comm`.

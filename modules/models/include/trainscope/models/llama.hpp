@@ -260,10 +260,14 @@ LoadReport load_hf_weights(LlamaForCausalLMImpl& model, const std::string& check
 // The same load one unit at a time (models built with Materialize::PerUnit): the constructor
 // checks every name, shape and unused tensor against the model (its meta tensors have shapes),
 // before anything is read; load_unit() copies one materialised unit's parameters.
+// With a share (see safetensors.hpp), one rank per node opens the checkpoint and load_unit() is
+// collective over the node's ranks.
 class SafetensorsCheckpoint;
+class SafetensorsShare;
 class HfWeightLoader {
   public:
-    HfWeightLoader(LlamaForCausalLMImpl& model, const std::string& checkpoint);
+    HfWeightLoader(LlamaForCausalLMImpl& model, const std::string& checkpoint,
+                   std::shared_ptr<SafetensorsShare> share = nullptr);
     ~HfWeightLoader();
     void load_unit(LlamaForCausalLMImpl& model, int unit);
     const LoadReport& report() const { return report_; }

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,8 +91,10 @@ class Checkpointer {
     // loading rank's own device). Without the mapping a tensor comes back on the device it was
     // saved from: every rank of a multi-GPU job would allocate on cuda:0 (rank 0's optimizer
     // state), and the optimizer would step tensors of another GPU.
+    // bytes: the file's contents when another rank of the node read it (CheckpointShards), else
+    // null and this rank reads the file itself; the errors are the same either way.
     static void load(const CheckpointManifest& m, int rank, torch::serialize::InputArchive& in,
-                     torch::Device device);
+                     torch::Device device, const std::string* bytes = nullptr);
 
   private:
     // agree_on_errors over world_ with dist.timeout as the limit of the wait for the peers.
@@ -113,9 +116,17 @@ class Checkpointer {
 // job reads only the old ranks whose shards its own overlaps. Shards are the contiguous pieces of a
 // flat tensor of `numel` elements that ZeRO and FSDP cut into ceil(numel / world) per rank (zeros
 // after the end).
+// Files read by several ranks (rank 0's replicated state, a stage's source rank) are read once per
+// node (issue 39): the constructor, collective over `world`, learns which saved ranks' files each
+// rank of the node wants; a file wanted by two or more is read by the node's lowest such rank and
+// broadcast inside the node (its verdict first, so a missing or corrupt file is the same error on
+// every rank that wanted it, raised when rank() asks for it); a file only one rank wants is read
+// by that rank on demand. An elastic resume may ask rank() for more saved ranks than `wanted`
+// named (whose shards overlap depends on each tensor's size): those are read on demand too.
 class CheckpointShards final : public dist::ShardSource {
   public:
-    CheckpointShards(const CheckpointManifest& m, torch::Device device);
+    CheckpointShards(const CheckpointManifest& m, torch::Device device, MPI_Comm world,
+                     const std::vector<int>& wanted);
     int saved_world() const override { return manifest_.world_size; }
     const std::string& where() const override { return manifest_.path; }
     // Old rank r's archive (read once).
@@ -130,6 +141,8 @@ class CheckpointShards final : public dist::ShardSource {
     CheckpointManifest manifest_;
     torch::Device device_;
     std::vector<std::unique_ptr<torch::serialize::InputArchive>> archives_;
+    std::map<int, std::string> shared_; // saved rank -> the bytes another rank read, until rank()
+    std::map<int, std::string> failed_; // saved rank -> why its node's read failed
 };
 
 // RNG states of this process (CPU generator, and the CUDA generator of `cuda_index` >= 0). The

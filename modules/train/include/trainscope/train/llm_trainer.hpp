@@ -52,8 +52,12 @@ struct LlmModel {
 // (lora, dpo), NF4 + LoRA (qlora), fake quantisation (qat, + LoRA with llm.qat.lora), nothing
 // (full). Under dist.zero=3 the units stay on the meta device and parallelize_llm materialises
 // each just before FSDP shards it, so no rank ever holds the whole model.
+// world: the ranks building the model together (collective over it when options.checkpoint is
+// set): one rank per node reads the checkpoint's files and the node's others get its bytes
+// (issue 39); MPI_COMM_NULL: this process reads them itself.
 LlmModel build_llm_model(const LlmOptions& options, const models::LlamaConfig& config,
-                         const PrecisionPolicy& policy, torch::Device device, std::uint64_t seed);
+                         const PrecisionPolicy& policy, torch::Device device, std::uint64_t seed,
+                         MPI_Comm world = MPI_COMM_NULL);
 // The trainable lists and projection counts of a complete model (build_llm_model and
 // parallelize_llm call it).
 void finish_llm_model(LlmModel& model);

@@ -54,7 +54,7 @@ struct RunEnvironment {
     std::string precision; // the run.precision name the policy was resolved from
     PrecisionPolicy policy;
     int threads_per_rank = 1;
-    std::vector<std::string> devices; // per rank, for the plan: "cpu", "cuda:0 (NVIDIA H100)"
+    std::vector<std::string> devices; // per rank on rank 0 (the plan): "cuda:0 (NVIDIA H100)"
     bool dry_run = false;
     std::optional<CheckpointManifest> resumed; // --resume: the checkpoint to continue from
 };
