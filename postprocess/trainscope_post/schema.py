@@ -30,12 +30,12 @@ ITERATIONS = "/iterations"  # series
 ITERATIONS_RANK_ROWS = "/iterations/rank_rows"  # per_rank [1]
 ITERATIONS_RANKS = "/iterations/ranks"  # per_rank [1]
 ITERATIONS_AGGREGATE = "/iterations/aggregate"  # group
-ITERATIONS_AGGREGATE_COLUMN = "/iterations/aggregate/{column}"  # compound
+ITERATIONS_AGGREGATE_COLUMN = "/iterations/aggregate/{column}"  # compound [the column's]
 EPOCHS = "/epochs"  # series
 EPOCHS_RANK_ROWS = "/epochs/rank_rows"  # per_rank [1]
 EPOCHS_RANKS = "/epochs/ranks"  # per_rank [1]
 EPOCHS_AGGREGATE = "/epochs/aggregate"  # group
-EPOCHS_AGGREGATE_COLUMN = "/epochs/aggregate/{column}"  # compound
+EPOCHS_AGGREGATE_COLUMN = "/epochs/aggregate/{column}"  # compound [the column's]
 SUMMARY = "/summary"  # group
 COMM = "/comm"  # group
 COMM_BUCKETS = "/comm/buckets"  # series
@@ -556,7 +556,7 @@ ENTRIES = (
     {"kind": "attribute", "path": "/iterations/aggregate", "name": "slowest_by", "units": "", "type": "str",
      "when": "", "meaning": "The column that decides which rank was the slowest in a row "
                             "(`slowest`)."},
-    {"kind": "compound", "path": "/iterations/aggregate/{column}", "name": "", "units": "", "type": "",
+    {"kind": "compound", "path": "/iterations/aggregate/{column}", "name": "", "units": "the column's", "type": "",
      "when": "", "meaning": "Compound [n]: row i summarises column `{column}` in row i over "
                             "every rank with a finite value there (NaN counts as no value). "
                             "Attribute `units`: the column's."},
@@ -840,7 +840,7 @@ ENTRIES = (
     {"kind": "attribute", "path": "/epochs/aggregate", "name": "slowest_by", "units": "", "type": "str",
      "when": "", "meaning": "The column that decides which rank was the slowest in a row "
                             "(`slowest`)."},
-    {"kind": "compound", "path": "/epochs/aggregate/{column}", "name": "", "units": "", "type": "",
+    {"kind": "compound", "path": "/epochs/aggregate/{column}", "name": "", "units": "the column's", "type": "",
      "when": "", "meaning": "Compound [n]: row i summarises column `{column}` in row i over "
                             "every rank with a finite value there (NaN counts as no value). "
                             "Attribute `units`: the column's."},
@@ -1561,7 +1561,7 @@ UNITS = {
     "/ranks": "1",
     "/iterations/rank_rows": "1",
     "/iterations/ranks": "1",
-    "/iterations/aggregate/{column}": "",
+    "/iterations/aggregate/{column}": "the column's",
     "/iterations/iteration": "1",
     "/iterations/epoch": "1",
     "/iterations/t_start": "s",
@@ -1626,7 +1626,7 @@ UNITS = {
     "/iterations/gathered_weight_bytes": "B",
     "/epochs/rank_rows": "1",
     "/epochs/ranks": "1",
-    "/epochs/aggregate/{column}": "",
+    "/epochs/aggregate/{column}": "the column's",
     "/epochs/epoch": "1",
     "/epochs/epoch_s": "s",
     "/epochs/train_loss": "1",
