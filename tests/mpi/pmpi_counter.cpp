@@ -107,6 +107,16 @@ int MPI_Reduce(const void* s, void* r, int count, MPI_Datatype type, MPI_Op op, 
     TS_COUNT_COMM(MPI_Reduce, comm);
     return PMPI_Reduce(s, r, count, type, op, root, comm);
 }
+int MPI_Ireduce(const void* s, void* r, int count, MPI_Datatype type, MPI_Op op, int root,
+                MPI_Comm comm, MPI_Request* request) {
+    TS_COUNT_COMM(MPI_Ireduce, comm);
+    return PMPI_Ireduce(s, r, count, type, op, root, comm, request);
+}
+int MPI_Iallreduce(const void* s, void* r, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm,
+                   MPI_Request* request) {
+    TS_COUNT_COMM(MPI_Iallreduce, comm);
+    return PMPI_Iallreduce(s, r, count, type, op, comm, request);
+}
 int MPI_Allgather(const void* s, int sc, MPI_Datatype st, void* r, int rc, MPI_Datatype rt,
                   MPI_Comm comm) {
     TS_COUNT_COMM(MPI_Allgather, comm);

@@ -547,7 +547,8 @@ std::map<std::string, hssize_t> attribute_sizes(hid_t file) {
 // telemetry rows that differ between ranks, so the row counts are gathered), with per-rank rows
 // from every second rank only (output.per_rank=every:2) and aggregates of /iterations and
 // /epochs over all ranks. Measured: one MPI_Allreduce (the extents; a write error of the previous
-// flush) and one MPI_Reduce (the aggregates and the uneven row counts) per flush; the first update
+// flush) and one MPI_Ireduce (the aggregates and the uneven row counts, completed at the next
+// flush) per flush; the first update
 // of an object after a file sync reads its object header again (HDF5's collective metadata reads: a
 // broadcast from rank 0 each), so the flush after the preamble's sync may cost more. The status
 // change at the end must sync, which shows the counter sees HDF5's MPI-IO calls. No attribute has
@@ -609,9 +610,12 @@ TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
         long total = 0;
         for (const auto& [name, count] : counts[f])
             total += count;
-        EXPECT_LE(total, f == 0 ? 12 : 5) << "flush " << f << ": " << pmpi::describe(counts[f]);
+        // The rows of flush 0 fit the chunk allocated at declaration; flush 1 is the first to
+        // grow the extents after the preamble's sync (HDF5 allocates, then re-reads the object
+        // headers: a barrier and broadcasts), which happens once per chunk of rows.
+        EXPECT_LE(total, f == 1 ? 12 : 5) << "flush " << f << ": " << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f]["MPI_Allreduce"], 1) << pmpi::describe(counts[f]);
-        EXPECT_EQ(counts[f]["MPI_Reduce"], 1) << pmpi::describe(counts[f]);
+        EXPECT_EQ(counts[f]["MPI_Ireduce"], 1) << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f].count("MPI_Gather"), 0u) << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f].count("MPI_File_sync"), 0u) << pmpi::describe(counts[f]);
     }
@@ -750,8 +754,8 @@ TEST_F(RunFileTest, AlignmentHintAlignsLargeDatasets) {
         hints.mpi_hints = {{"cb_nodes", "1"}};
         hints.alignment_bytes = alignment;
         {
-            auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {},
-                                            io::SchemaCheck::off, hints);
+            auto file =
+                io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off, hints);
             file.write_vector("small", {1.0, 2.0, 3.0}, "1");
             file.write_vector("large", std::vector<double>(1000, 0.5), "1");
         }

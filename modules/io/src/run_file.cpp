@@ -65,6 +65,8 @@ struct Series {
     std::vector<std::vector<double>> unaggregated; // per column: rows from `aggregated` on
     hsize_t aggregated = 0;                        // rows reduced (identical on all ranks)
     hsize_t agg_extent = 0;                        // n of the aggregate datasets
+    hsize_t padded = 0;     // this rank's slots written so far, rows or NaN (per-rank writers)
+    hsize_t agg_padded = 0; // aggregate slots written so far, rows or empty (rank 0)
     // File addresses of every allocated chunk, per column (the rows' datasets; the aggregates'):
     // rows and aggregates are written to them with pwrite, outside HDF5 (RunFile::Impl::raw_fd).
     std::vector<std::vector<haddr_t>> chunk_addr, agg_chunk_addr;
@@ -72,31 +74,38 @@ struct Series {
     bool aggregating() const { return key != std::string::npos; }
 };
 
-// The reduction of the aggregates (RunFile::Impl::reduce_aggregates): first, when the ranks'
-// row counts differ, each per-rank row's count per series; then per series with rows to reduce,
-// per row, per column five doubles {min, max, sum, count, argmax}, then the row's key
-// {value, rank} and the key rank's whole row (columns doubles). The whole buffer is one element
-// of a contiguous MPI type (MPI may split a reduction between elements, never inside one), and
-// the operation reads its layout from here: MPI user functions take no context argument.
-struct AggregateLayout {
-    std::size_t counts = 0; // leading doubles combined by MPI_MAX (per-rank rows' row counts)
-    std::vector<std::pair<std::size_t, std::size_t>> blocks; // (rows, columns) per series
-};
-thread_local const AggregateLayout* t_aggregate_layout = nullptr;
-
+// The reduction of the aggregates (RunFile::Impl::post_reduce), one element of a contiguous MPI
+// type (MPI may split a reduction between elements, never inside one) that describes itself, since
+// an MPI user function takes no context argument and runs wherever MPI makes progress: a header
+// {S, counts, then rows and columns of each of the S series}, identical on every rank; `counts`
+// doubles combined by max (each per-rank row's row count per series, while they differ); then
+// per series, per row, per column five doubles {min, max, sum, count, argmax}, then the row's key
+// {value, rank} and the key rank's whole row (columns doubles).
 constexpr std::size_t kStats = 5; // min, max, sum, count, argmax
 
 std::size_t row_width(std::size_t columns) {
     return kStats * columns + 2 + columns;
 }
 
-void reduce_aggregate_rows(void* in_v, void* inout_v, int* len, MPI_Datatype*) {
-    const auto* in = static_cast<const double*>(in_v);
-    auto* io = static_cast<double*>(inout_v);
+void reduce_aggregate_rows(void* in_v, void* inout_v, int* len, MPI_Datatype* type) {
+    int doubles = 0;
+    MPI_Type_size(*type, &doubles);
+    doubles /= static_cast<int>(sizeof(double));
+    const auto* element_in = static_cast<const double*>(in_v);
+    auto* element_io = static_cast<double*>(inout_v);
     for (int element = 0; element < *len; ++element) {
-        for (std::size_t i = 0; i < t_aggregate_layout->counts; ++i, ++in, ++io)
+        const double* in = element_in + static_cast<std::ptrdiff_t>(element) * doubles;
+        double* io = element_io + static_cast<std::ptrdiff_t>(element) * doubles;
+        const auto nseries = static_cast<std::size_t>(in[0]);
+        const auto counts = static_cast<std::size_t>(in[1]);
+        const double* shape = in + 2;
+        in += 2 + 2 * nseries;
+        io += 2 + 2 * nseries;
+        for (std::size_t i = 0; i < counts; ++i, ++in, ++io)
             *io = std::max(*io, *in);
-        for (const auto& [rows, columns] : t_aggregate_layout->blocks) {
+        for (std::size_t g = 0; g < nseries; ++g) {
+            const auto rows = static_cast<std::size_t>(shape[2 * g]);
+            const auto columns = static_cast<std::size_t>(shape[2 * g + 1]);
             for (std::size_t r = 0; r < rows; ++r) {
                 for (std::size_t c = 0; c < columns; ++c, in += kStats, io += kStats) {
                     if (in[3] == 0) continue; // no value on the incoming side
@@ -296,8 +305,9 @@ struct RunFile::Impl {
     //
     // Its global collectives (issue 39, counted by tests/mpi/pmpi_counter.cpp): one MPI_Allreduce
     // (every series' longest and shortest rank, rank 0's clock, its decision to sync, a write
-    // error left by the previous flush), one MPI_Reduce to rank 0 of the aggregates when there
-    // are rows to aggregate and of the row counts while ranks hold different counts; at a sync
+    // error left by the previous flush), one MPI_Ireduce to rank 0 of the aggregates when there
+    // are rows to aggregate and of the row counts while ranks hold different counts (completed
+    // at the next flush, so that none waits for it; at once at a status change); at a sync
     // or status change also one MPI_Allreduce agreeing on a write error (core::first_failure)
     // and H5Fflush's own. A rank writes its own rows with one pwrite per column and chunk
     // (write_raw: no MPI-IO collective, no HDF5 call on some ranks only); rank 0 writes the
@@ -357,21 +367,19 @@ struct RunFile::Impl {
         std::vector<hsize_t> aggregate_to(groups);
         for (std::size_t g = 0; g < groups; ++g)
             aggregate_to[g] = static_cast<hsize_t>(exact ? reduced[g] : -reduced[groups + g]);
-        Reduced red = reduce_aggregates(aggregate_to, gather);
-        const std::vector<std::int64_t>& all = red.counts;
-        std::vector<std::vector<AggregateRow>>& aggregate_rows = red.rows;
+        // The previous flush's reduction completes (long done, while training went on), this
+        // flush's is posted; a status change completes it at once.
+        const Reduced previous = complete_reduce();
+        post_reduce(aggregate_to, gather);
+        const Reduced current = exact ? complete_reduce() : Reduced{};
 
         // Extents: metadata, the same calls on every rank. An extent grows before the writes;
         // one that shrinks (to the exact rows at a status change) shrinks after them: HDF5 then
         // rewrites the partial last chunk from the file, rows included, where a shrink before
         // the writes had it rewrite that chunk over them later.
-        std::vector<hsize_t> old_extent(groups), old_agg_extent(groups), old_aggregated(groups);
         std::vector<hsize_t> extent(groups), agg_extent(groups);
         for (std::size_t g = 0; g < groups; ++g) {
             Series& s = series[g];
-            old_extent[g] = s.extent;
-            old_agg_extent[g] = s.agg_extent;
-            old_aggregated[g] = s.aggregated;
             extent[g] =
                 grown_extent(s.extent, static_cast<hsize_t>(reduced[g]), s.chunk_rows, exact);
             agg_extent[g] = grown_extent(s.agg_extent, aggregate_to[g], s.chunk_rows, exact);
@@ -384,21 +392,25 @@ struct RunFile::Impl {
         // raises the same error together (below, or at the next flush), rather than the others
         // going on into a collective the failed rank never reaches.
         try {
-            write_rows(old_extent);
+            write_rows();
+            for (Series& s : series)
+                if (rank == 0 && s.aggregating() && s.agg_padded < s.agg_extent) {
+                    write_empty_aggregates(s, s.agg_padded, s.agg_extent);
+                    s.agg_padded = s.agg_extent;
+                }
+            write_reduced(previous);
+            write_reduced(current);
             for (std::size_t g = 0; g < groups; ++g) {
                 Series& s = series[g];
-                if (rank == 0 && s.aggregating())
-                    write_aggregates(s, aggregate_rows[g], old_aggregated[g], old_agg_extent[g]);
                 const auto longest = static_cast<std::int64_t>(reduced[g]);
                 const auto shortest = static_cast<std::int64_t>(-reduced[groups + g]);
                 const bool uneven = longest != shortest;
                 const bool counts_changed =
                     longest != s.max_rows || shortest != s.min_rows || uneven || s.uneven;
-                if (rank == 0 && counts_changed && per_rank_count > 0) {
-                    std::vector<std::int64_t> rank_rows(per_rank_count, longest);
-                    if (gather)
-                        for (hsize_t j = 0; j < per_rank_count; ++j)
-                            rank_rows[j] = all[j * groups + g];
+                // Even counts: every per-rank row has `longest` (uneven ones came with a
+                // reduction: write_reduced).
+                if (rank == 0 && counts_changed && !gather && per_rank_count > 0) {
+                    const std::vector<std::int64_t> rank_rows(per_rank_count, longest);
                     pwrite_all(reinterpret_cast<const char*>(rank_rows.data()),
                                rank_rows.size() * sizeof(std::int64_t), s.rank_rows_addr,
                                s.group + "/rank_rows");
@@ -410,7 +422,6 @@ struct RunFile::Impl {
         } catch (const core::OutputError& e) {
             write_error = e.what();
         }
-        set_extents(extent, agg_extent, /*grow=*/false);
         // The writes are independent: a rank that failed goes on, and every rank learns of it
         // from the next flush's first MPI_Allreduce, so a flush needs no collective after its
         // writes. A status change (the last flush) and a sync agree at once.
@@ -418,13 +429,16 @@ struct RunFile::Impl {
             const std::string shared_error = agree_on_error(comm, write_error);
             if (!shared_error.empty()) throw_collective_output_error(shared_error);
         }
+        // After the agreement, which every rank enters once its writes are done: a shrink makes
+        // HDF5 rewrite the partial last chunk, which must hold every rank's rows by then.
+        set_extents(extent, agg_extent, /*grow=*/false);
         if (sync) {
             write_root_attribute(Attribute{
                 "flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});
             for (Series& s : series)
                 if (s.aggregating())
                     write_attribute(s.aggregate_group, s.group + "/aggregate",
-                                    Attribute{"rows", static_cast<std::int64_t>(s.aggregated)});
+                                    Attribute{"rows", static_cast<std::int64_t>(written_rows(s))});
             // With collective metadata writes each rank writes its share of the metadata, so a
             // full file system may fail the sync on some ranks only: agree here too.
             std::string sync_error;
@@ -477,6 +491,13 @@ struct RunFile::Impl {
         }
     }
 
+    // Local, the same on every rank: the aggregate rows in the file, those of the reductions
+    // completed so far (the rows of one in flight come at the next flush).
+    hsize_t written_rows(const Series& s) const {
+        const auto g = static_cast<std::size_t>(&s - series.data());
+        return inflight.request != MPI_REQUEST_NULL ? inflight.from[g] : s.aggregated;
+    }
+
     // An extent that holds `rows`: exactly (status changes), else grown in steps of chunk_rows.
     static hsize_t grown_extent(hsize_t extent, hsize_t rows, hsize_t chunk_rows, bool exact) {
         if (exact) return rows;
@@ -485,44 +506,67 @@ struct RunFile::Impl {
     }
 
     struct Reduced {
-        std::vector<std::vector<AggregateRow>> rows; // per series, column-major
+        std::vector<std::vector<AggregateRow>> rows; // per series, column-major (rank 0)
+        std::vector<hsize_t> from, to;               // per series: the rows reduced
         std::vector<std::int64_t> counts;            // [R x series]: rows of each per-rank row
+        bool has_counts = false;
     };
+    // The reduction posted at a flush and completed at the next (or at once at a status
+    // change), so that no flush waits for it: rank 0 writes a flush's aggregates one flush later.
+    struct InFlight {
+        MPI_Request request = MPI_REQUEST_NULL;
+        MPI_Datatype element = MPI_DATATYPE_NULL;
+        std::vector<double> send, result;
+        std::vector<hsize_t> from, to;
+        std::size_t header = 0, count_slots = 0;
+    } inflight;
+
     // Collective when any series has rows to aggregate or `counts` (every rank knows the same
-    // arguments): one MPI_Reduce to rank 0 of rows [aggregated, to) of every aggregating series
-    // and, with `counts`, of every series' row count of each per-rank row. Returns both on rank 0;
-    // each rank drops the rows it reduced.
-    Reduced reduce_aggregates(const std::vector<hsize_t>& to, bool counts) {
+    // arguments): posts one MPI_Ireduce to rank 0 of rows [aggregated, to) of every aggregating
+    // series and, with `counts`, of every series' row count of each per-rank row
+    // (complete_reduce waits for it). Each rank drops the rows it posted.
+    void post_reduce(const std::vector<hsize_t>& to, bool counts) {
         const double nan = std::numeric_limits<double>::quiet_NaN();
-        AggregateLayout layout;
+        const std::size_t groups = series.size();
         const std::size_t count_slots =
-            counts ? static_cast<std::size_t>(per_rank_count) * series.size() : 0;
-        layout.counts = count_slots;
-        std::size_t total = count_slots;
-        for (std::size_t g = 0; g < series.size(); ++g) {
+            counts ? static_cast<std::size_t>(per_rank_count) * groups : 0;
+        std::vector<std::size_t> rows(groups);
+        std::size_t payload = count_slots;
+        for (std::size_t g = 0; g < groups; ++g) {
             const Series& s = series[g];
-            const std::size_t rows = s.aggregating() && to[g] > s.aggregated
-                                         ? static_cast<std::size_t>(to[g] - s.aggregated)
-                                         : 0;
-            layout.blocks.emplace_back(rows, s.columns.size());
-            total += rows * row_width(s.columns.size());
+            rows[g] = s.aggregating() && to[g] > s.aggregated
+                          ? static_cast<std::size_t>(to[g] - s.aggregated)
+                          : 0;
+            payload += rows[g] * row_width(s.columns.size());
         }
-        Reduced out;
-        out.rows.resize(series.size());
-        if (total == 0) return out;
-        std::vector<double> buffer(total);
-        if (per_rank && count_slots > 0) // the others leave zeros, the identity of MPI_MAX
-            for (std::size_t g = 0; g < series.size(); ++g)
-                buffer[per_rank_row * series.size() + g] = static_cast<double>(series[g].appended);
-        double* p = buffer.data() + count_slots;
-        for (std::size_t g = 0; g < series.size(); ++g) {
-            const auto [rows, columns] = layout.blocks[g];
-            const Series& s = series[g];
+        if (payload == 0) return;
+        InFlight& f = inflight;
+        f.header = 2 + 2 * groups;
+        f.count_slots = count_slots;
+        f.send.assign(f.header + payload, 0.0);
+        f.send[0] = static_cast<double>(groups);
+        f.send[1] = static_cast<double>(count_slots);
+        f.from.assign(groups, 0);
+        f.to.assign(groups, 0);
+        for (std::size_t g = 0; g < groups; ++g) {
+            f.send[2 + 2 * g] = static_cast<double>(rows[g]);
+            f.send[3 + 2 * g] = static_cast<double>(series[g].columns.size());
+            f.from[g] = series[g].aggregated;
+            f.to[g] = series[g].aggregated + rows[g];
+        }
+        if (per_rank && count_slots > 0) // the others leave zeros, the identity of max
+            for (std::size_t g = 0; g < groups; ++g)
+                f.send[f.header + per_rank_row * groups + g] =
+                    static_cast<double>(series[g].appended);
+        double* p = f.send.data() + f.header + count_slots;
+        for (std::size_t g = 0; g < groups; ++g) {
+            Series& s = series[g];
+            const std::size_t columns = s.columns.size();
             // unaggregated holds this rank's rows [appended - held, appended), all >= aggregated.
             const std::int64_t held =
                 s.unaggregated.empty() ? 0 : static_cast<std::int64_t>(s.unaggregated[0].size());
             const std::int64_t front = s.appended - held;
-            for (std::size_t r = 0; r < rows; ++r) {
+            for (std::size_t r = 0; r < rows[g]; ++r) {
                 const std::int64_t i = static_cast<std::int64_t>(s.aggregated + r) - front;
                 const bool have = i >= 0 && i < held;
                 const std::size_t at = have ? static_cast<std::size_t>(i) : 0;
@@ -544,32 +588,48 @@ struct RunFile::Impl {
                     p[2 + c] = std::isfinite(key) ? s.unaggregated[c][at] : nan;
                 p += 2 + columns;
             }
+            if (rows[g] > 0 && !s.unaggregated.empty()) { // drop the rows now below `to`
+                const std::int64_t drop =
+                    std::clamp<std::int64_t>(static_cast<std::int64_t>(f.to[g]) - front, 0, held);
+                for (auto& column : s.unaggregated)
+                    column.erase(column.begin(), column.begin() + drop);
+            }
         }
         static MPI_Op op = [] {
             MPI_Op created = MPI_OP_NULL;
             MPI_Op_create(&reduce_aggregate_rows, /*commute=*/1, &created);
             return created;
         }();
-        MPI_Datatype element = MPI_DATATYPE_NULL;
-        mpi_check(MPI_Type_contiguous(static_cast<int>(total), MPI_DOUBLE, &element),
+        mpi_check(MPI_Type_contiguous(static_cast<int>(f.send.size()), MPI_DOUBLE, &f.element),
                   "MPI_Type_contiguous");
-        MPI_Type_commit(&element);
-        std::vector<double> result(rank == 0 ? total : 0);
-        t_aggregate_layout = &layout;
-        const int rc =
-            MPI_Reduce(buffer.data(), rank == 0 ? result.data() : nullptr, 1, element, op, 0, comm);
-        t_aggregate_layout = nullptr;
-        MPI_Type_free(&element);
-        mpi_check(rc, "MPI_Reduce");
+        MPI_Type_commit(&f.element);
+        f.result.assign(rank == 0 ? f.send.size() : 0, 0.0);
+        mpi_check(MPI_Ireduce(f.send.data(), rank == 0 ? f.result.data() : nullptr, 1, f.element,
+                              op, 0, comm, &f.request),
+                  "MPI_Ireduce");
+    }
 
-        if (rank == 0)
-            out.counts.assign(result.begin(),
-                              result.begin() + static_cast<std::ptrdiff_t>(count_slots));
-        const double* q = result.data() + count_slots;
-        for (std::size_t g = 0; g < series.size(); ++g) {
-            const auto [rows, columns] = layout.blocks[g];
-            Series& s = series[g];
-            if (rank == 0) {
+    // Collective (every rank has the same reduction in flight, or none): waits for the posted
+    // reduction and returns its rows (rank 0) and what they cover; empty when none was posted.
+    Reduced complete_reduce() {
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        Reduced out;
+        InFlight& f = inflight;
+        if (f.request == MPI_REQUEST_NULL) return out;
+        const int rc = MPI_Wait(&f.request, MPI_STATUS_IGNORE);
+        MPI_Type_free(&f.element);
+        mpi_check(rc, "MPI_Wait (the aggregates' MPI_Ireduce)");
+        out.from = f.from;
+        out.to = f.to;
+        out.rows.resize(series.size());
+        out.has_counts = f.count_slots > 0;
+        if (rank == 0) {
+            const double* q = f.result.data() + f.header;
+            out.counts.assign(q, q + f.count_slots);
+            q += f.count_slots;
+            for (std::size_t g = 0; g < series.size(); ++g) {
+                const std::size_t rows = static_cast<std::size_t>(f.to[g] - f.from[g]);
+                const std::size_t columns = series[g].columns.size();
                 out.rows[g].resize(rows * columns);
                 for (std::size_t r = 0; r < rows; ++r) {
                     const double* key = q + kStats * columns;
@@ -586,34 +646,51 @@ struct RunFile::Impl {
                     q += 2 + columns;
                 }
             }
-            if (rows > 0 && !s.unaggregated.empty()) { // drop the rows now below `to`
-                const auto held = static_cast<std::int64_t>(s.unaggregated[0].size());
-                const std::int64_t drop = std::clamp<std::int64_t>(
-                    static_cast<std::int64_t>(to[g]) - (s.appended - held), 0, held);
-                for (auto& column : s.unaggregated)
-                    column.erase(column.begin(), column.begin() + drop);
-            }
         }
+        f = InFlight{};
         return out;
     }
 
-    // Rank 0, outside HDF5: rows [from, aggregated) of every aggregate dataset of `s` (`rows`,
-    // column-major), and empty rows (count 0) in the slots a grown extent added beyond them.
-    void write_aggregates(Series& s, const std::vector<AggregateRow>& rows, hsize_t from,
-                          hsize_t old_agg_extent) {
-        hsize_t to = s.aggregated;
-        if (s.agg_extent > old_agg_extent) to = s.agg_extent;
-        if (to <= from) return;
-        const hsize_t count = to - from;
-        const std::size_t n = static_cast<std::size_t>(s.aggregated - from);
-        const double nan = std::numeric_limits<double>::quiet_NaN();
-        std::vector<AggregateRow> buffer(count, AggregateRow{nan, nan, nan, -1, 0, nan});
-        for (std::size_t c = 0; c < s.columns.size(); ++c) {
-            std::copy(rows.begin() + static_cast<std::ptrdiff_t>(c * n),
-                      rows.begin() + static_cast<std::ptrdiff_t>((c + 1) * n), buffer.begin());
-            write_raw(s.agg_chunk_addr[c], s.chunk_rows, 0, from, count, buffer.data(),
-                      sizeof(AggregateRow), s.group + "/aggregate/" + s.columns[c].name);
+    // Rank 0: what a completed reduction gives, into the file: its aggregate rows, and the
+    // per-rank rows' counts when it carried them.
+    void write_reduced(const Reduced& red) {
+        if (rank != 0 || red.from.empty()) return;
+        for (std::size_t g = 0; g < series.size(); ++g) {
+            Series& s = series[g];
+            if (s.aggregating() && red.to[g] > red.from[g]) {
+                write_aggregates(s, red.rows[g], red.from[g], red.to[g]);
+            }
+            if (red.has_counts && per_rank_count > 0) {
+                std::vector<std::int64_t> rank_rows(per_rank_count);
+                for (hsize_t j = 0; j < per_rank_count; ++j)
+                    rank_rows[j] = static_cast<std::int64_t>(red.counts[j * series.size() + g]);
+                pwrite_all(reinterpret_cast<const char*>(rank_rows.data()),
+                           rank_rows.size() * sizeof(std::int64_t), s.rank_rows_addr,
+                           s.group + "/rank_rows");
+            }
         }
+    }
+
+    // Rank 0, outside HDF5: rows [from, to) of every aggregate dataset of `s` (`rows`,
+    // column-major).
+    void write_aggregates(Series& s, const std::vector<AggregateRow>& rows, hsize_t from,
+                          hsize_t to) {
+        const hsize_t count = to - from;
+        for (std::size_t c = 0; c < s.columns.size(); ++c)
+            write_raw(s.agg_chunk_addr[c], s.chunk_rows, 0, from, count,
+                      rows.data() + static_cast<std::ptrdiff_t>(c * count), sizeof(AggregateRow),
+                      s.group + "/aggregate/" + s.columns[c].name);
+    }
+
+    // Rank 0, outside HDF5: empty rows (count 0, NaN, argmax -1) in [from, to) of every aggregate
+    // dataset of `s`: the slots a grown extent added (no fill values), until their rows come.
+    void write_empty_aggregates(Series& s, hsize_t from, hsize_t to) {
+        if (to <= from) return;
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        const std::vector<AggregateRow> empty(to - from, AggregateRow{nan, nan, nan, -1, 0, nan});
+        for (std::size_t c = 0; c < s.columns.size(); ++c)
+            write_raw(s.agg_chunk_addr[c], s.chunk_rows, 0, from, to - from, empty.data(),
+                      sizeof(AggregateRow), s.group + "/aggregate/" + s.columns[c].name);
     }
 
     // Collective (every rank the same calls): the file addresses of the chunks of `ds` that
@@ -708,14 +785,14 @@ struct RunFile::Impl {
     // driver would write them with collective writes whenever an extent grows). One pwrite per
     // column and chunk (write_raw); nothing on a rank that does not write per-rank rows
     // (select_per_rank).
-    void write_rows(const std::vector<hsize_t>& old_extent) {
+    void write_rows() {
         if (!per_rank) return;
         const double nan = std::numeric_limits<double>::quiet_NaN();
         for (std::size_t g = 0; g < series.size(); ++g) {
             Series& s = series[g];
             const hsize_t n = s.pending[0].size();
             hsize_t to = std::min(s.written + n, s.extent);
-            if (s.extent > old_extent[g]) to = s.extent;
+            if (s.padded < s.extent) to = s.extent; // slots an extent added: rows, then NaN
             if (to > s.written) {
                 const hsize_t count = to - s.written;
                 std::vector<double> buffer(count, nan);
@@ -725,6 +802,7 @@ struct RunFile::Impl {
                               buffer.data(), sizeof(double), s.group + "/" + s.columns[c].name);
                 }
             }
+            s.padded = std::max(s.padded, to);
             for (auto& column : s.pending)
                 column.clear();
             s.written += n;
@@ -1146,7 +1224,6 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
         }
     }
     m.write_attribute(grp, name, Attribute{"columns", column_list});
-    m.write_attribute(grp, name, Attribute{"rows", std::int64_t{0}});
 
     if (key != std::string::npos) {
         // Aggregates over every rank: one compound dataset [n] per column, chunked like the
@@ -1191,6 +1268,26 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
         m.write_attribute(s.aggregate_group, agg, Attribute{"slowest_by", aggregate_by});
         m.write_attribute(s.aggregate_group, agg, Attribute{"rows", std::int64_t{0}});
     }
+    // The first chunk of rows is allocated now, at start-up, not inside the first flush: growing
+    // every column's extent (and finding its chunks' addresses) is the flush's costliest
+    // collective metadata work, done again only every chunk_rows rows.
+    const hsize_t first = s.chunk_rows;
+    for (std::size_t c = 0; c < columns.size(); ++c) {
+        const std::string object = name + "/" + columns[c].name;
+        const hsize_t dims[2] = {rows_r, first};
+        H5_CHECK(H5Dset_extent(s.datasets[c], dims), m.path, object);
+        if (rows_r > 0)
+            m.refresh_chunks(s.datasets[c], 2, first, s.chunk_rows, s.chunk_addr[c], object);
+        if (s.aggregating()) {
+            const std::string agg_object = name + "/aggregate/" + columns[c].name;
+            H5_CHECK(H5Dset_extent(s.aggregates[c], &first), m.path, agg_object);
+            m.refresh_chunks(s.aggregates[c], 1, first, s.chunk_rows, s.agg_chunk_addr[c],
+                             agg_object);
+        }
+    }
+    s.extent = first;
+    if (s.aggregating()) s.agg_extent = first;
+    m.write_attribute(grp, name, Attribute{"rows", static_cast<std::int64_t>(first)});
     m.series_index[name] = m.series.size();
     m.series.push_back(std::move(s));
 }

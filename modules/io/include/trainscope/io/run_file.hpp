@@ -165,8 +165,10 @@ class RunFile {
     // killed job leaves a readable file with the rows of its last sync. Only the R ranks of
     // select_per_rank write rows; rank 0 writes the aggregates. Global collectives: one
     // MPI_Allreduce (extents, the sync decision, a write error of the previous flush: every rank
-    // then raises the same OutputError), one MPI_Reduce to rank 0 of the aggregates and, while
-    // ranks hold different row counts, of those counts (none when there is neither); a sync adds
+    // then raises the same OutputError), one MPI_Ireduce to rank 0 of the aggregates and, while
+    // ranks hold different row counts, of those counts (none when there is neither), completed
+    // at the next flush (rank 0 writes a flush's aggregates then) or at once at a status change;
+    // a sync adds
     // an agreement on write errors and HDF5's own (issue 39; tests/mpi/pmpi_counter.cpp).
     void flush();
 
