@@ -546,13 +546,15 @@ ENTRIES = (
     {"kind": "group", "path": "/iterations/aggregate", "name": "", "units": "", "type": "",
      "when": "", "meaning": "Per-row statistics over **every** rank, whatever `output.per_rank` "
                             "keeps per rank: one compound dataset per column of the series, "
-                            "reduced to rank 0 at each flush (one MPI_Reduce for all columns) "
-                            "and written by it. A row is aggregated once every rank has it; a "
-                            "status change aggregates the rest (a rank without that row is left "
-                            "out: see `count`)."},
+                            "reduced to rank 0 (one MPI_Ireduce for all columns, posted at a "
+                            "flush and completed at the next, or at once at a sync or status "
+                            "change; rank 0 writes it then). A row is aggregated once every "
+                            "rank has it; a status change aggregates the rest (a rank without "
+                            "that row is left out: see `count`)."},
     {"kind": "attribute", "path": "/iterations/aggregate", "name": "rows", "units": "", "type": "int",
-     "when": "", "meaning": "Rows aggregated as of the last file sync (the datasets' extent may "
-                            "be larger while the run writes: those rows have `count` 0)."},
+     "when": "", "meaning": "Rows aggregated as of the last file sync (a sync completes the "
+                            "flush's reduction). While the run writes, the datasets' extent may "
+                            "be larger: those rows have `count` 0."},
     {"kind": "attribute", "path": "/iterations/aggregate", "name": "slowest_by", "units": "", "type": "str",
      "when": "", "meaning": "The column that decides which rank was the slowest in a row "
                             "(`slowest`)."},
@@ -830,13 +832,15 @@ ENTRIES = (
     {"kind": "group", "path": "/epochs/aggregate", "name": "", "units": "", "type": "",
      "when": "", "meaning": "Per-row statistics over **every** rank, whatever `output.per_rank` "
                             "keeps per rank: one compound dataset per column of the series, "
-                            "reduced to rank 0 at each flush (one MPI_Reduce for all columns) "
-                            "and written by it. A row is aggregated once every rank has it; a "
-                            "status change aggregates the rest (a rank without that row is left "
-                            "out: see `count`)."},
+                            "reduced to rank 0 (one MPI_Ireduce for all columns, posted at a "
+                            "flush and completed at the next, or at once at a sync or status "
+                            "change; rank 0 writes it then). A row is aggregated once every "
+                            "rank has it; a status change aggregates the rest (a rank without "
+                            "that row is left out: see `count`)."},
     {"kind": "attribute", "path": "/epochs/aggregate", "name": "rows", "units": "", "type": "int",
-     "when": "", "meaning": "Rows aggregated as of the last file sync (the datasets' extent may "
-                            "be larger while the run writes: those rows have `count` 0)."},
+     "when": "", "meaning": "Rows aggregated as of the last file sync (a sync completes the "
+                            "flush's reduction). While the run writes, the datasets' extent may "
+                            "be larger: those rows have `count` 0."},
     {"kind": "attribute", "path": "/epochs/aggregate", "name": "slowest_by", "units": "", "type": "str",
      "when": "", "meaning": "The column that decides which rank was the slowest in a row "
                             "(`slowest`)."},

@@ -368,10 +368,11 @@ struct RunFile::Impl {
         for (std::size_t g = 0; g < groups; ++g)
             aggregate_to[g] = static_cast<hsize_t>(exact ? reduced[g] : -reduced[groups + g]);
         // The previous flush's reduction completes (long done, while training went on), this
-        // flush's is posted; a status change completes it at once.
+        // flush's is posted; a status change or a sync completes it at once (what a sync makes
+        // durable is every row up to it: a killed run's file holds them).
         const Reduced previous = complete_reduce();
         post_reduce(aggregate_to, gather);
-        const Reduced current = exact ? complete_reduce() : Reduced{};
+        const Reduced current = exact || sync ? complete_reduce() : Reduced{};
 
         // Extents: metadata, the same calls on every rank. An extent grows before the writes;
         // one that shrinks (to the exact rows at a status change) shrinks after them: HDF5 then

@@ -33,12 +33,14 @@ inline constexpr std::string_view kRanksMeaning =
     "written before issue 39 have no `ranks`: their rows are ranks 0..world_size-1.";
 inline constexpr std::string_view kAggregateGroupMeaning =
     "Per-row statistics over **every** rank, whatever `output.per_rank` keeps per rank: one "
-    "compound dataset per column of the series, reduced to rank 0 at each flush (one MPI_Reduce "
-    "for all columns) and written by it. A row is aggregated once every rank has it; a status "
-    "change aggregates the rest (a rank without that row is left out: see `count`).";
+    "compound dataset per column of the series, reduced to rank 0 (one MPI_Ireduce for all "
+    "columns, posted at a flush and completed at the next, or at once at a sync or status "
+    "change; rank 0 writes it then). A row is "
+    "aggregated once every rank has it; a status change aggregates the rest (a rank without that "
+    "row is left out: see `count`).";
 inline constexpr std::string_view kAggregateRowsMeaning =
-    "Rows aggregated as of the last file sync (the datasets' extent may be larger while the run "
-    "writes: those rows have `count` 0).";
+    "Rows aggregated as of the last file sync (a sync completes the flush's reduction). While the "
+    "run writes, the datasets' extent may be larger: those rows have `count` 0.";
 inline constexpr std::string_view kAggregateSlowestByMeaning =
     "The column that decides which rank was the slowest in a row (`slowest`).";
 inline constexpr std::string_view kAggregateMeaning =

@@ -167,7 +167,8 @@ class RunFile {
     // MPI_Allreduce (extents, the sync decision, a write error of the previous flush: every rank
     // then raises the same OutputError), one MPI_Ireduce to rank 0 of the aggregates and, while
     // ranks hold different row counts, of those counts (none when there is neither), completed
-    // at the next flush (rank 0 writes a flush's aggregates then) or at once at a status change;
+    // at the next flush (rank 0 writes a flush's aggregates then) or at once at a sync or status
+    // change;
     // a sync adds
     // an agreement on write errors and HDF5's own (issue 39; tests/mpi/pmpi_counter.cpp).
     void flush();
