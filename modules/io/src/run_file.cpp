@@ -436,10 +436,10 @@ struct RunFile::Impl {
         if (sync) {
             write_root_attribute(Attribute{
                 "flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});
-            for (Series& s : series)
-                if (s.aggregating())
-                    write_attribute(s.aggregate_group, s.group + "/aggregate",
-                                    Attribute{"rows", static_cast<std::int64_t>(written_rows(s))});
+            for (std::size_t g = 0; g < groups; ++g)
+                if (series[g].aggregating())
+                    write_attribute(series[g].aggregate_group, series[g].group + "/aggregate",
+                                    Attribute{"rows", static_cast<std::int64_t>(written_rows(g))});
             // With collective metadata writes each rank writes its share of the metadata, so a
             // full file system may fail the sync on some ranks only: agree here too.
             std::string sync_error;
@@ -466,37 +466,42 @@ struct RunFile::Impl {
                      bool grow) {
         for (std::size_t g = 0; g < series.size(); ++g) {
             Series& s = series[g];
-            if (extent[g] != s.extent && (extent[g] > s.extent) == grow) {
-                for (std::size_t c = 0; c < s.columns.size(); ++c) {
-                    const std::string object = s.group + "/" + s.columns[c].name;
-                    const hsize_t dims[2] = {per_rank_count, extent[g]};
-                    H5_CHECK(H5Dset_extent(s.datasets[c], dims), path, object);
-                    if (per_rank_count > 0)
-                        refresh_chunks(s.datasets[c], 2, extent[g], s.chunk_rows, s.chunk_addr[c],
-                                       object);
-                }
-                write_attribute(s.handle, s.group,
-                                Attribute{"rows", static_cast<std::int64_t>(extent[g])});
-                s.extent = extent[g];
-            }
-            if (!s.aggregating() || agg_extent[g] == s.agg_extent ||
-                (agg_extent[g] > s.agg_extent) != grow)
-                continue;
-            for (std::size_t c = 0; c < s.columns.size(); ++c) {
-                const std::string object = s.group + "/aggregate/" + s.columns[c].name;
-                H5_CHECK(H5Dset_extent(s.aggregates[c], &agg_extent[g]), path, object);
-                refresh_chunks(s.aggregates[c], 1, agg_extent[g], s.chunk_rows, s.agg_chunk_addr[c],
-                               object);
-            }
-            s.agg_extent = agg_extent[g];
+            if (extent[g] != s.extent && (extent[g] > s.extent) == grow) resize_rows(s, extent[g]);
+            if (s.aggregating() && agg_extent[g] != s.agg_extent &&
+                (agg_extent[g] > s.agg_extent) == grow)
+                resize_aggregates(s, agg_extent[g]);
         }
+    }
+
+    // Collective: the per-rank datasets of `s` to `extent` rows (attribute `rows` with them),
+    // their chunks' addresses looked up.
+    void resize_rows(Series& s, hsize_t extent) {
+        for (std::size_t c = 0; c < s.columns.size(); ++c) {
+            const std::string object = s.group + "/" + s.columns[c].name;
+            const hsize_t dims[2] = {per_rank_count, extent};
+            H5_CHECK(H5Dset_extent(s.datasets[c], dims), path, object);
+            if (per_rank_count > 0)
+                refresh_chunks(s.datasets[c], 2, extent, s.chunk_rows, s.chunk_addr[c], object);
+        }
+        write_attribute(s.handle, s.group, Attribute{"rows", static_cast<std::int64_t>(extent)});
+        s.extent = extent;
+    }
+
+    // Collective: the aggregate datasets of `s` to `extent` rows, their chunks' addresses looked
+    // up.
+    void resize_aggregates(Series& s, hsize_t extent) {
+        for (std::size_t c = 0; c < s.columns.size(); ++c) {
+            const std::string object = s.group + "/aggregate/" + s.columns[c].name;
+            H5_CHECK(H5Dset_extent(s.aggregates[c], &extent), path, object);
+            refresh_chunks(s.aggregates[c], 1, extent, s.chunk_rows, s.agg_chunk_addr[c], object);
+        }
+        s.agg_extent = extent;
     }
 
     // Local, the same on every rank: the aggregate rows in the file, those of the reductions
     // completed so far (the rows of one in flight come at the next flush).
-    hsize_t written_rows(const Series& s) const {
-        const auto g = static_cast<std::size_t>(&s - series.data());
-        return inflight.request != MPI_REQUEST_NULL ? inflight.from[g] : s.aggregated;
+    hsize_t written_rows(std::size_t g) const {
+        return inflight.request != MPI_REQUEST_NULL ? inflight.from[g] : series[g].aggregated;
     }
 
     // An extent that holds `rows`: exactly (status changes), else grown in steps of chunk_rows.
@@ -1272,23 +1277,8 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
     // The first chunk of rows is allocated now, at start-up, not inside the first flush: growing
     // every column's extent (and finding its chunks' addresses) is the flush's costliest
     // collective metadata work, done again only every chunk_rows rows.
-    const hsize_t first = s.chunk_rows;
-    for (std::size_t c = 0; c < columns.size(); ++c) {
-        const std::string object = name + "/" + columns[c].name;
-        const hsize_t dims[2] = {rows_r, first};
-        H5_CHECK(H5Dset_extent(s.datasets[c], dims), m.path, object);
-        if (rows_r > 0)
-            m.refresh_chunks(s.datasets[c], 2, first, s.chunk_rows, s.chunk_addr[c], object);
-        if (s.aggregating()) {
-            const std::string agg_object = name + "/aggregate/" + columns[c].name;
-            H5_CHECK(H5Dset_extent(s.aggregates[c], &first), m.path, agg_object);
-            m.refresh_chunks(s.aggregates[c], 1, first, s.chunk_rows, s.agg_chunk_addr[c],
-                             agg_object);
-        }
-    }
-    s.extent = first;
-    if (s.aggregating()) s.agg_extent = first;
-    m.write_attribute(grp, name, Attribute{"rows", static_cast<std::int64_t>(first)});
+    m.resize_rows(s, s.chunk_rows);
+    if (s.aggregating()) m.resize_aggregates(s, s.chunk_rows);
     m.series_index[name] = m.series.size();
     m.series.push_back(std::move(s));
 }
