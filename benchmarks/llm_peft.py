@@ -3,18 +3,21 @@
 Fairness rules (printed with the results):
 - One model: the script builds a Llama config and random weights with transformers, saves them as
   config.json + model.safetensors, and trainscope loads that directory (llm.init=checkpoint).
-- Same step: LoRA rank 8 / alpha 16 / dropout 0 on q, v, o and the MLP (torchtune's default), fp32,
+- Same step: LoRA rank 8 / alpha 16 / dropout 0 on q, v, o and the MLP (torchtune's default), fp32
+  (or --precision bf16-mixed: bf16 autocast over fp32 weights on both sides), --device cpu or cuda,
   AdamW lr 3e-4 weight decay 0.01, --batch sequences of exactly --seq tokens (trainscope: text
   samples longer than --seq, cut to it, so no padding and plain causal attention; HF: token ids of
   the same length), no gradient accumulation.
 - Same threads: --threads intra-op threads on both sides (torch.set_num_threads / run.threads), 1
-  MPI rank, OMP_NUM_THREADS=1 for everything else.
+  MPI rank, OMP_NUM_THREADS=1 for everything else. On a GPU each timed step ends with a device
+  synchronize on both sides.
 - Same clock: the median step time after --warmup steps; tokens/s = batch x seq / median step.
   The two sides alternate --repeats times and the best (lowest) median of each side is compared.
 - Same arithmetic: both sides' FLOP rate is the model's training FLOPs per token (/plan's
   flops_per_token: 4 N_matmul + 2 N_trainable + attention, the MFU convention) x tokens / step
-  time, printed against the machine's sgemm peak measured here (torch.mm, same threads), so a
-  ratio near 1 with both near the peak says the step is GEMM-bound on both sides.
+  time, printed against the machine's GEMM peak measured here (torch.mm: fp32 on the same threads;
+  on a GPU in the step's matrix dtype), so a ratio near 1 with both near the peak says the step is
+  GEMM-bound on both sides.
   trainscope runs its default chunked loss (llm.loss_chunks=8: the head is projected again in
   backward, ~+5 % FLOPs at this vocabulary); --loss-chunks 1 measures the unchunked head.
 - --profile (an extra run of each side, after the timed ones): the operators that take the step's
@@ -60,6 +63,12 @@ def parse():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where both sides train (cuda: one GPU; --threads then only sets the "
+                        "host threads)")
+    p.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
+                   help="fp32 (the CPU default) or bf16-mixed: fp32 weights, bf16 autocast on "
+                        "both sides (torch.autocast / run.precision=bf16-mixed)")
     p.add_argument("--loss-chunks", type=int, default=8,
                    help="trainscope's llm.loss_chunks (default: its default, 8)")
     p.add_argument("--profile", action="store_true",
@@ -101,6 +110,7 @@ def hf_step_times(a, model_dir, profile=False):
                                              attn_implementation="sdpa")
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0,
                                              target_modules=TARGETS))
+    model.to(a.device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.01)
@@ -108,15 +118,19 @@ def hf_step_times(a, model_dir, profile=False):
     times = []
     prof = None
     for i in range(a.warmup + a.steps):
-        ids = torch.randint(0, 1000, (a.batch, a.seq), generator=g)
+        ids = torch.randint(0, 1000, (a.batch, a.seq), generator=g).to(a.device)
         if profile and i == a.warmup:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             prof.__enter__()
+        sync(a)
         t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast(a.device, dtype=torch.bfloat16,
+                            enabled=a.precision == "bf16-mixed"):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
+        sync(a)
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
     if prof is not None:
@@ -124,6 +138,11 @@ def hf_step_times(a, model_dir, profile=False):
         rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         return [(e.key, e.self_cpu_time_total / 1e6 / a.steps, e.count / a.steps) for e in rows]
     return float(np.median(times))
+
+
+def sync(a):
+    if a.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def long_texts(where, samples, seq):
@@ -164,7 +183,7 @@ def mpirun(*args):
 def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="checkpoint",
                    profile=False):
     fmt = "preference" if method == "dpo" else "text"
-    args = ["--run.workload=llm", "--run.device=cpu", "--run.precision=fp32",
+    args = ["--run.workload=llm", f"--run.device={a.device}", f"--run.precision={a.precision}",
             f"--run.threads={a.threads}", f"--llm.model={model_dir}", f"--llm.init={init}",
             f"--llm.tokenizer={TOKENIZER}", f"--llm.method={method}",
             f"--llm.dataset.path={data}", f"--llm.dataset.format={fmt}",
@@ -206,18 +225,24 @@ def trainscope_run(a, model_dir, data, out, method, steps, batch, seq, init="che
                                          it("optimizer_state_bytes")[0]))}
 
 
-def sgemm_peak(threads):
-    """The best FLOP rate of torch.mm (fp32) over a few square sizes on `threads` threads."""
-    torch.set_num_threads(threads)
+def gemm_peak(a):
+    """The best FLOP rate of torch.mm over a few square sizes: fp32 on `--threads` threads on the
+    CPU; on a GPU in the matrix dtype of the step (bf16 under bf16-mixed, else fp32)."""
+    torch.set_num_threads(a.threads)
+    dtype = torch.bfloat16 if a.precision == "bf16-mixed" else torch.float32
+    sizes, work = ((1024, 2048, 3072), 4e10) if a.device == "cpu" else ((4096, 8192), 2e13)
     best = 0.0
-    for n in (1024, 2048, 3072):
-        x, y = torch.randn(n, n), torch.randn(n, n)
+    for n in sizes:
+        x = torch.randn(n, n, device=a.device, dtype=dtype)
+        y = torch.randn(n, n, device=a.device, dtype=dtype)
         for _ in range(2):
             x @ y
-        reps = max(3, int(4e10 / (2 * n**3)))
+        reps = max(3, int(work / (2 * n**3)))
+        sync(a)
         t0 = time.perf_counter()
         for _ in range(reps):
             x @ y
+        sync(a)
         best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0))
     return best
 
@@ -244,18 +269,22 @@ def main():
                   f"HF+peft {hf[-1] * 1e3:.1f} ms/step", flush=True)
         tokens = a.batch * a.seq
         ts_tps, hf_tps = tokens / min(ts), tokens / min(hf)
+        where = f"{a.threads} thread(s)" if a.device == "cpu" else \
+            f"GPU {torch.cuda.get_device_name()}"
         print(f"\nLoRA step, Llama hidden {a.hidden} x {a.layers} layers, FFN {a.ffn}, heads "
-              f"{a.heads}/{a.kv_heads}, vocab {a.vocab}; batch {a.batch} x seq {a.seq}, fp32, "
-              f"{a.threads} thread(s)")
+              f"{a.heads}/{a.kv_heads}, vocab {a.vocab}; batch {a.batch} x seq {a.seq}, "
+              f"{a.precision}, {where}")
         print(f"  trainscope      {ts_tps:10.0f} tokens/s  ({min(ts) * 1e3:.1f} ms/step)")
         print(f"  HF + peft       {hf_tps:10.0f} tokens/s  ({min(hf) * 1e3:.1f} ms/step)")
         print(f"  ratio trainscope / HF = {ts_tps / hf_tps:.3f} (target >= 1.15)", flush=True)
-        peak = sgemm_peak(a.threads)
+        peak = gemm_peak(a)
+        gemm = (f"torch.mm fp32, {a.threads} threads" if a.device == "cpu" else
+                f"torch.mm {'bf16' if a.precision == 'bf16-mixed' else 'fp32'} on the GPU")
         print(f"  step FLOP rate ({flops_per_token / 1e6:.1f} MFLOP per token, the same model "
               f"FLOPs for both): trainscope {ts_tps * flops_per_token / 1e9:.1f} GFLOP/s "
               f"({ts_tps * flops_per_token / peak:.0%} of peak), HF + peft "
               f"{hf_tps * flops_per_token / 1e9:.1f} GFLOP/s ({hf_tps * flops_per_token / peak:.0%});"
-              f" sgemm peak {peak / 1e9:.1f} GFLOP/s (torch.mm fp32, {a.threads} threads)",
+              f" GEMM peak {peak / 1e9:.1f} GFLOP/s ({gemm})",
               flush=True)
 
         if a.profile:

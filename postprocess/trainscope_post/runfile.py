@@ -154,8 +154,9 @@ class RunFile:
             self._h5.close()
             raise SchemaError(f"{self.path}: unreadable ({type(e).__name__}: {e})") from e
 
-    # The /summary attributes that are text; every other one is a number.
-    TEXT_SUMMARY = frozenset({"straggler_ranks"})
+    # The /summary attributes the schema declares as text (the straggler list, the MFU peak's
+    # basis, a warning); every other one must be a number.
+    TEXT_SUMMARY = frozenset(k for k, t in schema.ATTRIBUTES[schema.SUMMARY].items() if t == "str")
 
     def _validate(self) -> None:
         """The structure every reader relies on (docs/run_file_schema.md), so that a hand-made or

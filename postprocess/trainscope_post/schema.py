@@ -416,6 +416,13 @@ ENTRIES = (
      "when": "run.workload=llm", "meaning": "Memory plan: under `dist.zero=3`, one unit's full "
                                             "gradient (during its backward, before its "
                                             "reduce-scatter); 0 otherwise."},
+    {"kind": "attribute", "path": "/plan", "name": "memory_plan_workspace_bytes", "units": "", "type": "float",
+     "when": "run.workload=llm", "meaning": "Memory plan: on a GPU, LibTorch's cuBLAS "
+                                            "workspaces, which its caching allocator counts: "
+                                            "two of `at::cuda::getChosenWorkspaceSize()` "
+                                            "(`CUBLAS_WORKSPACE_CONFIG`, else 32 MiB from "
+                                            "Hopper on), one for the step's thread and one for "
+                                            "autograd's device thread; 0 on the CPU."},
     {"kind": "attribute", "path": "/plan", "name": "memory_plan_weight_shards", "units": "", "type": "int",
      "when": "run.workload=cv or llm", "meaning": "Over how many ranks the memory plan divides "
                                                   "the weights (1: every rank holds all of "
@@ -1776,6 +1783,7 @@ ATTRIBUTES = {
         "memory_plan_logits_bytes": "float",
         "memory_plan_gathered_weight_bytes": "float",
         "memory_plan_unit_gradient_bytes": "float",
+        "memory_plan_workspace_bytes": "float",
         "memory_plan_weight_shards": "int",
         "memory_plan_gradient_shards": "int",
         "memory_plan_optimizer_state_shards": "int",

@@ -73,6 +73,23 @@ def test_files_before_issue_39_keep_rank_rows_as_an_attribute(tmp_path):
             assert run.columns("iterations") == ["step_s"]  # the index is not a column
 
 
+def test_text_summary_attributes_are_read_and_text_in_a_number_is_refused(tmp_path):
+    # A GPU run writes /summary@mfu_peak_basis as text ("bf16 tensor cores (autocast)"): the
+    # first GPU runs' files were refused by every reader until the text attributes came from the
+    # schema instead of a list of one.
+    path = small_run(tmp_path / "gpu.h5", "completed")
+    with h5py.File(path, "a") as f:
+        f["summary"].attrs.update(mfu_peak_basis="bf16 tensor cores (autocast)",
+                                  straggler_ranks="1", warning="few iterations", mfu=0.41)
+    with RunFile(path) as run:
+        assert run.summary["mfu_peak_basis"] == "bf16 tensor cores (autocast)"
+        assert run.summary["mfu"] == pytest.approx(0.41)
+    with h5py.File(path, "a") as f:
+        f["summary"].attrs["mfu"] = "0.41"
+    with pytest.raises(SchemaError, match=r"gpu.h5.*/summary@mfu = .*expected a number"):
+        RunFile(path)
+
+
 def test_require_completed_names_the_file_and_status(tmp_path):
     with RunFile(small_run(tmp_path / "died.h5", "running")) as run:
         with pytest.raises(IncompleteRunError, match="died.h5.*'running'"):

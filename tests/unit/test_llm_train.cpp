@@ -342,6 +342,15 @@ TEST(LlmMemoryPlan, Llama3_8BFiguresFollowTheParameterArithmetic) {
     // The expected ordering of the studies: QLoRA < LoRA < DPO < full (no ZeRO).
     EXPECT_LT(lora.total_bytes(), dpo.total_bytes());
     EXPECT_LT(dpo.total_bytes(), full.total_bytes());
+
+    // On a GPU, LibTorch's cuBLAS workspaces (one for the step's thread, one for autograd's
+    // device thread; 32 MiB each on Hopper) are allocated bytes like any tensor's: 0 on the CPU.
+    EXPECT_DOUBLE_EQ(lora.workspace_bytes, 0);
+    in.activation_checkpointing = false;
+    in.cublas_workspace_bytes = 32.0 * 1024 * 1024;
+    const tt::LlmMemoryPlan gpu = tt::plan_llm_memory(in);
+    EXPECT_DOUBLE_EQ(gpu.workspace_bytes, 64.0 * 1024 * 1024);
+    EXPECT_DOUBLE_EQ(gpu.total_bytes(), lora.total_bytes() + 64.0 * 1024 * 1024);
 }
 
 // dist.zero=3 (FSDP) on Llama-3-8B, bf16: units are the embedding, 32 decoder layers and the head

@@ -18,7 +18,9 @@
 #include "trainscope/core/mpi_util.hpp"
 
 #if TRAINSCOPE_HAVE_CUDA
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -28,6 +30,17 @@ int cuda_device_count() {
 #if TRAINSCOPE_HAVE_CUDA
     return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
 #else
+    return 0;
+#endif
+}
+
+double cublas_workspace_bytes(const torch::Device& device) {
+#if TRAINSCOPE_HAVE_CUDA
+    if (!device.is_cuda()) return 0;
+    const c10::cuda::CUDAGuard guard(device);
+    return static_cast<double>(at::cuda::getChosenWorkspaceSize());
+#else
+    (void)device;
     return 0;
 #endif
 }

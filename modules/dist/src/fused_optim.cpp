@@ -165,8 +165,23 @@ torch::Tensor nonfinite_marker(const std::vector<torch::Tensor>& tensors,
         (void)key;
         std::vector<torch::Tensor> ts = pick(tensors, idx);
         const auto opts = torch::dtype(torch::kFloat32).device(ts.front().device());
-        torch::Tensor found = torch::zeros({1}, opts);
-        at::_amp_foreach_non_finite_check_and_unscale_(ts, found, torch::ones({1}, opts));
+        torch::Tensor found;
+        const torch::ScalarType dtype = ts.front().scalar_type();
+        if (dtype == torch::kFloat32 || dtype == torch::kFloat64 || dtype == torch::kHalf) {
+            found = torch::zeros({1}, opts);
+            at::_amp_foreach_non_finite_check_and_unscale_(ts, found, torch::ones({1}, opts));
+        } else {
+            // The AMP kernel has no bf16 variant on CUDA ("not implemented for 'BFloat16'": pure
+            // bf16 training, e.g. the 8B inputs). A tensor's sum of magnitudes (fp32) is NaN or
+            // infinite when any element is (a sum propagates both, whatever a kernel's max does
+            // with NaN; a finite sum past 3.4e38 would need gradients near bf16's own limit):
+            // one multi-tensor kernel, one check.
+            const std::vector<torch::Tensor> sums = at::_foreach_norm(ts, 1, torch::kFloat32);
+            found = torch::logical_not(torch::isfinite(torch::stack(sums)))
+                        .any()
+                        .to(torch::kFloat32)
+                        .reshape({1});
+        }
         flag = flag.defined() ? torch::maximum(flag, found.to(flag.device())) : found;
     }
     if (!flag.defined()) return torch::zeros({}, torch::dtype(torch::kFloat64).device(fallback));

@@ -284,6 +284,11 @@ const std::vector<Entry>& run_entries() {
         {Kind::attribute, kPlan, "memory_plan_unit_gradient_bytes", "", "float", "run.workload=llm",
          "Memory plan: under `dist.zero=3`, one unit's full gradient (during its backward, before "
          "its reduce-scatter); 0 otherwise."},
+        {Kind::attribute, kPlan, "memory_plan_workspace_bytes", "", "float", "run.workload=llm",
+         "Memory plan: on a GPU, LibTorch's cuBLAS workspaces, which its caching allocator "
+         "counts: two of `at::cuda::getChosenWorkspaceSize()` (`CUBLAS_WORKSPACE_CONFIG`, else "
+         "32 MiB from Hopper on), one for the step's thread and one for autograd's device "
+         "thread; 0 on the CPU."},
         {Kind::attribute, kPlan, "memory_plan_weight_shards", "", "int", "run.workload=cv or llm",
          "Over how many ranks the memory plan divides the weights (1: every rank holds all of "
          "them): `dist.zero=3` (FSDP) divides them over the data-parallel ranks; always 1 for CV, "

@@ -693,8 +693,16 @@ void LlamaForCausalLMImpl::materialize_unit(int unit, at::Generator generator) {
     auto fill = [&](torch::nn::Module& owner, torch::Tensor& weight, bool ones) {
         if (!weight.defined() || !weight.is_meta()) return;
         const auto host = torch::TensorOptions().dtype(weight.scalar_type());
-        torch::Tensor v = ones ? torch::ones(weight.sizes(), host)
-                               : torch::empty(weight.sizes(), host).normal_(0.0, 0.02, generator);
+        // Half-precision weights are drawn in fp32 and rounded: LibTorch's CPU normal_ has a
+        // vectorised kernel for fp32 only (bf16 draws 4.3x slower here: 1.12 s vs 0.26 s per 5e7
+        // values on one core, minutes for an 8B model).
+        const bool half =
+            weight.scalar_type() == torch::kBFloat16 || weight.scalar_type() == torch::kHalf;
+        torch::Tensor v = ones   ? torch::ones(weight.sizes(), host)
+                          : half ? torch::empty(weight.sizes(), host.dtype(torch::kFloat32))
+                                       .normal_(0.0, 0.02, generator)
+                                       .to(weight.scalar_type())
+                                 : torch::empty(weight.sizes(), host).normal_(0.0, 0.02, generator);
         v = v.to(device_);
         v.set_requires_grad(weight.requires_grad());
         ModuleAccess::parameters_of(owner)["weight"] = v;

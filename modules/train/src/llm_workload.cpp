@@ -18,6 +18,7 @@
 #include "trainscope/data/text_dataset.hpp"
 #include "trainscope/data/tokenizer.hpp"
 #include "trainscope/dist/communicator.hpp"
+#include "trainscope/dist/device.hpp"
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/io/schema.hpp"
 #include "trainscope/prof/memory.hpp"
@@ -255,6 +256,7 @@ void LlmWorkload::build() {
     mi.loss_chunks = l_.loss_chunks;
     mi.packed = l_.packed;
     mi.kv_expanded = sdpa_.kv_expanded;
+    mi.cublas_workspace_bytes = dist::cublas_workspace_bytes(env_.device.device);
     // Stage 3 rows with this run's dist.reshard_after_forward and dist.prefetch.
     mi.reshard_after_forward = l_.sharding.reshard_after_forward;
     mi.prefetch = l_.sharding.prefetch;
@@ -418,7 +420,8 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"memory_plan_activation_bytes", memory_.activation_bytes},
         {"memory_plan_logits_bytes", memory_.logits_bytes},
         {"memory_plan_gathered_weight_bytes", memory_.gathered_weight_bytes},
-        {"memory_plan_unit_gradient_bytes", memory_.unit_gradient_bytes}};
+        {"memory_plan_unit_gradient_bytes", memory_.unit_gradient_bytes},
+        {"memory_plan_workspace_bytes", memory_.workspace_bytes}};
     const dist::StateShards shards = dist::state_shards(l_.sharding.zero, env_.layout.world_size);
     a.insert(a.end(), {{"memory_plan_weight_shards", shards.weight},
                        {"memory_plan_gradient_shards", shards.gradient},

@@ -28,6 +28,11 @@ int cuda_device_count();
 // Why cuda_device_count() is 0, in words: "built without CUDA", or the CUDA runtime's own error
 // from cudaGetDeviceCount (no driver, insufficient driver, no device, ...). "" when it is not 0.
 std::string cuda_unavailable_reason();
+// Bytes of one cuBLAS workspace on `device` as LibTorch sizes it (at::cuda::getChosenWorkspaceSize:
+// CUBLAS_WORKSPACE_CONFIG, else 32 MiB from Hopper on, ~8 MiB before). LibTorch allocates one per
+// (thread, stream) that runs a matmul, through the caching allocator, so they count in the
+// device's allocated bytes. 0 for a non-CUDA device.
+double cublas_workspace_bytes(const torch::Device& device);
 
 // What one rank sees: its node, its node-local rank, the PCI bus ids of the GPUs visible to it in
 // CUDA's order, and whether it computes on a GPU (run.device resolved to cuda). Per-task binding

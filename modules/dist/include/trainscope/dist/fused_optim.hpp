@@ -59,7 +59,9 @@ void foreach_scale(const std::vector<torch::Tensor>& tensors, double factor);
 // A float64 0-d tensor on the tensors' device: NaN iff an element of any of them is NaN or Inf,
 // else 0 (so that sums of such markers stay NaN iff one is), computed by
 // at::_amp_foreach_non_finite_check_and_unscale_ (one multi-tensor kernel per group, scale 1: the
-// values are unchanged); no host read. Undefined tensors are skipped; none: 0 on `fallback`.
+// values are unchanged) for fp32/fp64/fp16 groups, and for bf16 (no CUDA kernel of that op) by
+// at::_foreach_norm's per-tensor sums of magnitudes; no host read. Undefined tensors are
+// skipped; none: 0 on `fallback`.
 torch::Tensor nonfinite_marker(const std::vector<torch::Tensor>& tensors,
                                const torch::Device& fallback);
 

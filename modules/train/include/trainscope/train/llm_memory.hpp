@@ -37,6 +37,9 @@ struct LlmMemoryInputs {
     std::int64_t loss_chunks = 1; // llm.loss_chunks: the logits exist one chunk at a time
     bool packed = false;          // llm.packed: attention takes a per-pack mask ([B, 1, T, T])
     bool kv_expanded = false;     // attention_kernel expands the KV heads (packed GQA on a GPU)
+    // One cuBLAS workspace (dist::cublas_workspace_bytes; 0 on the CPU). The plan counts two:
+    // the step's thread runs the forward's matmuls, autograd's device thread the backward's.
+    double cublas_workspace_bytes = 0;
 };
 
 struct LlmMemoryPlan {
@@ -59,6 +62,7 @@ struct LlmMemoryPlan {
     // the reduce-scatter (beside the persistent shard).
     double gathered_weight_bytes = 0;
     double unit_gradient_bytes = 0;
+    double workspace_bytes = 0; // GPU: LibTorch's cuBLAS workspaces (2 x one, see the inputs)
     double total_bytes() const;
 };
 
