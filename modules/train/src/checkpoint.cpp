@@ -27,6 +27,7 @@
 #include "trainscope/dist/mpi_runtime.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/train/run_control.hpp"
+#include "trainscope/train/workload.hpp"
 
 #if TRAINSCOPE_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -456,17 +457,17 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
                      (it == saved.end() ? std::string("<not set>") : it->second) + "', now '" + v +
                      "'";
     }
-    const std::string strategy = config.get_string("run.strategy");
+    const Strategy strategy = parse_strategy(config.get_string("run.strategy"));
     if (m.world_size != world_size) {
         // Elastic resume: the sample order and the optimizer's arithmetic depend only on the
         // global batch where every rank reads a disjoint 1/N of the data (ddp-ds) and the state
         // is either replicated or flat shards (ZeRO, FSDP) that can be cut again.
         std::string why;
-        if (strategy == "pipeline")
+        if (strategy == Strategy::Pipeline)
             why = "run.strategy=pipeline keeps per-stage state and splits the ranks into "
                   "pipeline.stages stages";
-        else if (strategy == "ddp" || strategy == "dp")
-            why = "with run.strategy=" + strategy +
+        else if (strategy == Strategy::Ddp || strategy == Strategy::Dp)
+            why = "with run.strategy=" + std::string(to_string(strategy)) +
                   " every rank walks the whole dataset, so the samples of a step depend on the "
                   "rank count (run.strategy=ddp-ds does not)";
         else if (!by_global_batch)
