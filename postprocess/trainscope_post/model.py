@@ -62,7 +62,7 @@ from .study import (Run, Study, StudyError, describe_group, group_by_config, poi
 
 COMPUTE_PHASES = ["data", "h2d", "forward", "backward", "optimizer"]
 MEMORY_CATEGORIES = ["weight", "gradient", "optimizer_state", "activation", "logits",
-                     "gathered_weight", "unit_gradient"]
+                     "gathered_weight", "unit_gradient", "workspace"]  # workspace: cuBLAS, GPU
 SCHEMA = "trainscope-model/1"
 # Relative sigma added per doubling of the rank count beyond the measured range: the model form
 # itself is uncertain there (two or three points cannot tell p^-1 from p^-1/2 or a log term).

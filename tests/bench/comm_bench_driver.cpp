@@ -13,10 +13,10 @@
 
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
-#include "trainscope/dist/comm_benchmark.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/mpi_runtime.hpp"
-#include "trainscope/dist/options.hpp"
+#include "trainscope/distributed/comm_benchmark.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
+#include "trainscope/distributed/options.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/train/run_file_tables.hpp"
 

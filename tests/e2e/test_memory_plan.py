@@ -216,7 +216,7 @@ PARAMS = V * H + L * LAYER + HEAD
 ADAPTERS = L * 8 * ((H + H) + (H + KV) + (H + H) + 3 * (H + F))  # rank 8 on q, v, o, MLP
 METHODS = ("full", "lora", "qlora", "dpo", "qat")
 COLUMNS = ("trainable_parameters", "frozen", "nf4", "trainable", "grads", "optim", "activ",
-           "logits", "gathered", "unitgrad", "total")
+           "logits", "gathered", "unitgrad", "cublas", "total")
 GIB = 2**30
 
 
@@ -252,6 +252,7 @@ def test_8b_stage3_dry_run_shards_by_rank_count(run_ts, method):
         # embedding's (no larger) exists only after it: no unit gradient adds.
         assert full["gathered"] == gib(2 * (HEAD + LAYER))
         assert full["unitgrad"] == gib(0)
+        assert full["cublas"] == 0  # no cuBLAS workspace on a CPU plan
         for m in ("lora", "dpo"):
             r = rows[(m, 3)]
             assert r["frozen"] == gib(2 * PARAMS / ranks)

@@ -11,7 +11,7 @@
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/data/options.hpp"
-#include "trainscope/dist/options.hpp"
+#include "trainscope/distributed/options.hpp"
 #include "trainscope/io/options.hpp"
 #include "trainscope/prof/options.hpp"
 #include "trainscope/prof/telemetry_options.hpp"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 
 namespace trainscope::testing {
 

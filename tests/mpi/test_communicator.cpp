@@ -20,12 +20,12 @@
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/mpi_util.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/device.hpp"
-#include "trainscope/dist/event_pool.hpp"
-#include "trainscope/dist/mpi_runtime.hpp"
-#include "trainscope/dist/options.hpp"
-#include "trainscope/dist/topology.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/device.hpp"
+#include "trainscope/distributed/event_pool.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
+#include "trainscope/distributed/options.hpp"
+#include "trainscope/distributed/topology.hpp"
 
 namespace dist = trainscope::dist;
 namespace core = trainscope::core;

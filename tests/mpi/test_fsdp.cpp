@@ -16,7 +16,7 @@
 #include "dist_test_util.hpp"
 #include "trainscope/data/text_dataset.hpp"
 #include "trainscope/data/tokenizer.hpp"
-#include "trainscope/dist/fsdp.hpp"
+#include "trainscope/distributed/fsdp.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/train/host_sync.hpp"

@@ -12,8 +12,8 @@
 #include "dist_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/error.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 
 namespace dist = trainscope::dist;
 namespace core = trainscope::core;

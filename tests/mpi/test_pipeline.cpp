@@ -19,8 +19,8 @@
 #include "trainscope/core/config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/mpi_util.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/pipeline.hpp"
 

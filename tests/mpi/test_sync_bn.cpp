@@ -15,7 +15,7 @@
 #include "dist_test_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainscope/core/error.hpp"
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/models/sync_batch_norm.hpp"
 

@@ -7,8 +7,8 @@
 
 #include "../unit/llama_test_util.hpp"
 #include "dist_test_util.hpp"
-#include "trainscope/dist/gradient_synchronizer.hpp"
-#include "trainscope/dist/zero.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
+#include "trainscope/distributed/zero.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/train/llm_loss.hpp"
 

@@ -1,9 +1,9 @@
-// nccl-tests' bandwidth conventions (dist/bandwidth.hpp) against their closed forms: algbw in
-// GB/s of 1e9 bytes, busbw factors 2(n-1)/n, (n-1)/n, (n-1)/n and 1.
+// nccl-tests' bandwidth conventions (distributed/bandwidth.hpp) against their closed forms: algbw
+// in GB/s of 1e9 bytes, busbw factors 2(n-1)/n, (n-1)/n, (n-1)/n and 1.
 #include <gtest/gtest.h>
 
 #include "trainscope/core/error.hpp"
-#include "trainscope/dist/bandwidth.hpp"
+#include "trainscope/distributed/bandwidth.hpp"
 
 namespace dist = trainscope::dist;
 using dist::Collective;

@@ -1,8 +1,8 @@
-// The fused optimizer steps (dist/fused_optim.hpp, train.fused_optimizer=true) against LibTorch's
-// per-parameter torch::optim::AdamW / SGD and dist::adamw_update, the arithmetic every run used
-// before: several steps on parameters of several shapes (one without a gradient in one step), in
-// fp64 to 1e-12 and fp32 to 1e-6; the state survives save/load into a fresh fused optimizer; the
-// multi-tensor scale and non-finite marker match their per-tensor forms.
+// The fused optimizer steps (distributed/fused_optim.hpp, train.fused_optimizer=true) against
+// LibTorch's per-parameter torch::optim::AdamW / SGD and dist::adamw_update, the arithmetic every
+// run used before: several steps on parameters of several shapes (one without a gradient in one
+// step), in fp64 to 1e-12 and fp32 to 1e-6; the state survives save/load into a fresh fused
+// optimizer; the multi-tensor scale and non-finite marker match their per-tensor forms.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,8 +11,8 @@
 #include <sstream>
 #include <vector>
 
-#include "trainscope/dist/fused_optim.hpp"
-#include "trainscope/dist/zero.hpp"
+#include "trainscope/distributed/fused_optim.hpp"
+#include "trainscope/distributed/zero.hpp"
 #include "trainscope/train/optimizer.hpp"
 
 namespace dist = trainscope::dist;

@@ -24,7 +24,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/mpi_util.hpp"
-#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/train/run_control.hpp"
 #include "trainscope/train/workload.hpp"

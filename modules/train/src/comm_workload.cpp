@@ -4,9 +4,9 @@
 #include <sstream>
 
 #include "trainscope/core/log.hpp"
-#include "trainscope/dist/comm_benchmark.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/distributed/comm_benchmark.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
 #include "trainscope/train/run_file_tables.hpp"
 #include "workloads_internal.hpp"
 

@@ -15,7 +15,7 @@
 #include <memory>
 
 #include "trainscope/data/distributed_sampler.hpp"
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/train/classification_trainer.hpp"

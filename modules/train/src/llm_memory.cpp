@@ -32,7 +32,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "trainscope/dist/options.hpp"
+#include "trainscope/distributed/options.hpp"
 #include "trainscope/models/nf4.hpp"
 
 namespace trainscope::train {

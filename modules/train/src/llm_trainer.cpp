@@ -26,7 +26,7 @@
 #include "trainscope/core/log.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
 #include "trainscope/data/prefetcher.hpp"
-#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
 #include "trainscope/models/fake_quant.hpp"
 #include "trainscope/models/lora.hpp"
 #include "trainscope/models/safetensors.hpp"

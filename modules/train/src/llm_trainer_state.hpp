@@ -12,7 +12,7 @@
 #include "trainscope/core/numeric.hpp"
 #include "trainscope/data/distributed_sampler.hpp"
 #include "trainscope/data/prefetcher.hpp"
-#include "trainscope/dist/parallelism.hpp"
+#include "trainscope/distributed/parallelism.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/train/llm_trainer.hpp"
 

@@ -1,6 +1,6 @@
 #include "trainscope/train/optimizer.hpp"
 
-#include "trainscope/dist/fused_optim.hpp"
+#include "trainscope/distributed/fused_optim.hpp"
 
 namespace trainscope::train {
 

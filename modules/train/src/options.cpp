@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "trainscope/data/options.hpp"
-#include "trainscope/dist/options.hpp"
+#include "trainscope/distributed/options.hpp"
 #include "trainscope/io/options.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/prof/options.hpp"

@@ -15,9 +15,9 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/mpi_util.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/fused_optim.hpp"
-#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/fused_optim.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 
 namespace trainscope::train {

@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "trainscope/dist/bandwidth.hpp"
-#include "trainscope/dist/comm_benchmark.hpp"
+#include "trainscope/distributed/bandwidth.hpp"
+#include "trainscope/distributed/comm_benchmark.hpp"
 #include "trainscope/io/schema.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/prof/telemetry.hpp"

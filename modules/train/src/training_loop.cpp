@@ -16,7 +16,7 @@
 
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/numeric.hpp"
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/host_sync.hpp"

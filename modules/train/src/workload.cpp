@@ -8,8 +8,8 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/options.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/options.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/prof/profiler_window.hpp"
 #include "trainscope/prof/telemetry.hpp"

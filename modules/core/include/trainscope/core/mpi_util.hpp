@@ -24,8 +24,8 @@ void mpi_check(int code, const char* call, const char* file, int line);
 // A rank that waits for its peers inside a blocking MPI call waits forever when one of them is
 // stopped (SIGSTOP, a hung file system, a swapping node) without dying: MPI notices dead processes,
 // not stalled ones. So the waits of a training run have a deadline: the communicators' (see
-// dist/communicator.hpp), these helpers' (nonblocking calls completed by wait_for_peers) and the
-// watchdog's for collective file writes (train/run_control.hpp).
+// distributed/communicator.hpp), these helpers' (nonblocking calls completed by wait_for_peers) and
+// the watchdog's for collective file writes (train/run_control.hpp).
 
 // The message of a wait on peers that exceeded its limit: names the wait, dist.timeout and what to
 // do. Shared with the watchdog, which bounds waits inside libraries (collective HDF5 writes).

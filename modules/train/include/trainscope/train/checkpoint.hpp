@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "trainscope/core/config.hpp"
-#include "trainscope/dist/parallelism.hpp"
+#include "trainscope/distributed/parallelism.hpp"
 
 namespace trainscope::train {
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "trainscope/data/datasets.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/options.hpp"

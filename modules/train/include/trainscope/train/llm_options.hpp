@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "trainscope/data/text_dataset.hpp"
-#include "trainscope/dist/options.hpp"
+#include "trainscope/distributed/options.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/lora.hpp"
 #include "trainscope/train/options.hpp"

@@ -17,9 +17,9 @@
 
 #include "trainscope/data/text_batch.hpp"
 #include "trainscope/data/tokenizer.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/gradient_synchronizer.hpp"
-#include "trainscope/dist/parallelism.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
+#include "trainscope/distributed/parallelism.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/train/checkpoint.hpp"

@@ -37,7 +37,7 @@ struct OptimizerConfig {
     std::string kind = "sgd"; // sgd | adamw
     double lr = 0.05, momentum = 0.9, weight_decay = 4e-5;
     bool nesterov = false;
-    bool fused = true; // ATen's fused multi-tensor kernels (dist/fused_optim.hpp)
+    bool fused = true; // ATen's fused multi-tensor kernels (distributed/fused_optim.hpp)
 };
 
 // The train.* options both workloads use, with run.seed and profile.accounting, read once by the

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 
 namespace trainscope::core {

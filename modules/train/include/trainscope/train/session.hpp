@@ -11,7 +11,7 @@
 #include <string>
 
 #include "trainscope/core/config.hpp"
-#include "trainscope/dist/topology.hpp"
+#include "trainscope/distributed/topology.hpp"
 
 namespace trainscope::train {
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "trainscope/core/config.hpp"
-#include "trainscope/dist/device.hpp"
-#include "trainscope/dist/options.hpp"
-#include "trainscope/dist/topology.hpp"
+#include "trainscope/distributed/device.hpp"
+#include "trainscope/distributed/options.hpp"
+#include "trainscope/distributed/topology.hpp"
 #include "trainscope/io/run_file.hpp"
 #include "trainscope/train/batch_layout.hpp"
 #include "trainscope/train/checkpoint.hpp"

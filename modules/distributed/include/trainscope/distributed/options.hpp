@@ -13,7 +13,7 @@
 
 #include "trainscope/core/config.hpp"
 
-#include "trainscope/dist/topology.hpp"
+#include "trainscope/distributed/topology.hpp"
 
 namespace trainscope::dist {
 

@@ -4,7 +4,7 @@
 // clock on MPI, a pair of CUDA events around the whole batch on NCCL's stream (mean per
 // operation; the NCCL backend takes its per-operation events from a pool, so no event is created
 // inside the loop). The results are plain structs; train writes them to /comm.
-#include "trainscope/dist/comm_benchmark.hpp"
+#include "trainscope/distributed/comm_benchmark.hpp"
 
 #include <mpi.h>
 #include <torch/cuda.h>

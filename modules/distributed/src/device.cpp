@@ -3,7 +3,7 @@
 // binding (srun --gpus-per-task=1, --gpu-bind, a CUDA_VISIBLE_DEVICES per rank) gives every rank
 // its own one-device list, so one rank's device count cannot say whether ranks share a GPU.
 // assign_gpus decides from faked lists in the unit tests; bind_device feeds it the real ones.
-#include "trainscope/dist/device.hpp"
+#include "trainscope/distributed/device.hpp"
 
 #include <sched.h>
 #include <torch/torch.h>

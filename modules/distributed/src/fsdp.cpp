@@ -1,4 +1,4 @@
-#include "trainscope/dist/fsdp.hpp"
+#include "trainscope/distributed/fsdp.hpp"
 
 #include <c10/core/StorageImpl.h>
 

@@ -20,7 +20,7 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/mpi_util.hpp"
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 
 namespace trainscope::dist::detail {
 

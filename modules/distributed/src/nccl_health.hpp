@@ -19,8 +19,8 @@
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/event_pool.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/event_pool.hpp"
 
 namespace trainscope::dist::detail {
 

@@ -1,6 +1,6 @@
 // MPI start-up/shut-down, topology discovery and collective error agreement. No LibTorch here: this
 // file is what every rank runs first, and it stays cheap to compile.
-#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include "mpi_check.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
-#include "trainscope/dist/topology.hpp"
+#include "trainscope/distributed/topology.hpp"
 
 namespace trainscope::dist {
 namespace {

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "trainscope/core/config.hpp"
-#include "trainscope/dist/bandwidth.hpp"
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/distributed/bandwidth.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 
 namespace trainscope::dist {
 

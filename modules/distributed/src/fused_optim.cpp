@@ -1,4 +1,4 @@
-#include "trainscope/dist/fused_optim.hpp"
+#include "trainscope/distributed/fused_optim.hpp"
 
 #include <limits>
 #include <map>

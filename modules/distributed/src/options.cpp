@@ -1,6 +1,6 @@
 // Declaration and resolution of the dist module's options. No LibTorch: the caller passes how many
 // GPUs are visible, so the rules ("auto" choices, impossible combinations) are testable anywhere.
-#include "trainscope/dist/options.hpp"
+#include "trainscope/distributed/options.hpp"
 
 #include <cstdlib>
 
@@ -48,7 +48,7 @@ void declare_options(core::OptionRegistry& registry) {
         "dist.zero=3: issue the next unit's all-gather before the current unit computes "
         "(forward and backward), so communication overlaps compute; false gathers each "
         "unit when it is needed");
-    // run.workload=comm: the communication benchmark (dist/comm_benchmark.hpp).
+    // run.workload=comm: the communication benchmark (distributed/comm_benchmark.hpp).
     registry.add_float("dist.timeout", 600,
                        "seconds a rank may wait for its peers (MPI and NCCL collectives and "
                        "set-up, host syncs, checkpoint agreement, collective run-file writes) "

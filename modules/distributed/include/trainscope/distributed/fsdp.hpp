@@ -32,9 +32,9 @@
 #include <string>
 #include <vector>
 
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/parallelism.hpp"
-#include "trainscope/dist/zero.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/parallelism.hpp"
+#include "trainscope/distributed/zero.hpp"
 #include "trainscope/models/llama.hpp"
 
 namespace trainscope::dist {

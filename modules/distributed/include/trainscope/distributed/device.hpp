@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trainscope/dist/topology.hpp"
+#include "trainscope/distributed/topology.hpp"
 
 namespace trainscope::dist {
 

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "trainscope/core/build_config.hpp"
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 
 namespace trainscope::dist::detail {
 

@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 
 namespace trainscope::dist {
 

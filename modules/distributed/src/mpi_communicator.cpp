@@ -24,7 +24,7 @@
 // later call fails at once, and the error ends the job with MPI_Abort (app/main.cpp). Without a
 // timeout (tests, the comm benchmark at MPI_THREAD_SINGLE) blocking calls run on the caller's
 // thread as plain MPI calls.
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 
 #include <torch/torch.h>
 
@@ -47,7 +47,7 @@
 #include "trainscope/core/log.hpp"
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/core/nvtx.hpp"
-#include "trainscope/dist/mpi_runtime.hpp"
+#include "trainscope/distributed/mpi_runtime.hpp"
 
 namespace trainscope::dist {
 namespace {

@@ -1,7 +1,7 @@
 // The communicator's backend-independent parts and the backend factory (MPI:
 // mpi_communicator.cpp with its progress thread in mpi_progress.cpp; NCCL:
 // nccl_communicator.cpp; device binding: device.cpp).
-#include "trainscope/dist/communicator.hpp"
+#include "trainscope/distributed/communicator.hpp"
 
 #include <torch/torch.h>
 

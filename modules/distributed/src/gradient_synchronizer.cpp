@@ -3,7 +3,7 @@
 // bucket order, whatever order the hooks fire in, so every rank issues the same collectives in the
 // same sequence; .grad tensors are views into the bucket buffers, so the allreduce runs in place
 // on what backward wrote and no per-step copy exists unless a .grad was replaced.
-#include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>

@@ -1,8 +1,8 @@
-#include "trainscope/dist/parallelism.hpp"
+#include "trainscope/distributed/parallelism.hpp"
 
 #include "trainscope/core/error.hpp"
-#include "trainscope/dist/fused_optim.hpp"
-#include "trainscope/dist/gradient_synchronizer.hpp"
+#include "trainscope/distributed/fused_optim.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 
 namespace trainscope::dist {
 namespace {

@@ -16,9 +16,9 @@
 #include <memory>
 #include <vector>
 
-#include "trainscope/dist/communicator.hpp"
-#include "trainscope/dist/fused_optim.hpp"
-#include "trainscope/dist/parallelism.hpp"
+#include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/fused_optim.hpp"
+#include "trainscope/distributed/parallelism.hpp"
 
 namespace trainscope::dist {
 

@@ -1,4 +1,4 @@
-#include "trainscope/dist/zero.hpp"
+#include "trainscope/distributed/zero.hpp"
 
 #include <chrono>
 #include <cmath>
