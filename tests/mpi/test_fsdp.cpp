@@ -20,6 +20,7 @@
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/phase_timer.hpp"
 #include "trainscope/train/host_sync.hpp"
+#include "trainscope/train/llama_units.hpp"
 #include "trainscope/train/llm_trainer.hpp"
 #include "trainscope/train/recorder.hpp"
 
@@ -268,7 +269,8 @@ TEST(Fsdp, AllGathersRunOnTheLaneTheBackendOffers) {
         torch::manual_seed(11);
         trainscope::models::LlamaForCausalLM model(config,
                                                    torch::TensorOptions().dtype(torch::kFloat64));
-        trainscope::dist::FsdpModel fsdp(main, *model, trainscope::dist::FsdpOptions{});
+        trainscope::train::LlamaUnits units(*model);
+        trainscope::dist::FsdpModel fsdp(main, units, trainscope::dist::FsdpOptions{});
         fsdp.begin_iteration();
         torch::manual_seed(12); // the same batch on every rank
         const torch::Tensor ids = torch::randint(0, config.vocab_size, {2, 12}, torch::kInt64);

@@ -63,7 +63,7 @@ struct FsdpModel::PendingReduce {
     Group* group = nullptr;
 };
 
-FsdpModel::FsdpModel(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options)
+FsdpModel::FsdpModel(Communicator& comm, UnitModel& model, FsdpOptions options)
     : comm_(comm), gather_lane_(comm.make_lane()), model_(model), o_(options), rank_(comm.rank()),
       world_(comm.size()) {
     torch::NoGradGuard no_grad;
@@ -146,7 +146,7 @@ FsdpModel::~FsdpModel() {
 
 bool FsdpModel::keep_after_forward(int unit) const {
     // The head (the last unit) reads a tied embedding.
-    if (unit == 0 && model_.config().tie_word_embeddings) return true;
+    if (unit == 0 && model_.first_and_last_tied()) return true;
     if (!torch::GradMode::is_enabled()) return false; // no backward follows
     if (!o_.reshard_after_forward) return true;
     return unit == num_units() - 1; // the head: backward needs it at once
@@ -196,8 +196,7 @@ void FsdpModel::after_forward(int unit) {
     if (grad) u.backward_pending = true;
     if (!keep_after_forward(unit)) free(u);
     // Without grad (DPO's reference forward) the tied embedding was kept for the head only.
-    if (!grad && unit == num_units() - 1 && model_.config().tie_word_embeddings)
-        free(*units_.front());
+    if (!grad && unit == num_units() - 1 && model_.first_and_last_tied()) free(*units_.front());
 }
 
 void FsdpModel::before_backward(int unit) {
@@ -518,11 +517,11 @@ namespace {
 
 class FsdpParallelism final : public DataParallelism {
   public:
-    FsdpParallelism(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options,
+    FsdpParallelism(Communicator& comm, std::shared_ptr<UnitModel> model, FsdpOptions options,
                     std::vector<std::string> names)
-        : names_(std::move(names)), fsdp_(comm, model, options) {
+        : model_(std::move(model)), names_(std::move(names)), fsdp_(comm, *model_, options) {
         if (names_.empty()) // known only now when the units were materialised by fsdp_
-            for (const auto& p : model.named_parameters(/*recurse=*/true))
+            for (const auto& p : model_->module().named_parameters(/*recurse=*/true))
                 if (p.value().requires_grad()) names_.push_back(p.key());
     }
 
@@ -587,6 +586,7 @@ class FsdpParallelism final : public DataParallelism {
     }
 
   private:
+    std::shared_ptr<UnitModel> model_; // the adapter fsdp_ refers to: declared first, freed last
     std::vector<std::string> names_;
     FsdpModel fsdp_;
     double lr_ = 0;
@@ -594,10 +594,11 @@ class FsdpParallelism final : public DataParallelism {
 
 } // namespace
 
-std::unique_ptr<DataParallelism> make_fsdp(Communicator& comm, models::LlamaForCausalLMImpl& model,
+std::unique_ptr<DataParallelism> make_fsdp(Communicator& comm, std::shared_ptr<UnitModel> model,
                                            FsdpOptions options,
                                            std::vector<std::string> trainable_names) {
-    return std::make_unique<FsdpParallelism>(comm, model, options, std::move(trainable_names));
+    return std::make_unique<FsdpParallelism>(comm, std::move(model), options,
+                                             std::move(trainable_names));
 }
 
 } // namespace trainscope::dist

@@ -19,6 +19,7 @@
 #include "trainscope/models/lora.hpp"
 #include "trainscope/models/nf4.hpp"
 #include "trainscope/models/safetensors.hpp"
+#include "trainscope/train/llama_units.hpp"
 #include "trainscope/train/llm_trainer.hpp"
 #include "trainscope/train/optimizer.hpp"
 
@@ -209,7 +210,8 @@ std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o,
     fo.adamw = h;
     // Each unit is materialised (initialised, loaded, transformed) just before it is sharded.
     fo.materialize = m.materialize_unit;
-    auto fsdp = dist::make_fsdp(comm, *m.model, fo, {});
+    // train picks the units (LlamaUnits: embedding, decoder layers, head) and hands them over.
+    auto fsdp = dist::make_fsdp(comm, std::make_shared<LlamaUnits>(*m.model), fo, {});
     finish_llm_model(m);
     return fsdp;
 }

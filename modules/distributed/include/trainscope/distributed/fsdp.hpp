@@ -1,7 +1,9 @@
 // Fully sharded data parallelism (dist.zero=3; ZeRO stage 3, Rajbhandari et al. 2020; FSDP as
-// torchtune's distributed recipes run it) for the Llama model, every fine-tuning method.
+// torchtune's distributed recipes run it) for any model given as units (UnitModel: train adapts
+// the Llama model, every fine-tuning method).
 //
-// Units (models::UnitHooks): the embedding, each decoder layer, the head (final norm + lm_head).
+// Units (core::UnitHooks): for Llama the embedding, each decoder layer, the head (final norm +
+// lm_head).
 // A unit's tensors (parameters and buffers: dense, LoRA, NF4 codes and scales) are grouped by
 // (dtype, trainable); each group is one flat buffer of N x shard elements (N ranks, zero padding at
 // the end) of which rank r keeps elements [r * shard, (r + 1) * shard) permanently. The module's
@@ -34,8 +36,8 @@
 
 #include "trainscope/distributed/communicator.hpp"
 #include "trainscope/distributed/parallelism.hpp"
+#include "trainscope/distributed/unit_model.hpp"
 #include "trainscope/distributed/zero.hpp"
-#include "trainscope/models/llama.hpp"
 
 namespace trainscope::dist {
 
@@ -69,11 +71,11 @@ struct FsdpPendingComm {
     FsdpIterationComm resolve() const;
 };
 
-class FsdpModel final : public models::UnitHooks {
+class FsdpModel final : public core::UnitHooks {
   public:
     // Collective. Shards `model` (built identically on every rank; rank 0's values are broadcast
     // first) and installs itself as the model's unit hooks. The model must outlive this object.
-    FsdpModel(Communicator& comm, models::LlamaForCausalLMImpl& model, FsdpOptions options);
+    FsdpModel(Communicator& comm, UnitModel& model, FsdpOptions options);
     ~FsdpModel() override;
     FsdpModel(const FsdpModel&) = delete;
     FsdpModel& operator=(const FsdpModel&) = delete;
@@ -140,7 +142,7 @@ class FsdpModel final : public models::UnitHooks {
     // The all-gathers' own communicator where the backend has one (Communicator::make_lane:
     // NCCL), else null and they share comm_ with the reduce-scatters.
     std::unique_ptr<Communicator> gather_lane_;
-    models::LlamaForCausalLMImpl& model_;
+    UnitModel& model_;
     FsdpOptions o_;
     int rank_ = 0, world_ = 1;
     std::vector<std::unique_ptr<Unit>> units_;
@@ -152,8 +154,9 @@ class FsdpModel final : public models::UnitHooks {
 
 // FSDP as a DataParallelism. `trainable_names`: the model's trainable parameters in the order
 // full_trainable() returns them; empty = those that require grad once every unit is materialised,
-// in the model's order.
-std::unique_ptr<DataParallelism> make_fsdp(Communicator& comm, models::LlamaForCausalLMImpl& model,
+// in the model's order. The result keeps `model` (the adapter) alive; the model it adapts must
+// outlive the result.
+std::unique_ptr<DataParallelism> make_fsdp(Communicator& comm, std::shared_ptr<UnitModel> model,
                                            FsdpOptions options,
                                            std::vector<std::string> trainable_names);
 

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "trainscope/core/unit_hooks.hpp"
 #include "trainscope/models/projection.hpp"
 
 namespace trainscope::models {
@@ -153,22 +154,8 @@ TORCH_MODULE(LlamaDecoderLayer);
 
 // Sharded data parallelism (FSDP, dist.zero=3) drives the model unit by unit through these calls.
 // Units in forward order: 0 = embed_tokens, 1..L = the decoder layers, L + 1 = the head (norm and
-// lm_head). The model calls before_forward(u) / after_forward(u) around each unit's forward (also
-// without grad), and, when grad mode is on, inserts identity autograd nodes so that
-// before_backward(u) runs when the gradient of the unit's output is ready (before any of the unit's
-// backward work, activation-checkpointing recomputation included) and after_backward(u) when the
-// gradient of its input is (after the unit's parameter gradients were accumulated: autograd runs
-// the unit's nodes first, as they were recorded later). A unit whose input needs no gradient (the
-// embedding; a layer under a frozen embedding) has no after_backward node: the caller finishes it
-// after backward(). The embedding's backward needs no weights, so unit 0 has no before_backward.
-class UnitHooks {
-  public:
-    virtual ~UnitHooks() = default;
-    virtual void before_forward(int unit) = 0;
-    virtual void after_forward(int unit) = 0;
-    virtual void before_backward(int unit) = 0;
-    virtual void after_backward(int unit) = 0;
-};
+// lm_head); the hooks' protocol is core::UnitHooks'.
+using UnitHooks = core::UnitHooks;
 
 // The causal LM: embed_tokens -> layers -> norm -> lm_head. Children: "embed_tokens"
 // (torch::nn::Embedding), "layers" (ModuleList of LlamaDecoderLayer), "norm", "lm_head" (a
