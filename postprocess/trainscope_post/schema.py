@@ -226,22 +226,25 @@ ENTRIES = (
                             "`iterations_per_epoch`, `total_iterations`, `parameters`, "
                             "`macs_per_sample`, `memory_estimate_bytes` and the categories "
                             "`memory_plan_{weight,gradient,optimizer_state,activation}_bytes` "
-                            "and `memory_plan_{weight,gradient,optimizer_state}_shards` (plus "
-                            "`pipeline_*` under `run.strategy=pipeline`). `run.workload=llm` "
-                            "writes instead `workload`, `method`, `precision`, `device`, "
-                            "`backend`, `model`, `dataset`, `dataset_format`, `dataset_path`, "
-                            "`packed`, `max_seq_len`, `tokenizer`, `pin_memory`, "
-                            "`threads_per_rank`, `batch_per_rank`, `gradient_accumulation`, "
-                            "`global_batch`, `train_samples`, `val_samples`, `val_source`, "
+                            "and `memory_plan_{weight,gradient,optimizer_state}_shards`, "
+                            "`compress` (plus `powersgd_rank` and `powersgd_start_iter` under "
+                            "`dist.compress=powersgd`, `pipeline_*` under "
+                            "`run.strategy=pipeline`). `run.workload=llm` writes instead "
+                            "`workload`, `method`, `precision`, `device`, `backend`, `model`, "
+                            "`dataset`, `dataset_format`, `dataset_path`, `packed`, "
+                            "`max_seq_len`, `tokenizer`, `pin_memory`, `threads_per_rank`, "
+                            "`batch_per_rank`, `gradient_accumulation`, `global_batch`, "
+                            "`train_samples`, `val_samples`, `val_source`, "
                             "`iterations_per_epoch`, `total_iterations`, `parameters`, "
                             "`trainable_parameters`, `projections`, `zero`, "
                             "`activation_checkpointing`, `flops_per_token`, "
                             "`memory_estimate_bytes` with its categories "
                             "`memory_plan_{weight,frozen_weight,nf4_weight,trainable_weight,gradient,optimizer_state,activation,logits,gathered_weight,unit_gradient}_bytes`, "
-                            "the `memory_plan_*_shards` and, when adapters were saved, "
-                            "`adapters_dir`; with `llm.val_fraction` also the dataset "
-                            "`/plan/val_indices`. `run.workload=comm` writes `workload`, "
-                            "`device`, `backend` and `dataset`."},
+                            "the `memory_plan_*_shards`, `compress` (and the `powersgd_*` "
+                            "attributes) and, when adapters were saved, `adapters_dir`; with "
+                            "`llm.val_fraction` also the dataset `/plan/val_indices`. "
+                            "`run.workload=comm` writes `workload`, `device`, `backend` and "
+                            "`dataset`."},
     {"kind": "attribute", "path": "/plan", "name": "strategy", "units": "", "type": "str",
      "when": "run.workload=cv", "meaning": "`run.strategy`: `ddp-ds`, `ddp`, `dp` or `pipeline`."},
     {"kind": "attribute", "path": "/plan", "name": "workload", "units": "", "type": "str",
@@ -324,6 +327,23 @@ ENTRIES = (
      "when": "run.workload=cv", "meaning": "Forward multiply-accumulates per sample."},
     {"kind": "attribute", "path": "/plan", "name": "zero", "units": "", "type": "int",
      "when": "run.workload=llm", "meaning": "`dist.zero`: the ZeRO stage, 0 to 3."},
+    {"kind": "attribute", "path": "/plan", "name": "compress", "units": "", "type": "str",
+     "when": "run.workload=cv or llm", "meaning": "`dist.compress`: how gradients travel "
+                                                  "between ranks, `none`, `fp16`, `bf16` or "
+                                                  "`powersgd` (added in this revision; absent "
+                                                  "in older files, which sent them "
+                                                  "uncompressed)."},
+    {"kind": "attribute", "path": "/plan", "name": "powersgd_rank", "units": "", "type": "int",
+     "when": "run.workload=cv or llm, dist.compress=powersgd", "meaning": "`dist.powersgd_rank`: "
+                                                                          "the rank of "
+                                                                          "PowerSGD's "
+                                                                          "approximation of "
+                                                                          "each gradient matrix."},
+    {"kind": "attribute", "path": "/plan", "name": "powersgd_start_iter", "units": "", "type": "int",
+     "when": "run.workload=cv or llm, dist.compress=powersgd", "meaning": "`dist.powersgd_start_iter`: "
+                                                                          "plain-allreduce "
+                                                                          "iterations before "
+                                                                          "PowerSGD starts."},
     {"kind": "attribute", "path": "/plan", "name": "activation_checkpointing", "units": "", "type": "int",
      "when": "run.workload=llm", "meaning": "1 with activation checkpointing "
                                             "(`llm.activation_checkpointing`), else 0."},
@@ -630,14 +650,33 @@ ENTRIES = (
     {"kind": "column", "path": "/iterations", "name": "lr", "units": "1", "type": "",
      "when": "", "meaning": "Learning rate used."},
     {"kind": "column", "path": "/iterations", "name": "comm_bytes", "units": "B", "type": "",
-     "when": "", "meaning": "Bytes this rank allreduced for gradients (half/bf16 gradients "
-                            "travel as fp32 on the MPI backend). Under `dist.zero=3`: "
-                            "all-gather + reduce-scatter bytes."},
+     "when": "", "meaning": "Bytes this rank allreduced for gradients, as sent (half/bf16 "
+                            "gradients travel as fp32 on the MPI backend; under `dist.compress` "
+                            "the compressed payload: 16-bit buckets, or PowerSGD's uncompressed "
+                            "members + P + Q). Under `dist.zero=3`: all-gather + reduce-scatter "
+                            "bytes."},
     {"kind": "column", "path": "/iterations", "name": "comm_collective_s", "units": "s", "type": "",
      "when": "", "meaning": "Time inside those collectives where they ran (MPI progress thread "
                             "/ CUDA events): the sum over buckets of each allreduce's own "
                             "duration. Under `dist.zero=3`: the all-gathers' and "
-                            "reduce-scatters' durations."},
+                            "reduce-scatters' durations. Under `dist.compress` the compressed "
+                            "collectives' own durations (PowerSGD: per bucket its uncompressed, "
+                            "P and Q allreduces; the compression's computation between them is "
+                            "in `comm_wait_s`, not here)."},
+    {"kind": "column", "path": "/iterations", "name": "comm_uncompressed_bytes", "units": "B", "type": "",
+     "when": "", "meaning": "What the same gradient collectives would have sent without "
+                            "`dist.compress` (equal to `comm_bytes` under `dist.compress=none`, "
+                            "and in PowerSGD's plain iterations before "
+                            "`dist.powersgd_start_iter`); `comm_bytes / "
+                            "comm_uncompressed_bytes` is the compression ratio. Added in this "
+                            "revision (absent in older files)."},
+    {"kind": "column", "path": "/iterations", "name": "comm_error_norm", "units": "1", "type": "",
+     "when": "", "meaning": "`dist.compress=powersgd`: L2 norm of this rank's error feedback "
+                            "after the iteration (the part of its gradients PowerSGD has not "
+                            "sent yet, added to the next iteration's), 0 before "
+                            "`dist.powersgd_start_iter`; NaN for the other modes and at one "
+                            "rank (nothing is compressed). Added in this revision (absent in "
+                            "older files)."},
     {"kind": "column", "path": "/iterations", "name": "parameter_bytes", "units": "B", "type": "",
      "when": "", "meaning": "Model parameters held by the rank. LLM: frozen + NF4 + trainable; "
                             "under `dist.zero=3` this rank's shards (1/N plus padding)."},
@@ -1468,6 +1507,8 @@ COLUMNS = {
         "lr": "1",
         "comm_bytes": "B",
         "comm_collective_s": "s",
+        "comm_uncompressed_bytes": "B",
+        "comm_error_norm": "1",
         "parameter_bytes": "B",
         "gradient_bytes": "B",
         "optimizer_state_bytes": "B",
@@ -1590,6 +1631,8 @@ UNITS = {
     "/iterations/lr": "1",
     "/iterations/comm_bytes": "B",
     "/iterations/comm_collective_s": "s",
+    "/iterations/comm_uncompressed_bytes": "B",
+    "/iterations/comm_error_norm": "1",
     "/iterations/parameter_bytes": "B",
     "/iterations/gradient_bytes": "B",
     "/iterations/optimizer_state_bytes": "B",
@@ -1767,6 +1810,9 @@ ATTRIBUTES = {
         "projections": "str",
         "macs_per_sample": "int",
         "zero": "int",
+        "compress": "str",
+        "powersgd_rank": "int",
+        "powersgd_start_iter": "int",
         "activation_checkpointing": "int",
         "loss_chunks": "int",
         "sdpa_backend": "string",

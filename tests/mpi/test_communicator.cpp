@@ -427,16 +427,49 @@ TEST_P(MpiCommunicator, ExchangePostsSendsAndReceivesTogether) {
     EXPECT_THROW(comm->exchange({Op{Op::Kind::Send, torch::ones({2}), r}}), core::InternalError);
 }
 
+// 16-bit floats (dist.compress=fp16/bf16): sums through MPI user operations, each step rounded
+// to 16 bits as a 16-bit addition on the CPU; the payload stays 2 bytes per element.
+TEST_P(MpiCommunicator, SumsFloat16AndBfloat16In16Bits) {
+    auto comm = make();
+    const int r = world_rank(), w = world_size();
+    for (auto dtype : {torch::kFloat16, torch::kBFloat16}) {
+        SCOPED_TRACE(c10::toString(dtype));
+        // Values whose every partial sum is exact in 16 bits, so any combination order agrees.
+        torch::Tensor t = torch::arange(5, torch::kFloat32).add(r).to(dtype);
+        comm->allreduce(t, dist::ReduceOp::Sum);
+        torch::Tensor want = torch::arange(5, torch::kFloat32).mul(w).add(w * (w - 1) / 2);
+        EXPECT_TRUE(torch::equal(t.to(torch::kFloat32), want)) << t;
+        torch::Tensor a = torch::full({4}, 1.0 + r, torch::TensorOptions().dtype(dtype));
+        comm->allreduce_async(a, dist::ReduceOp::Average)->wait();
+        EXPECT_TRUE(torch::allclose(a.to(torch::kFloat32),
+                                    torch::full({4}, (1.0 + w) / 2.0, torch::kFloat32)))
+            << a;
+        // Rounding: 1 + 2^-11 is not a float16, so (on 2 ranks) 1 + 2^-11 rounds to even: 1.
+        if (dtype == torch::kFloat16 && w == 2) {
+            torch::Tensor h = torch::full({1}, r == 0 ? 1.0 : std::ldexp(1.0, -11), dtype);
+            comm->allreduce(h, dist::ReduceOp::Sum);
+            EXPECT_EQ(h.item<float>(), 1.0f);
+        }
+        torch::Tensor in = torch::ones({3 * w}, dtype), out = torch::empty({3}, dtype);
+        comm->reduce_scatter(in, out, dist::ReduceOp::Sum);
+        EXPECT_TRUE(torch::equal(out.to(torch::kFloat32), torch::full({3}, 1.0f * w)));
+        comm->reduce_scatter_async(in, out, dist::ReduceOp::Sum)->wait();
+        EXPECT_TRUE(torch::equal(out.to(torch::kFloat32), torch::full({3}, 1.0f * w)));
+    }
+}
+
 TEST_P(MpiCommunicator, RejectsWhatItCannotReduce) {
     auto comm = make();
     EXPECT_THROW(comm->allreduce(torch::ones({3}, torch::kInt64), dist::ReduceOp::Average),
                  core::InternalError);
     try {
-        comm->allreduce(torch::ones({3}, torch::kFloat16), dist::ReduceOp::Sum);
-        ADD_FAILURE() << "float16 allreduce on the MPI backend should throw";
+        comm->allreduce(torch::ones({3}, torch::kFloat16), dist::ReduceOp::Max);
+        ADD_FAILURE() << "float16 maximum on the MPI backend should throw";
     } catch (const core::DistributedError& e) {
         EXPECT_NE(std::string(e.what()).find("Half"), std::string::npos) << e.what();
     }
+    EXPECT_THROW(comm->allreduce(torch::ones({3}, torch::kComplexFloat), dist::ReduceOp::Sum),
+                 core::DistributedError);
     EXPECT_THROW(comm->allreduce(torch::ones({4, 4}).t(), dist::ReduceOp::Sum),
                  core::InternalError); // not contiguous
     // Bytewise collectives accept any dtype.
@@ -699,6 +732,74 @@ TEST(DistOptions, ResolvesAutoAndRejectsImpossibleCombinations) {
 }
 
 // Issue 25: auto must not fall back to the CPU on a node the scheduler gave GPUs to.
+TEST(DistOptions, CompressionOptionsAreReadAndImpossibleOnesRefused) {
+    core::OptionRegistry reg;
+    dist::declare_options(reg);
+    auto cfg = [&](std::map<std::string, std::string> v) {
+        return core::Config::from_values(reg, v);
+    };
+    // Defaults: nothing compressed; PowerSGD's as PyTorch's PowerSGDState (rank 2, warm start,
+    // min_compression_rate 2) with 2 plain iterations first.
+    dist::CompressionOptions o = dist::resolve_options(cfg({}), 0).compression;
+    EXPECT_EQ(o.kind, dist::CompressionKind::None);
+    EXPECT_FALSE(o.active());
+    EXPECT_EQ(o.powersgd_rank, 2);
+    EXPECT_TRUE(o.warm_start);
+    EXPECT_EQ(o.start_iter, 2);
+    EXPECT_EQ(o.min_compression_rate, 2.0);
+    EXPECT_EQ(dist::resolve_options(cfg({{"dist.compress", "fp16"}}), 0).compression.kind,
+              dist::CompressionKind::Fp16);
+    EXPECT_EQ(dist::resolve_options(cfg({{"dist.compress", "bf16"}, {"dist.zero", "3"}}), 0)
+                  .compression.kind,
+              dist::CompressionKind::Bf16); // the reduce dtype of FSDP's reduce-scatters
+    o = dist::resolve_options(cfg({{"dist.compress", "powersgd"},
+                                   {"dist.powersgd_rank", "4"},
+                                   {"dist.powersgd_warm_start", "false"},
+                                   {"dist.powersgd_start_iter", "0"},
+                                   {"dist.powersgd_min_compression_rate", "1.5"}}),
+                              0)
+            .compression;
+    EXPECT_EQ(o.kind, dist::CompressionKind::PowerSgd);
+    EXPECT_EQ(o.powersgd_rank, 4);
+    EXPECT_FALSE(o.warm_start);
+    EXPECT_EQ(o.start_iter, 0);
+    EXPECT_EQ(o.min_compression_rate, 1.5);
+
+    // Each refusal names the option, the value and the fix.
+    auto refused = [&](std::map<std::string, std::string> v, std::vector<std::string> needles) {
+        try {
+            dist::resolve_options(cfg(v), 0);
+            ADD_FAILURE() << "accepted: " << needles.front();
+        } catch (const core::ConfigError& e) {
+            const std::string m = e.what();
+            for (const auto& n : needles)
+                EXPECT_NE(m.find(n), std::string::npos) << m;
+        }
+    };
+    refused({{"dist.compress", "powersgd"}, {"dist.zero", "1"}},
+            {"dist.compress=powersgd", "dist.zero=1", "use dist.zero=0"});
+    refused({{"dist.compress", "powersgd"}, {"dist.zero", "3"}}, {"dist.zero=3", "fp16/bf16"});
+    refused({{"dist.powersgd_rank", "4"}},
+            {"dist.powersgd_rank = '4'", "dist.compress=none", "set dist.compress=powersgd"});
+    refused({{"dist.compress", "fp16"}, {"dist.powersgd_warm_start", "false"}},
+            {"dist.powersgd_warm_start = 'false'", "dist.compress=fp16"});
+    // Out of range or unknown: the registry's own messages (option, value, what is allowed).
+    for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+             {"dist.powersgd_rank", "0"},
+             {"dist.powersgd_rank", "-2"},
+             {"dist.powersgd_start_iter", "-1"},
+             {"dist.powersgd_min_compression_rate", "-1"},
+             {"dist.compress", "int8"}}) {
+        try {
+            cfg({{key, value}});
+            ADD_FAILURE() << key << "=" << value << " accepted";
+        } catch (const core::ConfigError& e) {
+            const std::string m = e.what();
+            EXPECT_NE(m.find(key + " = '" + value + "'"), std::string::npos) << m;
+        }
+    }
+}
+
 TEST(DistOptions, AutoRefusesTheCpuWhereGpusWereGranted) {
     core::OptionRegistry reg;
     dist::declare_options(reg);

@@ -5,6 +5,9 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <optional>
+#include <utility>
+
 #include "../unit/llama_test_util.hpp"
 #include "dist_test_util.hpp"
 #include "trainscope/distributed/gradient_synchronizer.hpp"
@@ -41,11 +44,15 @@ double global_tokens(const torch::Tensor& labels) {
     return n;
 }
 
-std::vector<torch::Tensor> train_plain(int steps) {
+std::vector<torch::Tensor>
+train_plain(int steps,
+            trainscope::dist::CompressionKind compress = trainscope::dist::CompressionKind::None) {
     auto comm = trainscope::testing::mpi_communicator();
     auto model = make_model();
     auto params = model->parameters();
-    trainscope::dist::GradientSynchronizer sync(*comm, params, 4096);
+    trainscope::dist::CompressionOptions compression;
+    compression.kind = compress;
+    trainscope::dist::GradientSynchronizer sync(*comm, params, 4096, 4096, compression);
     sync.broadcast_parameters(0);
     torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
     for (int k = 0; k < steps; ++k) {
@@ -65,14 +72,15 @@ std::vector<torch::Tensor> train_plain(int steps) {
     return out;
 }
 
-std::vector<torch::Tensor> train_zero(int stage, int steps) {
+std::vector<torch::Tensor> train_zero(int stage, int steps,
+                                      std::optional<torch::ScalarType> reduce_dtype = {}) {
     auto comm = trainscope::testing::mpi_communicator();
     auto model = make_model();
     auto params = model->parameters();
     trainscope::dist::ZeroAdamW h;
     h.lr = 1e-2;
     h.weight_decay = 0.01;
-    trainscope::dist::ZeroOptimizer zero(*comm, params, stage, h);
+    trainscope::dist::ZeroOptimizer zero(*comm, params, stage, h, reduce_dtype);
     for (int k = 0; k < steps; ++k) {
         auto [ids, labels] = batch(comm->rank(), k);
         zero.zero_grad();
@@ -103,6 +111,32 @@ TEST(Zero, Stage1And2ReachThePlainDataParallelParameters) {
         for (std::size_t i = 0; i < plain.size(); ++i)
             moved = std::max(moved, (fresh[i] - plain[i]).abs().max().item<double>());
         EXPECT_GT(moved, 1e-3);
+    }
+}
+
+double max_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, (a[i] - b[i]).abs().max().item<double>());
+    return worst;
+}
+
+TEST(Zero, Fp16AndBf16ReduceDtypeMatchCompressedDdp) {
+    // dist.compress=fp16/bf16 under ZeRO: the reduce-scatter in 16 bits with the hook's
+    // pre-division, element for element what DDP's compressed bucket allreduce computes. With two
+    // ranks each element is one 16-bit addition whatever the collective, so both agree to the
+    // AdamW arithmetic's 1e-12; with more, the collectives may sum in other orders.
+    using trainscope::dist::CompressionKind;
+    const int w = trainscope::testing::world_size();
+    const auto plain = train_plain(3);
+    for (auto [kind, dtype] : {std::pair{CompressionKind::Fp16, torch::kHalf},
+                               std::pair{CompressionKind::Bf16, torch::kBFloat16}}) {
+        const auto ddp = train_plain(3, kind);
+        for (int stage : {1, 2}) {
+            const auto zero = train_zero(stage, 3, dtype);
+            if (w <= 2) EXPECT_LT(max_diff(zero, ddp), 1e-12) << "dist.zero=" << stage;
+            if (w > 1) EXPECT_GT(max_diff(zero, plain), 1e-9) << "nothing was compressed";
+        }
     }
 }
 

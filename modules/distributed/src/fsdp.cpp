@@ -66,6 +66,7 @@ struct FsdpModel::PendingReduce {
 FsdpModel::FsdpModel(Communicator& comm, UnitModel& model, FsdpOptions options)
     : comm_(comm), gather_lane_(comm.make_lane()), model_(model), o_(options), rank_(comm.rank()),
       world_(comm.size()) {
+    if (world_ == 1) o_.reduce_dtype.reset(); // nothing travels, nothing to compress
     torch::NoGradGuard no_grad;
     std::set<const c10::TensorImpl*> seen; // a tensor registered twice (QAT's weight) once
     for (int index = 0; index < model.num_units(); ++index) {
@@ -221,22 +222,28 @@ void FsdpModel::reduce_gradients(Unit& u) {
     for (Group& g : u.groups) {
         if (!g.trainable) continue;
         // One flat gradient [padded] from the tensors' .grad (zeros where autograd left none: every
-        // rank must issue the same collectives), the padding zero.
-        torch::Tensor flat = torch::zeros({g.padded}, g.local.options());
+        // rank must issue the same collectives), the padding zero; in the reduce dtype when
+        // compressed (copy_ casts).
+        const auto options =
+            o_.reduce_dtype ? g.local.options().dtype(*o_.reduce_dtype) : g.local.options();
+        torch::Tensor flat = torch::zeros({g.padded}, options);
         for (std::size_t i = 0; i < g.tensors.size(); ++i) {
             torch::Tensor& t = g.tensors[i];
             if (t.grad().defined())
                 flat.narrow(0, g.offsets[i], t.numel()).copy_(t.grad().reshape({-1}));
             t.mutable_grad() = torch::Tensor();
         }
+        if (o_.reduce_dtype) flat.div_(world_); // pre-divided, as PyTorch's fp16 hook
         while (reduces_.size() >= kMaxReducesInFlight)
             retire_reduce();
         PendingReduce r;
-        r.out = torch::empty({g.shard}, g.local.options());
+        r.out = torch::empty({g.shard}, options);
         r.flat = flat;
         r.group = &g;
         r.work = comm_.reduce_scatter_async(flat, r.out, ReduceOp::Sum);
         comm_now_.reduce_scatter_bytes += static_cast<double>(r.out.nbytes());
+        comm_now_.reduce_scatter_uncompressed_bytes +=
+            static_cast<double>(g.shard) * static_cast<double>(c10::elementSize(g.dtype));
         ++comm_now_.reduce_scatters;
         reduces_.push_back(std::move(r));
     }
@@ -247,7 +254,7 @@ void FsdpModel::retire_reduce() {
     r.work->wait();
     {
         torch::NoGradGuard no_grad;
-        r.group->grad_shard.add_(r.out);
+        r.group->grad_shard.add_(r.out); // widens a compressed shard
     }
     reduces_done_.push_back(r.work);
     reduces_.pop_front();
@@ -283,7 +290,8 @@ void FsdpModel::finish_gradients(double grad_scale) {
     for (auto& u : units_)
         for (Group& g : u->groups)
             if (g.trainable) shards.push_back(g.grad_shard);
-    foreach_scale(shards, grad_scale / world_);
+    // Compressed reduce-scatters were divided by the world size before the sum.
+    foreach_scale(shards, o_.reduce_dtype ? grad_scale : grad_scale / world_);
 }
 
 torch::Tensor FsdpModel::shard_gradient_sum() const {
@@ -543,6 +551,7 @@ class FsdpParallelism final : public DataParallelism {
         PendingParallelComm p;
         const FsdpIterationComm& c = pending->known;
         p.known.bytes = c.allgather_bytes + c.reduce_scatter_bytes;
+        p.known.uncompressed_bytes = c.allgather_bytes + c.reduce_scatter_uncompressed_bytes;
         p.known.allgather_bytes = c.allgather_bytes;
         p.known.reduce_scatter_bytes = c.reduce_scatter_bytes;
         p.resolve = [known = p.known, pending] {

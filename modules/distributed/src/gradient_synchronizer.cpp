@@ -10,12 +10,15 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <set>
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/nvtx.hpp"
+#include "trainscope/distributed/parallelism.hpp"
+#include "trainscope/distributed/powersgd.hpp"
 
 namespace trainscope::dist {
 
@@ -32,14 +35,19 @@ struct GradientSynchronizer::Impl {
         // [numel] what the allreduce runs on: `grads` itself, except on MPI for 16-bit dtypes
         // (widened to float32, copied in at launch and back in finish()). Undefined at world 1.
         torch::Tensor wire;
-        std::size_t pending = 0; // members whose gradient has not arrived in this iteration
+        // dist.compress=fp16/bf16: [numel] in the 16-bit dtype, what travels instead of `wire`.
+        torch::Tensor low;
+        std::size_t uncompressed = 0; // payload without compression (`wire`'s bytes)
+        std::size_t sent = 0;         // payload of this iteration's collectives
+        std::size_t pending = 0;      // members whose gradient has not arrived in this iteration
         bool launched = false;
         std::shared_ptr<Work> work;
         std::string label; // "allreduce bucket <k>", the NVTX range name
         nvtx::Range range; // launch → waited for, on the nsys timeline
     };
 
-    Impl(Communicator& c, std::vector<torch::Tensor> p) : comm(c), params(std::move(p)) {}
+    Impl(Communicator& c, std::vector<torch::Tensor> p, const CompressionOptions& o)
+        : comm(c), params(std::move(p)), compression(o) {}
 
     Communicator& comm;
     std::vector<torch::Tensor> params;
@@ -50,6 +58,10 @@ struct GradientSynchronizer::Impl {
     std::vector<torch::Tensor> slices;
     std::vector<char> as_view;
     bool communicate = false; // world size > 1
+    CompressionOptions compression;
+    std::unique_ptr<PowerSgd> powersgd; // dist.compress=powersgd at world size > 1
+    std::int64_t iteration = 0;         // finish() calls so far (+ a checkpoint's count)
+    bool compress_now = false;          // powersgd: this iteration is a compressed one
 
     // Iteration state, guarded by `mutex` (hooks may run on autograd's device threads).
     std::mutex mutex;
@@ -64,12 +76,13 @@ struct GradientSynchronizer::Impl {
     mutable std::mutex last_mutex;
     std::vector<std::shared_ptr<Work>> last_works; // per bucket; null when nothing ran
     double last_exposed = 0;
+    torch::Tensor last_error; // powersgd: squared error-feedback norm (device), or undefined
     mutable bool last_resolved = true;
     mutable IterationComm last;
 
     void on_gradient_ready(std::size_t index);
     void launch_ready_buckets(bool from_hook);
-    void launch(Bucket& bucket, bool from_hook);
+    void launch(std::size_t k, bool from_hook);
     void gather_gradient(std::size_t index);
     // Runs after AccumulateGrad has written a parameter's .grad.
     class BucketReadyHook final : public torch::autograd::PostAccumulateGradHook {
@@ -137,13 +150,28 @@ void GradientSynchronizer::Impl::on_gradient_ready(std::size_t index) {
 void GradientSynchronizer::Impl::launch_ready_buckets(bool from_hook) {
     // In bucket order only: hooks may fire in a different order on different ranks.
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0)
-        launch(buckets[next_bucket++], from_hook);
+        launch(next_bucket++, from_hook);
 }
 
-void GradientSynchronizer::Impl::launch(Bucket& b, bool from_hook) {
+void GradientSynchronizer::Impl::launch(std::size_t k, bool from_hook) {
+    Bucket& b = buckets[k];
     for (std::size_t m : b.members)
         if (!ready[m]) gather_gradient(m); // no gradient this iteration (launched by finish())
-    if (communicate) {
+    if (communicate && b.low.defined()) {
+        // fp16/bf16_compress_hook: cast, divide by the world size before the sum (no overflow),
+        // allreduce; finish() casts back.
+        torch::NoGradGuard no_grad;
+        b.low.copy_(b.grads);
+        b.low.div_(comm.size());
+        b.range = nvtx::Range(b.label.c_str());
+        b.work = comm.allreduce_async(b.low, ReduceOp::Sum);
+        b.sent = b.low.nbytes();
+    } else if (communicate && compress_now) {
+        b.range = nvtx::Range(b.label.c_str());
+        b.work = powersgd->launch(k, iteration);
+        b.sent = powersgd->compressed_bytes(k);
+    } else if (communicate) {
+        b.sent = b.uncompressed; // also powersgd's plain iterations before start_iter
         if (!b.wire.is_same(b.grads)) {
             torch::NoGradGuard no_grad;
             b.wire.copy_(b.grads); // MPI, 16-bit dtype: widen to float32
@@ -159,8 +187,9 @@ void GradientSynchronizer::Impl::launch(Bucket& b, bool from_hook) {
 GradientSynchronizer::GradientSynchronizer(Communicator& comm,
                                            std::vector<torch::Tensor> parameters,
                                            std::size_t bucket_cap_bytes,
-                                           std::size_t first_bucket_cap_bytes)
-    : impl_(std::make_unique<Impl>(comm, std::move(parameters))) {
+                                           std::size_t first_bucket_cap_bytes,
+                                           const CompressionOptions& compression)
+    : impl_(std::make_unique<Impl>(comm, std::move(parameters), compression)) {
     Impl& s = *impl_;
     if (bucket_cap_bytes == 0) throw core::InternalError("GradientSynchronizer: bucket cap is 0");
     if (first_bucket_cap_bytes == 0)
@@ -220,9 +249,13 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
     for (std::size_t k = 0; k < s.buckets.size(); ++k)
         s.buckets[k].label = "allreduce bucket " + std::to_string(k);
     s.communicate = comm.size() > 1;
-    // MPI has no 16-bit floating-point types: half and bfloat16 gradients travel as float32
-    // (exact for the values, summed in float32; twice the bytes, which the accounting shows).
+    // On MPI, half and bfloat16 gradients travel as float32 (exact for the values, summed in
+    // float32 and rounded once; twice the bytes, which the accounting shows): MPI's 16-bit sums
+    // (mpi_float16) round at every step, which dist.compress=fp16/bf16 asks for, none does not.
     const bool widen = comm.backend() == "mpi";
+    const std::optional<torch::ScalarType> sixteen = compressed_dtype(compression.kind);
+    if (s.communicate && compression.kind == CompressionKind::PowerSgd)
+        s.powersgd = std::make_unique<PowerSgd>(comm, compression);
     s.slices.resize(s.params.size());
     s.as_view.assign(s.params.size(), 0);
     torch::NoGradGuard no_grad;
@@ -255,10 +288,22 @@ GradientSynchronizer::GradientSynchronizer(Communicator& comm,
         const bool narrow = b.dtype == torch::kHalf || b.dtype == torch::kBFloat16;
         const torch::ScalarType wire = widen && narrow ? torch::kFloat32 : b.dtype;
         b.bytes = static_cast<std::size_t>(b.numel) * c10::elementSize(wire);
+        b.uncompressed = b.bytes;
         b.wire =
             wire == b.dtype
                 ? b.grads
                 : torch::zeros({b.numel}, torch::TensorOptions().dtype(wire).device(comm.device()));
+        if (sixteen) {
+            b.low = torch::zeros({b.numel}, b.grads.options().dtype(*sixteen));
+            b.bytes = b.low.nbytes();
+        }
+        if (s.powersgd) {
+            std::vector<PowerSgd::Member> members;
+            for (std::size_t k = 0; k < b.members.size(); ++k)
+                members.push_back({b.offsets[k], s.params[b.members[k]].sizes().vec()});
+            s.powersgd->add_bucket(b.grads, members);
+            b.bytes = s.powersgd->compressed_bytes(&b - s.buckets.data());
+        }
     }
     s.ready.assign(s.params.size(), 0);
     for (std::size_t i = 0; i < s.params.size(); ++i)
@@ -317,6 +362,7 @@ void GradientSynchronizer::begin_iteration() {
     }
     s.next_bucket = 0;
     s.in_backward = s.in_finish = 0;
+    s.compress_now = s.powersgd && s.iteration >= s.compression.start_iter;
     s.armed = true;
 }
 
@@ -335,6 +381,11 @@ double GradientSynchronizer::finish() {
 
     torch::NoGradGuard no_grad;
     const auto t0 = std::chrono::steady_clock::now();
+    // PowerSGD's second round (P arrived -> Q = M^T P -> Q's allreduce), in bucket order on every
+    // rank; its computation counts as exposed communication, as a DDP hook's does.
+    if (s.compress_now)
+        for (std::size_t k = 0; k < s.buckets.size(); ++k)
+            s.powersgd->exchange_q(k);
     for (auto& b : s.buckets) {
         if (b.work) b.work->wait();
         b.range.end();
@@ -351,9 +402,16 @@ double GradientSynchronizer::finish() {
     }
 
     // The averages are in place in the buckets, so view members are done. Left to do: narrowing
-    // the MPI float32 wire copy back to 16 bits, and the copy-path members.
-    for (auto& b : s.buckets) {
-        if (s.communicate && !b.wire.is_same(b.grads)) b.grads.copy_(b.wire);
+    // the MPI float32 wire copy back to 16 bits, the compressed buckets' results, and the
+    // copy-path members.
+    for (std::size_t k = 0; k < s.buckets.size(); ++k) {
+        Impl::Bucket& b = s.buckets[k];
+        if (s.communicate && b.low.defined())
+            b.grads.copy_(b.low);
+        else if (s.compress_now)
+            s.powersgd->finish(k);
+        else if (s.communicate && !b.wire.is_same(b.grads))
+            b.grads.copy_(b.wire);
         for (std::size_t m : b.members) {
             if (s.as_view[m]) continue;
             torch::Tensor& p = s.params[m];
@@ -368,6 +426,11 @@ double GradientSynchronizer::finish() {
         }
         b.work.reset();
     }
+    if (s.powersgd) {
+        std::lock_guard<std::mutex> last_lock(s.last_mutex);
+        s.last_error = s.powersgd->error_norm_squared();
+    }
+    ++s.iteration;
     return waited;
 }
 
@@ -381,6 +444,11 @@ double PendingIterationComm::bytes() const {
 IterationComm PendingIterationComm::resolve() const {
     IterationComm out;
     out.exposed_s = exposed_s;
+    out.uncompressed_bytes = uncompressed_bytes;
+    if (powersgd)
+        out.error_norm = error_norm_squared.defined()
+                             ? std::sqrt(error_norm_squared.item<double>()) // after a synchronize
+                             : 0.0;
     for (std::size_t i = 0; i < works.size(); ++i) {
         const double seconds = works[i] ? works[i]->seconds() : 0.0;
         out.bucket_bytes.push_back(bucket_bytes[i]);
@@ -398,8 +466,12 @@ template <class Impl> PendingIterationComm pending_of(const Impl& s) {
     p.exposed_s = s.last_exposed;
     p.works = s.last_works;
     p.works.resize(s.buckets.size()); // before the first finish(): no work per bucket
-    for (std::size_t i = 0; i < s.buckets.size(); ++i)
-        p.bucket_bytes.push_back(p.works[i] ? static_cast<double>(s.buckets[i].bytes) : 0.0);
+    for (std::size_t i = 0; i < s.buckets.size(); ++i) {
+        p.bucket_bytes.push_back(p.works[i] ? static_cast<double>(s.buckets[i].sent) : 0.0);
+        if (p.works[i]) p.uncompressed_bytes += static_cast<double>(s.buckets[i].uncompressed);
+    }
+    p.powersgd = s.powersgd != nullptr;
+    p.error_norm_squared = s.last_error;
     return p;
 }
 } // namespace
@@ -466,6 +538,41 @@ std::size_t GradientSynchronizer::buckets_launched_in_backward() const {
 }
 std::size_t GradientSynchronizer::buckets_launched_in_finish() const {
     return impl_->last_in_finish;
+}
+
+const CompressionOptions& GradientSynchronizer::compression() const {
+    return impl_->compression;
+}
+
+std::int64_t GradientSynchronizer::iterations() const {
+    return impl_->iteration;
+}
+
+bool GradientSynchronizer::has_compression_state() const {
+    return impl_->powersgd != nullptr;
+}
+
+void GradientSynchronizer::save_compression_state(torch::serialize::OutputArchive& out) const {
+    const Impl& s = *impl_;
+    if (!s.powersgd) return;
+    torch::serialize::OutputArchive state;
+    state.write("iteration", c10::IValue(s.iteration));
+    s.powersgd->save(state);
+    out.write("grad_compression", state);
+}
+
+void GradientSynchronizer::load_compression_state(torch::serialize::InputArchive& replicated,
+                                                  torch::serialize::InputArchive* own,
+                                                  const std::string& where) {
+    Impl& s = *impl_;
+    if (!s.powersgd) return;
+    torch::serialize::InputArchive shared, mine;
+    if (!replicated.try_read("grad_compression", shared)) return; // saved without powersgd
+    const bool have_own = own && own->try_read("grad_compression", mine);
+    c10::IValue count;
+    shared.read("iteration", count);
+    s.iteration = count.toInt();
+    s.powersgd->load(shared, have_own ? &mine : nullptr, where);
 }
 
 } // namespace trainscope::dist

@@ -41,6 +41,7 @@
 #include <thread>
 
 #include "mpi_check.hpp"
+#include "mpi_float16.hpp"
 #include "mpi_progress.hpp"
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
@@ -69,6 +70,9 @@ inline MPI_Datatype reduce_type_or_null(c10::ScalarType t) noexcept {
         return MPI_INT64_T;
     case torch::kUInt8:
         return MPI_UINT8_T;
+    case torch::kHalf:
+    case torch::kBFloat16:
+        return MPI_UINT16_T; // summed by mpi_float16's operations (mpi_op)
     default:
         return MPI_DATATYPE_NULL;
     }
@@ -77,8 +81,9 @@ inline MPI_Datatype reduce_type_or_null(c10::ScalarType t) noexcept {
 [[noreturn]] __attribute__((noinline, cold)) void throw_unreducible(c10::ScalarType t) {
     throw core::DistributedError(
         std::string("the MPI backend cannot reduce ") + c10::toString(t) +
-        " tensors (supported: float32, float64, int32, int64, uint8); keep gradients in float32 "
-        "(e.g. run.precision with fp32 master weights) or use dist.backend=nccl on GPUs");
+        " tensors (supported: float32, float64, int32, int64, uint8, and sums of float16 and "
+        "bfloat16); keep gradients in float32 (e.g. run.precision with fp32 master weights) or "
+        "use dist.backend=nccl on GPUs");
 }
 
 // Element type of a reduction; bytewise operations (broadcast, allgather) accept any dtype.
@@ -88,7 +93,18 @@ inline MPI_Datatype mpi_reduce_type(const torch::Tensor& t) {
     return type;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+[[noreturn]] __attribute__((noinline, cold)) void throw_float16_extremum(c10::ScalarType t) {
+    throw core::DistributedError(
+        std::string("the MPI backend sums ") + c10::toString(t) +
+        " tensors but takes no maximum or minimum of them: reduce float32");
+}
+
+// The operation for `op` on elements of `t` (16-bit floats: mpi_float16's sums).
+inline MPI_Op mpi_op(ReduceOp op, c10::ScalarType t) {
+    if (C10_UNLIKELY(is_float16(t))) {
+        if (op != ReduceOp::Sum && op != ReduceOp::Average) throw_float16_extremum(t);
+        return float16_sum(t);
+    }
     switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Average:
@@ -193,6 +209,7 @@ class MpiCommunicator final : public Communicator {
         threaded_ = level >= MPI_THREAD_SERIALIZED;
         MPI_CHECK(MPI_Comm_rank(comm, &rank_));
         MPI_CHECK(MPI_Comm_size(comm, &size_));
+        create_float16_ops();
         // Two private duplicates: blocking collectives on the caller's thread and asynchronous
         // ones on the progress thread never share a communicator, so they cannot mismatch.
         MPI_CHECK(MPI_Comm_dup(comm, &comm_));
@@ -304,7 +321,7 @@ class MpiCommunicator final : public Communicator {
             [host, op, type, bytes, size, state]() mutable {
                 const auto t0 = Clock::now();
                 allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
-                                  mpi_op(op), state->comm);
+                                  mpi_op(op, host.scalar_type()), state->comm);
                 if (op == ReduceOp::Average) host.div_(size);
                 state->account_async(Kind::Allreduce, bytes, seconds_since(t0));
             },
@@ -328,8 +345,8 @@ class MpiCommunicator final : public Communicator {
                     std::unique_lock<std::mutex> mpi = serialize(timeout_s, what);
                     MPI_Request request = MPI_REQUEST_NULL;
                     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(),
-                                             static_cast<int>(count), type, mpi_op(op), comm_,
-                                             &request));
+                                             static_cast<int>(count), type,
+                                             mpi_op(op, tensor.scalar_type()), comm_, &request));
                     core::wait_for_peers(request, timeout_s, what);
                 });
                 if (op == ReduceOp::Average) tensor.div_(size_);
@@ -348,7 +365,7 @@ class MpiCommunicator final : public Communicator {
             // scripts/bench_comm_mpi measures.
             std::unique_lock<std::mutex> mpi = serialize();
             MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(count), type,
-                                    mpi_op(op), comm_));
+                                    mpi_op(op, tensor.scalar_type()), comm_));
             if (mpi.owns_lock()) mpi.unlock();
             if (op == ReduceOp::Average) tensor.div_(size_);
             state_->account(Kind::Allreduce,
@@ -359,7 +376,7 @@ class MpiCommunicator final : public Communicator {
         std::unique_lock<std::mutex> mpi = serialize();
         const auto t0 = Clock::now();
         allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), mpi_reduce_type(host),
-                          mpi_op(op), comm_);
+                          mpi_op(op, host.scalar_type()), comm_);
         const double seconds = seconds_since(t0);
         if (mpi.owns_lock()) mpi.unlock();
         if (op == ReduceOp::Average) host.div_(size_);
@@ -437,7 +454,7 @@ class MpiCommunicator final : public Communicator {
             out.is_cpu() ? out : torch::empty(out.sizes(), out.options().device(torch::kCPU));
         const int count = checked_int(dst.numel(), "reduce_scatter");
         const MPI_Datatype type = mpi_reduce_type(dst);
-        const MPI_Op mop = mpi_op(op);
+        const MPI_Op mop = mpi_op(op, dst.scalar_type());
         auto run = [src, dst, count, type, mop](MPI_Comm comm) {
             nvtx::ScopedRange range("MPI_Reduce_scatter_block");
             MPI_CHECK(
@@ -487,7 +504,7 @@ class MpiCommunicator final : public Communicator {
         auto [src, dst, after] = stage(in, out);
         const int count = checked_int(dst.numel(), "reduce_scatter");
         const MPI_Datatype type = mpi_reduce_type(dst);
-        const MPI_Op mop = mpi_op(op);
+        const MPI_Op mop = mpi_op(op, dst.scalar_type());
         const int size = size_;
         ProgressState* state = state_.get();
         return submit(

@@ -48,6 +48,32 @@ void declare_options(core::OptionRegistry& registry) {
         "dist.zero=3: issue the next unit's all-gather before the current unit computes "
         "(forward and backward), so communication overlaps compute; false gathers each "
         "unit when it is needed");
+    // Gradient compression of the data-parallel collectives, read by read_compression.
+    registry.add_choice(
+        "dist.compress", "none", {"none", "fp16", "bf16", "powersgd"},
+        "gradient compression (PyTorch's DDP communication hooks): fp16/bf16 cast each bucket "
+        "to 16 bits, divide by the world size and allreduce the sum (also the reduce dtype of "
+        "dist.zero=1-3 reduce-scatters); powersgd = rank-r PowerSGD with error feedback "
+        "(Vogels et al. 2019; DDP only, dist.zero=0); none sends the gradients as they are");
+    registry.add_int("dist.powersgd_rank", 2,
+                     "dist.compress=powersgd: rank of the low-rank approximation of each "
+                     "gradient matrix (PowerSGD's matrix_approximation_rank; a matrix n x m uses "
+                     "min(n, m, rank))",
+                     1, 1 << 20);
+    registry.add_bool("dist.powersgd_warm_start", true,
+                      "dist.compress=powersgd: reuse each matrix's Q of the previous iteration "
+                      "(warm start) instead of a new random one every iteration");
+    registry.add_int("dist.powersgd_start_iter", 2,
+                     "dist.compress=powersgd: iterations of plain (uncompressed) allreduce before "
+                     "PowerSGD starts (PyTorch's start_powerSGD_iter), counted from the run's "
+                     "first iteration (a run resumed from a PowerSGD checkpoint continues the "
+                     "count)",
+                     0);
+    registry.add_float("dist.powersgd_min_compression_rate", 2.0,
+                       "dist.compress=powersgd: a gradient matrix n x m is compressed only when "
+                       "n*m > rate * (n+m)*rank (PyTorch's min_compression_rate); others, and "
+                       "every 1-D tensor, are allreduced uncompressed",
+                       0.0, 1e9);
     // run.workload=comm: the communication benchmark (distributed/comm_benchmark.hpp).
     registry.add_float("dist.timeout", 600,
                        "seconds a rank may wait for its peers (MPI and NCCL collectives and "
@@ -83,6 +109,58 @@ ShardingOptions read_sharding(const core::Config& config) {
     o.zero = static_cast<ZeroStage>(std::stoi(config.get_string("dist.zero"))); // a checked choice
     o.reshard_after_forward = config.get_bool("dist.reshard_after_forward");
     o.prefetch = config.get_bool("dist.prefetch");
+    return o;
+}
+
+const char* to_string(CompressionKind k) {
+    switch (k) {
+    case CompressionKind::None:
+        return "none";
+    case CompressionKind::Fp16:
+        return "fp16";
+    case CompressionKind::Bf16:
+        return "bf16";
+    case CompressionKind::PowerSgd:
+        return "powersgd";
+    }
+    return "?";
+}
+
+CompressionOptions read_compression(const core::Config& config, ZeroStage zero) {
+    CompressionOptions o;
+    const std::string& mode = config.get_string("dist.compress"); // a checked choice
+    if (mode == "fp16") o.kind = CompressionKind::Fp16;
+    if (mode == "bf16") o.kind = CompressionKind::Bf16;
+    if (mode == "powersgd") o.kind = CompressionKind::PowerSgd;
+    o.powersgd_rank = config.get_int("dist.powersgd_rank");
+    o.warm_start = config.get_bool("dist.powersgd_warm_start");
+    o.start_iter = config.get_int("dist.powersgd_start_iter");
+    o.min_compression_rate = config.get_float("dist.powersgd_min_compression_rate");
+    if (o.kind != CompressionKind::PowerSgd) {
+        // PowerSGD's own options would be ignored: refused, as the sharding options are
+        // outside LLM fine-tuning.
+        std::ostringstream rate;
+        rate << o.min_compression_rate;
+        const std::pair<const char*, std::string> keys[] = {
+            {"dist.powersgd_rank", std::to_string(o.powersgd_rank)},
+            {"dist.powersgd_warm_start", o.warm_start ? "true" : "false"},
+            {"dist.powersgd_start_iter", std::to_string(o.start_iter)},
+            {"dist.powersgd_min_compression_rate", rate.str()}};
+        for (const auto& [key, value] : keys)
+            if (!config.is_default(key))
+                throw core::ConfigError(std::string(key) + " = '" + value + "' (set at " +
+                                        config.origin(key) +
+                                        ") applies to dist.compress=powersgd "
+                                        "only, but dist.compress=" +
+                                        mode + ": remove it, or set dist.compress=powersgd");
+        return o;
+    }
+    if (zero != ZeroStage::None)
+        throw core::ConfigError(
+            "dist.compress=powersgd but dist.zero=" + std::to_string(to_int(zero)) +
+            ": PowerSGD compresses DDP's gradient allreduces and has no form for ZeRO/FSDP "
+            "reduce-scatters (each rank reduces a different shard); use dist.zero=0 with "
+            "powersgd, or dist.compress=fp16/bf16 (the reduce dtype of the reduce-scatters)");
     return o;
 }
 
@@ -161,6 +239,7 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
     o.bucket_cap_bytes = cap_bytes("dist.bucket_mb", "MiB per gradient bucket", o.bucket_mb);
     o.first_bucket_cap_bytes =
         cap_bytes("dist.first_bucket_mb", "MiB of the first gradient bucket", o.first_bucket_mb);
+    o.compression = read_compression(config, read_sharding(config).zero);
     return o;
 }
 

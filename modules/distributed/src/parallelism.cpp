@@ -13,9 +13,9 @@ class DdpParallelism final : public DataParallelism {
   public:
     DdpParallelism(Communicator& comm, TrainableSet trainable,
                    std::unique_ptr<torch::optim::Optimizer> optimizer, std::size_t bucket_bytes,
-                   std::size_t first_bucket_bytes)
+                   std::size_t first_bucket_bytes, const CompressionOptions& compression)
         : t_(std::move(trainable)), optimizer_(std::move(optimizer)),
-          sync_(comm, t_.tensors, bucket_bytes, first_bucket_bytes) {
+          sync_(comm, t_.tensors, bucket_bytes, first_bucket_bytes, compression) {
         sync_.broadcast_parameters(0);
     }
 
@@ -46,12 +46,14 @@ class DdpParallelism final : public DataParallelism {
         PendingParallelComm p;
         auto pending = std::make_shared<PendingIterationComm>(sync_.last_iteration_pending());
         p.known.bytes = pending->bytes();
+        p.known.uncompressed_bytes = pending->uncompressed_bytes;
         p.known.bucket_s.assign(pending->works.size(), ParallelComm::kNaN);
         p.resolve = [known = p.known, pending] {
             ParallelComm c = known;
             const IterationComm r = pending->resolve();
             c.collective_s = r.collective_s;
             c.bucket_s = r.bucket_s;
+            c.error_norm = r.error_norm;
             return c;
         };
         return p;
@@ -67,17 +69,23 @@ class DdpParallelism final : public DataParallelism {
     }
 
     void save(torch::serialize::OutputArchive& out, int rank) const override {
-        if (rank != 0) return; // replicated: rank 0's copy is everyone's
+        sync_.save_compression_state(out); // PowerSGD: every rank's error feedback
+        if (rank != 0) return;             // replicated: rank 0's copy is everyone's
         save_weights(out, t_);
         torch::serialize::OutputArchive optimizer;
         optimizer_->save(optimizer);
         out.write("optimizer", optimizer);
     }
-    void load(ShardSource& saved, int, bool) override {
+    void load(ShardSource& saved, int rank, bool) override {
         load_weights(saved, t_);
         torch::serialize::InputArchive optimizer;
         saved.rank(0).read("optimizer", optimizer);
         optimizer_->load(optimizer);
+        // Elastic resume: a rank the saved job did not have starts with zero error feedback.
+        if (sync_.has_compression_state())
+            sync_.load_compression_state(saved.rank(0),
+                                         rank < saved.saved_world() ? &saved.rank(rank) : nullptr,
+                                         saved.where());
     }
 
     std::vector<torch::Tensor> full_trainable() override { return cpu_clones(t_.tensors); }
@@ -90,6 +98,12 @@ class DdpParallelism final : public DataParallelism {
 };
 
 } // namespace
+
+std::optional<torch::ScalarType> compressed_dtype(CompressionKind kind) {
+    if (kind == CompressionKind::Fp16) return torch::kHalf;
+    if (kind == CompressionKind::Bf16) return torch::kBFloat16;
+    return std::nullopt;
+}
 
 double optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
     double bytes = 0;
@@ -146,10 +160,10 @@ std::vector<torch::Tensor> cpu_clones(const std::vector<torch::Tensor>& tensors)
 
 std::unique_ptr<DataParallelism> make_ddp(Communicator& comm, TrainableSet trainable,
                                           std::unique_ptr<torch::optim::Optimizer> optimizer,
-                                          std::size_t bucket_bytes,
-                                          std::size_t first_bucket_bytes) {
+                                          std::size_t bucket_bytes, std::size_t first_bucket_bytes,
+                                          const CompressionOptions& compression) {
     return std::make_unique<DdpParallelism>(comm, std::move(trainable), std::move(optimizer),
-                                            bucket_bytes, first_bucket_bytes);
+                                            bucket_bytes, first_bucket_bytes, compression);
 }
 
 } // namespace trainscope::dist

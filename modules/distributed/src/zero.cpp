@@ -27,13 +27,15 @@ void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor
 }
 
 ZeroOptimizer::ZeroOptimizer(Communicator& comm, std::vector<torch::Tensor> parameters, int stage,
-                             ZeroAdamW hyper)
-    : comm_(comm), params_(std::move(parameters)), stage_(stage), hyper_(hyper) {
+                             ZeroAdamW hyper, std::optional<torch::ScalarType> reduce_dtype)
+    : comm_(comm), params_(std::move(parameters)), stage_(stage), hyper_(hyper),
+      reduce_dtype_(reduce_dtype) {
     if (stage_ != 1 && stage_ != 2)
         throw core::ConfigError("dist.zero=" + std::to_string(stage_) + ": use 1 or 2");
     if (params_.empty()) throw core::InternalError("ZeroOptimizer: no parameters");
     world_ = comm_.size();
     rank_ = comm_.rank();
+    if (world_ == 1) reduce_dtype_.reset(); // nothing travels, nothing to compress
     const auto options = params_.front().options();
     for (const auto& p : params_) {
         if (p.scalar_type() != params_.front().scalar_type() ||
@@ -57,6 +59,7 @@ ZeroOptimizer::ZeroOptimizer(Communicator& comm, std::vector<torch::Tensor> para
     shard_grad_ = torch::zeros({shard_}, options);
     exp_avg_ = torch::zeros({shard_}, options);
     exp_avg_sq_ = torch::zeros({shard_}, options);
+    if (reduce_dtype_) shard_low_ = torch::zeros({shard_}, options.dtype(*reduce_dtype_));
 }
 
 void ZeroOptimizer::zero_grad() {
@@ -78,9 +81,20 @@ double ZeroOptimizer::reduce_gradients(double grad_scale) {
         throw core::InternalError("ZeroOptimizer::reduce_gradients without zero_grad()");
     torch::NoGradGuard no_grad;
     const auto t0 = std::chrono::steady_clock::now();
-    reduce_work_ = comm_.reduce_scatter_timed(flat_grad_, shard_grad_, ReduceOp::Sum);
-    const double seconds = since(t0);
-    shard_grad_.mul_(grad_scale / world_);
+    double seconds = 0;
+    if (reduce_dtype_) {
+        // A 16-bit copy divided before the sum (no overflow), then the shard widened again.
+        torch::Tensor low = flat_grad_.to(*reduce_dtype_, /*non_blocking=*/false, /*copy=*/true);
+        low.div_(world_);
+        reduce_work_ = comm_.reduce_scatter_timed(low, shard_low_, ReduceOp::Sum);
+        seconds = since(t0);
+        shard_grad_.copy_(shard_low_);
+        if (grad_scale != 1.0) shard_grad_.mul_(grad_scale);
+    } else {
+        reduce_work_ = comm_.reduce_scatter_timed(flat_grad_, shard_grad_, ReduceOp::Sum);
+        seconds = since(t0);
+        shard_grad_.mul_(grad_scale / world_);
+    }
     if (stage_ == 2) { // only the shard survives the iteration
         for (auto& p : params_)
             p.mutable_grad() = torch::Tensor();
@@ -158,6 +172,11 @@ double ZeroOptimizer::optimizer_state_bytes() const {
     return static_cast<double>(exp_avg_.nbytes() + exp_avg_sq_.nbytes());
 }
 double ZeroOptimizer::bytes_per_iteration() const {
+    if (!reduce_dtype_) return uncompressed_bytes_per_iteration();
+    return static_cast<double>(flat_param_.nbytes()) +
+           static_cast<double>(padded_) * static_cast<double>(c10::elementSize(*reduce_dtype_));
+}
+double ZeroOptimizer::uncompressed_bytes_per_iteration() const {
     return static_cast<double>(flat_param_.nbytes()) * 2.0; // reduce-scatter in + all-gather out
 }
 
@@ -165,8 +184,9 @@ namespace {
 
 class ZeroParallelism final : public DataParallelism {
   public:
-    ZeroParallelism(Communicator& comm, TrainableSet trainable, int stage, ZeroAdamW hyper)
-        : t_(std::move(trainable)), zero_(comm, t_.tensors, stage, hyper) {}
+    ZeroParallelism(Communicator& comm, TrainableSet trainable, int stage, ZeroAdamW hyper,
+                    std::optional<torch::ScalarType> reduce_dtype)
+        : t_(std::move(trainable)), zero_(comm, t_.tensors, stage, hyper, reduce_dtype) {}
 
     std::string name() const override { return "zero" + std::to_string(zero_.stage()); }
     void begin_iteration() override { zero_.zero_grad(); }
@@ -187,7 +207,9 @@ class ZeroParallelism final : public DataParallelism {
         // bandwidth twice too high).
         PendingParallelComm p;
         p.known.bytes = zero_.bytes_per_iteration();
-        p.known.reduce_scatter_bytes = p.known.allgather_bytes = p.known.bytes / 2;
+        p.known.uncompressed_bytes = zero_.uncompressed_bytes_per_iteration();
+        p.known.allgather_bytes = p.known.uncompressed_bytes / 2;
+        p.known.reduce_scatter_bytes = p.known.bytes - p.known.allgather_bytes;
         p.known.collective_s = host_s_ + zero_.allgather_seconds();
         std::shared_ptr<Work> rs = zero_.reduce_work(), ag = zero_.gather_work();
         if (rs && ag) {
@@ -234,8 +256,10 @@ class ZeroParallelism final : public DataParallelism {
 } // namespace
 
 std::unique_ptr<DataParallelism> make_zero(Communicator& comm, TrainableSet trainable, int stage,
-                                           ZeroAdamW hyper) {
-    return std::make_unique<ZeroParallelism>(comm, std::move(trainable), stage, hyper);
+                                           ZeroAdamW hyper,
+                                           std::optional<torch::ScalarType> reduce_dtype) {
+    return std::make_unique<ZeroParallelism>(comm, std::move(trainable), stage, hyper,
+                                             reduce_dtype);
 }
 
 } // namespace trainscope::dist

@@ -141,7 +141,9 @@ const std::vector<Entry>& run_entries() {
          "`iterations_per_epoch`, `total_iterations`, `parameters`, `macs_per_sample`, "
          "`memory_estimate_bytes` and the categories "
          "`memory_plan_{weight,gradient,optimizer_state,activation}_bytes` and "
-         "`memory_plan_{weight,gradient,optimizer_state}_shards` (plus `pipeline_*` under "
+         "`memory_plan_{weight,gradient,optimizer_state}_shards`, `compress` (plus "
+         "`powersgd_rank` and `powersgd_start_iter` under `dist.compress=powersgd`, `pipeline_*` "
+         "under "
          "`run.strategy=pipeline`). `run.workload=llm` writes instead `workload`, `method`, "
          "`precision`, `device`, `backend`, `model`, `dataset`, `dataset_format`, `dataset_path`, "
          "`packed`, `max_seq_len`, `tokenizer`, `pin_memory`, `threads_per_rank`, "
@@ -151,7 +153,8 @@ const std::vector<Entry>& run_entries() {
          "`flops_per_token`, `memory_estimate_bytes` with its categories "
          "`memory_plan_{weight,frozen_weight,nf4_weight,trainable_weight,gradient,"
          "optimizer_state,activation,logits,gathered_weight,unit_gradient}_bytes`, the "
-         "`memory_plan_*_shards` and, when adapters were saved, `adapters_dir`; with "
+         "`memory_plan_*_shards`, `compress` (and the `powersgd_*` attributes) and, when adapters "
+         "were saved, `adapters_dir`; with "
          "`llm.val_fraction` also the dataset `/plan/val_indices`. `run.workload=comm` writes "
          "`workload`, `device`, `backend` and `dataset`."},
         {Kind::attribute, kPlan, "strategy", "", "str", "run.workload=cv",
@@ -219,6 +222,16 @@ const std::vector<Entry>& run_entries() {
          "Forward multiply-accumulates per sample."},
         {Kind::attribute, kPlan, "zero", "", "int", "run.workload=llm",
          "`dist.zero`: the ZeRO stage, 0 to 3."},
+        {Kind::attribute, kPlan, "compress", "", "str", "run.workload=cv or llm",
+         "`dist.compress`: how gradients travel between ranks, `none`, `fp16`, `bf16` or "
+         "`powersgd` (added in this revision; absent in older files, which sent them "
+         "uncompressed)."},
+        {Kind::attribute, kPlan, "powersgd_rank", "", "int",
+         "run.workload=cv or llm, dist.compress=powersgd",
+         "`dist.powersgd_rank`: the rank of PowerSGD's approximation of each gradient matrix."},
+        {Kind::attribute, kPlan, "powersgd_start_iter", "", "int",
+         "run.workload=cv or llm, dist.compress=powersgd",
+         "`dist.powersgd_start_iter`: plain-allreduce iterations before PowerSGD starts."},
         {Kind::attribute, kPlan, "activation_checkpointing", "", "int", "run.workload=llm",
          "1 with activation checkpointing (`llm.activation_checkpointing`), else 0."},
         {Kind::attribute, kPlan, "loss_chunks", "", "int", "run.workload=llm",
@@ -414,12 +427,27 @@ const std::vector<Entry>& run_entries() {
         {Kind::column, kIterations, "samples", "samples", "", "", "Samples this rank processed."},
         {Kind::column, kIterations, "lr", "1", "", "", "Learning rate used."},
         {Kind::column, kIterations, "comm_bytes", "B", "", "",
-         "Bytes this rank allreduced for gradients (half/bf16 gradients travel as fp32 on the MPI "
-         "backend). Under `dist.zero=3`: all-gather + reduce-scatter bytes."},
+         "Bytes this rank allreduced for gradients, as sent (half/bf16 gradients travel as fp32 on "
+         "the MPI backend; under `dist.compress` the compressed payload: 16-bit buckets, or "
+         "PowerSGD's uncompressed members + P + Q). Under `dist.zero=3`: all-gather + "
+         "reduce-scatter bytes."},
         {Kind::column, kIterations, "comm_collective_s", "s", "", "",
          "Time inside those collectives where they ran (MPI progress thread / CUDA events): the "
          "sum over buckets of each allreduce's own duration. Under `dist.zero=3`: the "
-         "all-gathers' and reduce-scatters' durations."},
+         "all-gathers' and reduce-scatters' durations. Under `dist.compress` the compressed "
+         "collectives' own durations (PowerSGD: per bucket its uncompressed, P and Q allreduces; "
+         "the compression's computation between them is in `comm_wait_s`, not here)."},
+        {Kind::column, kIterations, "comm_uncompressed_bytes", "B", "", "",
+         "What the same gradient collectives would have sent without `dist.compress` (equal to "
+         "`comm_bytes` under `dist.compress=none`, and in PowerSGD's plain iterations before "
+         "`dist.powersgd_start_iter`); `comm_bytes / comm_uncompressed_bytes` is the "
+         "compression ratio. Added in this revision (absent in older files)."},
+        {Kind::column, kIterations, "comm_error_norm", "1", "", "",
+         "`dist.compress=powersgd`: L2 norm of this rank's error feedback after the iteration "
+         "(the part of its gradients PowerSGD has not sent yet, added to the next iteration's), "
+         "0 before `dist.powersgd_start_iter`; NaN for the other modes and at one rank (nothing is "
+         "compressed). Added in this revision "
+         "(absent in older files)."},
         {Kind::column, kIterations, "parameter_bytes", "B", "", "",
          "Model parameters held by the rank. LLM: frozen + NF4 + trainable; under `dist.zero=3` "
          "this rank's shards (1/N plus padding)."},

@@ -195,7 +195,7 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
 
     s.sync = std::make_unique<dist::GradientSynchronizer>(
         s.exec->data_comm(), params, static_cast<std::size_t>(s.o.bucket_bytes),
-        static_cast<std::size_t>(s.o.first_bucket_bytes));
+        static_cast<std::size_t>(s.o.first_bucket_bytes), s.o.compression);
     s.sync->broadcast_parameters(0);
     s.sync_buffers();
 
@@ -218,6 +218,7 @@ std::string ClassificationTrainer::save_checkpoint(Checkpointer& checkpointer,
             out.write("optimizer", optimizer);
             out.write("scaler", scaler);
         }
+        s.sync->save_compression_state(out); // PowerSGD: every rank's error feedback
         save_rng_state(out, s.cuda_index());
     });
 }
@@ -239,6 +240,11 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
         s.optimizer->load(optimizer);
         s.scaler->load(scaler);
         if (has_mine) load_rng_state(shards.rank(s.rank), s.cuda_index());
+        // PowerSGD: Q and the iteration count replicated (the state source's), this rank's error
+        // feedback from its own file (zero for a rank the saved job did not have).
+        if (s.sync->has_compression_state())
+            s.sync->load_compression_state(*from, has_mine ? &shards.rank(s.rank) : nullptr,
+                                           m.path);
         s.start_iteration = read_int(*from, "next_iteration");
     });
     s.exec->after_update();
@@ -367,6 +373,7 @@ void ClassificationTrainer::account(IterationValues& v) {
     // for the collectives' end events on NCCL).
     dist::PendingIterationComm pending = s.sync->last_iteration_pending();
     v.comm_bytes = pending.bytes();
+    v.comm_uncompressed_bytes = pending.uncompressed_bytes;
     v.comm_collective_s = kNaN;
     v.bucket_s.assign(pending.works.size(), kNaN);
     s.deferred_comm[v.iteration] = std::move(pending);
@@ -383,6 +390,7 @@ void ClassificationTrainer::resolve_accounting(std::int64_t iteration, Iteration
     if (it == s.deferred_comm.end()) return;
     const dist::IterationComm c = it->second.resolve();
     v.comm_collective_s = c.collective_s;
+    v.comm_error_norm = c.error_norm;
     v.bucket_s = c.bucket_s;
     // Older entries belong to iterations the recorder no longer holds: their handles go too.
     s.deferred_comm.erase(s.deferred_comm.begin(), std::next(it));

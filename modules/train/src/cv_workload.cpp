@@ -158,6 +158,7 @@ void CvWorkload::build() {
     t.prefetch = data_options_.prefetch;
     t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
     t.first_bucket_bytes = static_cast<double>(env_.dist.first_bucket_cap_bytes);
+    t.compression = env_.dist.compression;
 
     const std::int64_t train_samples = data_.size(data::Split::Train);
     dist::agree_on_errors(env_.world, [&] {
@@ -260,7 +261,7 @@ std::string CvWorkload::plan_text() const {
       << std::min(env_.dist.first_bucket_mb, env_.dist.bucket_mb) << " MiB), allreduce of "
       << mib(static_cast<double>(parameters_) *
              static_cast<double>(c10::elementSize(env_.policy.param_dtype)))
-      << " per iteration\n"
+      << " per iteration, " << compression_text() << "\n"
       << "  memory/rank   ~" << mib(memory_.total_bytes()) << " (estimate): weights "
       << mib(memory_.weight_bytes) << ", gradients " << mib(memory_.gradient_bytes)
       << ", optimizer state " << mib(memory_.optimizer_state_bytes) << ", activations "
@@ -300,6 +301,8 @@ std::vector<io::Attribute> CvWorkload::plan_attributes() const {
         {"memory_plan_weight_shards", std::int64_t{1}},
         {"memory_plan_gradient_shards", std::int64_t{1}},
         {"memory_plan_optimizer_state_shards", std::int64_t{1}}};
+    const std::vector<io::Attribute> compression = compression_attributes();
+    a.insert(a.end(), compression.begin(), compression.end());
     if (env_.strategy == Strategy::Pipeline) {
         std::string cuts;
         for (const auto& st : t_.pipeline_plan.stages)

@@ -182,18 +182,17 @@ LlmSplit split_validation(std::int64_t n, std::int64_t n_val, std::uint64_t seed
     return out;
 }
 
-std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o,
-                                                       const OptimizerConfig& opt,
-                                                       bool loss_scaling, dist::Communicator& comm,
-                                                       LlmModel& m, std::size_t bucket_bytes,
-                                                       std::size_t first_bucket_bytes) {
+std::unique_ptr<dist::DataParallelism>
+parallelize_llm(const LlmOptions& o, const OptimizerConfig& opt, bool loss_scaling,
+                dist::Communicator& comm, LlmModel& m, std::size_t bucket_bytes,
+                std::size_t first_bucket_bytes, const dist::CompressionOptions& compression) {
     dist::TrainableSet trainable{m.trainable_names, m.trainable};
     const dist::ZeroStage zero = o.sharding.zero;
     if (zero == dist::ZeroStage::None) {
         std::unique_ptr<torch::optim::Optimizer> optimizer =
             make_optimizer(opt, m.trainable, /*with_momentum=*/false);
         return dist::make_ddp(comm, std::move(trainable), std::move(optimizer), bucket_bytes,
-                              first_bucket_bytes);
+                              first_bucket_bytes, compression);
     }
     // LlmOptions::from_config refused other optimizers and fp16-mixed's loss scaling.
     if (opt.kind != "adamw" || loss_scaling)
@@ -203,11 +202,13 @@ std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& o,
     h.weight_decay = opt.weight_decay;
     h.fused = opt.fused;
     if (zero != dist::ZeroStage::Parameters)
-        return dist::make_zero(comm, std::move(trainable), dist::to_int(zero), h);
+        return dist::make_zero(comm, std::move(trainable), dist::to_int(zero), h,
+                               dist::compressed_dtype(compression.kind));
     dist::FsdpOptions fo;
     fo.reshard_after_forward = o.sharding.reshard_after_forward;
     fo.prefetch = o.sharding.prefetch;
     fo.adamw = h;
+    fo.reduce_dtype = dist::compressed_dtype(compression.kind); // dist.compress=fp16/bf16
     // Each unit is materialised (initialised, loaded, transformed) just before it is sharded.
     fo.materialize = m.materialize_unit;
     // train picks the units (LlamaUnits: embedding, decoder layers, head) and hands them over.

@@ -59,7 +59,7 @@ LlmTrainer::LlmTrainer(const LlmTrainerOptions& options, LlmModel model,
     // Under dist.zero=3 the model is materialised unit by unit here.
     s.parallel = parallelize_llm(l, s.o.optimizer, s.o.precision.loss_scaling, comm, s.m,
                                  static_cast<std::size_t>(s.o.bucket_bytes),
-                                 static_cast<std::size_t>(s.o.first_bucket_bytes));
+                                 static_cast<std::size_t>(s.o.first_bucket_bytes), s.o.compression);
     // Frozen state for the memory columns: dense base weights and NF4 buffers.
     for (const auto& p : s.m.model->parameters())
         if (!p.requires_grad()) s.frozen_bytes += bytes_of(p);
@@ -321,6 +321,8 @@ namespace {
 void put_comm(const dist::ParallelComm& c, IterationValues& v) {
     v.comm_bytes = c.bytes;
     v.comm_collective_s = c.collective_s;
+    v.comm_uncompressed_bytes = c.uncompressed_bytes;
+    v.comm_error_norm = c.error_norm;
     v.bucket_s = c.bucket_s;
     v.extra[kAllgatherBytes] = c.allgather_bytes;
     v.extra[kAllgatherS] = c.allgather_s;

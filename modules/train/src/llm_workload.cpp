@@ -288,7 +288,7 @@ void LlmWorkload::build() {
     o << "trainscope plan (dry run: nothing is trained or written)\n"
       << "  workload      llm, method " << to_string(l_.method) << ", precision " << env_.precision
       << ", dist.zero " << dist::to_int(l_.sharding.zero) << "\n"
-      << ranks_text();
+      << ranks_text() << "  gradients     " << compression_text() << "\n";
     o << "  model         Llama " << llama_.name << ": " << llama_.num_hidden_layers
       << " layers, hidden " << llama_.hidden_size << ", FFN " << llama_.intermediate_size
       << ", heads " << llama_.num_attention_heads << "/" << llama_.num_key_value_heads
@@ -361,6 +361,7 @@ void LlmWorkload::build() {
     t.prefetch = static_cast<int>(c.get_int("data.prefetch"));
     t.bucket_bytes = static_cast<double>(env_.dist.bucket_cap_bytes);
     t.first_bucket_bytes = static_cast<double>(env_.dist.first_bucket_cap_bytes);
+    t.compression = env_.dist.compression;
     t.accounting = env_.train.accounting;
     // train.eval=false: the held-out samples stay out of training, unevaluated.
     LlmSplit validation = split_;
@@ -426,6 +427,8 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
     a.insert(a.end(), {{"memory_plan_weight_shards", shards.weight},
                        {"memory_plan_gradient_shards", shards.gradient},
                        {"memory_plan_optimizer_state_shards", shards.optimizer_state}});
+    const std::vector<io::Attribute> compression = compression_attributes();
+    a.insert(a.end(), compression.begin(), compression.end());
     if (trainer_) {
         const LlmModel& m = trainer_->model();
         std::string kinds;

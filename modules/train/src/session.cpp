@@ -131,6 +131,7 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         env.precision = s.workload->precision();
         env.policy = resolve_precision(env.precision, env.device.device);
         s.workload->check(env);
+        check_compression(env, s.workload->kind());
     });
     apply_math_mode(env.policy);
     at::globalContext().setBenchmarkCuDNN(c.get_bool("run.cudnn_benchmark"));

@@ -240,6 +240,7 @@ void TrainingLoop::run() {
                     step_.account(v); // its memory sample's *_peak_bytes: the iteration's peaks
                 } else {
                     v.comm_bytes = v.comm_collective_s = kNaN;
+                    v.comm_uncompressed_bytes = v.comm_error_norm = kNaN;
                     v.parameter_bytes = v.gradient_bytes = v.optimizer_state_bytes = kNaN;
                     v.memory.host_rss_bytes = v.memory.host_peak_rss_bytes = kNaN;
                 }

@@ -93,6 +93,33 @@ std::string Workload::pinning_text(bool pinned) const {
     return "batches in pageable host memory";
 }
 
+std::string Workload::compression_text() const {
+    const dist::CompressionOptions& o = env_.dist.compression;
+    switch (o.kind) {
+    case dist::CompressionKind::None:
+        return "uncompressed";
+    case dist::CompressionKind::Fp16:
+    case dist::CompressionKind::Bf16:
+        return std::string("compressed to ") + dist::to_string(o.kind) + " (divided by " +
+               std::to_string(env_.topo.world_size) + " ranks before the sum)";
+    case dist::CompressionKind::PowerSgd:
+        break;
+    }
+    return "PowerSGD rank " + std::to_string(o.powersgd_rank) + " from iteration " +
+           std::to_string(o.start_iter) + (o.warm_start ? ", warm start" : "") +
+           ", error feedback (DDP allreduces)";
+}
+
+std::vector<io::Attribute> Workload::compression_attributes() const {
+    const dist::CompressionOptions& o = env_.dist.compression;
+    std::vector<io::Attribute> a = {{"compress", std::string(dist::to_string(o.kind))}};
+    if (o.kind == dist::CompressionKind::PowerSgd) {
+        a.push_back({"powersgd_rank", o.powersgd_rank});
+        a.push_back({"powersgd_start_iter", o.start_iter});
+    }
+    return a;
+}
+
 std::string Workload::precision() const {
     return env_.cfg.get_string("run.precision");
 }
@@ -110,6 +137,7 @@ std::unique_ptr<Workload> make_workload(const RunEnvironment& env) {
                                     c.get_string("run.workload") +
                                     ": remove it, or use run.workload=llm");
     }
+
     switch (kind) {
     case WorkloadKind::Cv:
         return make_cv_workload(env);
@@ -119,6 +147,28 @@ std::unique_ptr<Workload> make_workload(const RunEnvironment& env) {
         return make_comm_workload(env);
     }
     throw core::InternalError("make_workload: unknown workload");
+}
+
+void check_compression(const RunEnvironment& env, WorkloadKind kind) {
+    const dist::CompressionOptions& o = env.dist.compression;
+    if (!o.active()) return;
+    const std::string set = "dist.compress=" + std::string(dist::to_string(o.kind)) + " (set at " +
+                            env.cfg.origin("dist.compress") + ")";
+    if (kind == WorkloadKind::Comm)
+        throw core::ConfigError(set + " compresses training gradients and has no effect on "
+                                      "run.workload=comm (the benchmark measures comm.dtype): "
+                                      "remove it");
+    if (kind == WorkloadKind::Cv && env.strategy == Strategy::Dp)
+        throw core::ConfigError(set + " compresses gradients between ranks, but run.strategy=dp "
+                                      "is one process whose replicas never send them: remove "
+                                      "dist.compress, or use run.strategy=ddp or ddp-ds");
+    // An overflowing fp16 step (the loss scaler skips it) would leave inf/NaN in PowerSGD's
+    // error feedback and warm-start Q, and every later step would be skipped too.
+    if (o.kind == dist::CompressionKind::PowerSgd && env.policy.loss_scaling)
+        throw core::ConfigError(set + " with run.precision=" + env.precision +
+                                ": the loss scaler's overflowing steps would leave inf/NaN in "
+                                "PowerSGD's error feedback and Q for good; use run.precision="
+                                "bf16-mixed or fp32 with powersgd, or dist.compress=fp16/bf16");
 }
 
 void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {

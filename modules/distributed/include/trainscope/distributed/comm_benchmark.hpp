@@ -1,7 +1,7 @@
 // CommBenchmark: what nccl-tests measure, over trainscope's own Communicator (run.workload=comm):
 // allreduce, allgather, reduce_scatter and broadcast over a size sweep, warm-up then timed
-// iterations, time per operation and algbw/busbw (dist/bandwidth.hpp), handed over as CommResults
-// that train/run_file_tables.hpp writes to /comm, so a scaling study characterises its
+// iterations, time per operation and algbw/busbw (distributed/bandwidth.hpp), handed over as
+// CommResults that train/run_file_tables.hpp writes to /comm, so a scaling study characterises its
 // interconnect in the same file as its training runs.
 #pragma once
 

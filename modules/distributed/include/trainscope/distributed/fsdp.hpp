@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,10 @@ struct FsdpOptions {
     bool reshard_after_forward = true;
     bool prefetch = true;
     ZeroAdamW adamw;
+    // dist.compress=fp16/bf16 (compressed_dtype): the gradient reduce-scatters travel in it
+    // (FSDP2's reduce_dtype), each unit's flat gradient cast and divided by the world size before
+    // the sum, the shard widened when it is accumulated.
+    std::optional<torch::ScalarType> reduce_dtype;
     // Called with each unit's index before that unit is sharded, for models built on the meta
     // device (LlamaForCausalLMImpl::Materialize::PerUnit); empty when the model is materialised.
     std::function<void(int unit)> materialize;
@@ -58,6 +63,7 @@ struct FsdpOptions {
 struct FsdpIterationComm {
     double allgather_bytes = 0, allgather_s = 0, allgather_exposed_s = 0;
     double reduce_scatter_bytes = 0, reduce_scatter_s = 0, reduce_scatter_exposed_s = 0;
+    double reduce_scatter_uncompressed_bytes = 0; // the same without reduce_dtype
     std::int64_t allgathers = 0, reduce_scatters = 0;
 };
 

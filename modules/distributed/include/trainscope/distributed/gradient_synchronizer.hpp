@@ -6,14 +6,18 @@
 // gradients exist, so communication overlaps the rest of backward; finish() waits for them.
 #pragma once
 
+#include <torch/serialize.h>
 #include <torch/types.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/options.hpp"
 
 namespace trainscope::dist {
 
@@ -40,11 +44,23 @@ namespace trainscope::dist {
 // non-overlapping and dense (e.g. a strided slice made a leaf) cannot be viewed with their own
 // strides: they keep the copy path (their .grad is separate, copied into the bucket at launch and
 // back after the allreduce).
+//
+// Compression (dist.compress, CompressionOptions), per bucket, as PyTorch's DDP communication
+// hooks: fp16/bf16 copy the bucket into a 16-bit buffer, divide it by the world size, allreduce
+// the sum and copy it back (fp16_compress_hook / bf16_compress_hook); powersgd runs
+// PowerSgd (powersgd.hpp) after start_iter plain iterations: the uncompressed members' and P's
+// allreduces start when the bucket is ready, Q's in finish(). none is the plain allreduce above,
+// unchanged. Nothing is compressed at world size 1 (nothing is communicated).
 
 // Communication of one iteration, as this rank saw it. Bytes are payload bytes allreduced (the
-// bucket buffers); bus bandwidth = bytes / collective time x 2(n-1)/n (dist/bandwidth.hpp).
+// bucket buffers); bus bandwidth = bytes / collective time x 2(n-1)/n (distributed/bandwidth.hpp).
 struct IterationComm {
-    double bytes = 0;        // sum of bucket_bytes; 0 at world size 1 (nothing is communicated)
+    double bytes = 0; // sum of bucket_bytes; 0 at world size 1 (nothing is communicated)
+    // What the buckets would have sent without compression (= bytes under dist.compress=none).
+    double uncompressed_bytes = 0;
+    // dist.compress=powersgd: L2 norm of this rank's error feedback after the iteration (0 in the
+    // plain iterations before start_iter); NaN for the other modes.
+    double error_norm = std::numeric_limits<double>::quiet_NaN();
     double collective_s = 0; // sum of bucket_s: time inside the collectives, where they ran
     double exposed_s = 0;    // what finish() waited for them: communication backward did not hide
     std::vector<double> bucket_bytes; // per bucket, launch order (all 0 at world size 1)
@@ -58,8 +74,11 @@ struct IterationComm {
 struct PendingIterationComm {
     std::vector<std::shared_ptr<Work>> works; // per bucket, launch order; null: nothing ran
     std::vector<double> bucket_bytes;         // per bucket: payload, 0 where nothing ran
+    double uncompressed_bytes = 0;            // without compression
     double exposed_s = 0;
-    double bytes() const; // sum of bucket_bytes: known without waiting
+    bool powersgd = false;            // error_norm_squared is meaningful
+    torch::Tensor error_norm_squared; // float64 device scalar, read by resolve(); undefined: 0
+    double bytes() const;             // sum of bucket_bytes: known without waiting
     IterationComm resolve() const;
 };
 
@@ -74,9 +93,11 @@ class GradientSynchronizer {
     // parameters, whose gradients backward produces first) is capped at
     // min(first_bucket_cap_bytes, bucket_cap_bytes), so communication starts early in backward;
     // the others at bucket_cap_bytes. A bucket exceeds its cap only when one parameter does.
+    // compression: dist.compress and its options (none: the plain allreduce).
     GradientSynchronizer(Communicator& comm, std::vector<torch::Tensor> parameters,
                          std::size_t bucket_cap_bytes,
-                         std::size_t first_bucket_cap_bytes = kDefaultFirstBucketBytes);
+                         std::size_t first_bucket_cap_bytes = kDefaultFirstBucketBytes,
+                         const CompressionOptions& compression = {});
     ~GradientSynchronizer(); // removes its hooks
     GradientSynchronizer(const GradientSynchronizer&) = delete;
     GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
@@ -94,7 +115,8 @@ class GradientSynchronizer {
     double finish();
 
     std::size_t num_buckets() const;
-    std::vector<std::size_t> bucket_bytes() const; // payload per bucket, launch order
+    // Payload per bucket, launch order (compressed: what a compressed iteration sends).
+    std::vector<std::size_t> bucket_bytes() const;
     std::vector<std::vector<std::size_t>> bucket_parameters() const; // parameter indices per bucket
     // Bucket k's flat gradient buffer [numel] in the parameters' dtype (launch order); the .grad
     // of its members are views into it. For tests and memory accounting; do not resize it.
@@ -103,6 +125,7 @@ class GradientSynchronizer {
     // above).
     bool gradient_is_bucket_view(std::size_t i) const;
     // Bytes allreduced per iteration (sum of bucket_bytes(); 0 when world size is 1: no traffic).
+    // Under compression the compressed payload (powersgd: once it started).
     std::uint64_t bytes_per_iteration() const;
     // Of the last finished iteration: buckets launched from hooks during backward vs in finish().
     std::size_t buckets_launched_in_backward() const;
@@ -117,6 +140,22 @@ class GradientSynchronizer {
     // The last finished iteration's handles, without waiting for anything (one entry per bucket,
     // no work before the first finish()).
     PendingIterationComm last_iteration_pending() const;
+
+    const CompressionOptions& compression() const;
+    // Iterations finished so far (with the count a checkpoint carried); powersgd starts at
+    // compression().start_iter.
+    std::int64_t iterations() const;
+    // Checkpoints of the compression's state, under dist.compress=powersgd at world size > 1
+    // (otherwise nothing is written and loading is a no-op): every rank writes the sub-archive
+    // "grad_compression" (the iteration count, Q replicated, its own error feedback). load:
+    // `replicated` is a saved rank's archive holding the replicated part (rank 0's), `own` this
+    // rank's own archive, or null where the saved job had no such rank (elastic resume: its error
+    // feedback starts at zero). Archives without the sub-archive (saved without powersgd) leave
+    // the state fresh (count 0, no Q).
+    void save_compression_state(torch::serialize::OutputArchive& out) const;
+    void load_compression_state(torch::serialize::InputArchive& replicated,
+                                torch::serialize::InputArchive* own, const std::string& where);
+    bool has_compression_state() const;
 
   private:
     struct Impl;

@@ -1,6 +1,7 @@
 // Options owned by the dist module (run.device, dist.backend, dist.bucket_mb,
 // dist.first_bucket_mb, the sharding options dist.zero, dist.reshard_after_forward and
-// dist.prefetch; comm.* of the communication benchmark, read by
+// dist.prefetch; gradient compression dist.compress and dist.powersgd_*; comm.* of the
+// communication benchmark, read by
 // CommBenchmarkOptions::from_config) and their resolution into concrete choices: "auto" becomes
 // cpu/cuda and mpi/nccl, impossible combinations are ConfigErrors naming both keys.
 #pragma once
@@ -50,6 +51,29 @@ struct ShardingOptions {
 };
 ShardingOptions read_sharding(const core::Config& config);
 
+// dist.compress: how data-parallel gradients travel (PyTorch's DDP communication hooks).
+//   None      as they are (the bucket dtype; bit-identical to a build without compression)
+//   Fp16/Bf16 fp16_compress_hook / bf16_compress_hook: each bucket cast to 16 bits, divided by
+//             the world size, allreduced (sum) and cast back; for ZeRO/FSDP the dtype of the
+//             gradient reduce-scatters (FSDP2's reduce_dtype), with the same pre-division
+//   PowerSgd  powerSGD_hook (Vogels et al. 2019): low-rank P Q^T per gradient matrix with error
+//             feedback; DDP only
+enum class CompressionKind { None, Fp16, Bf16, PowerSgd };
+const char* to_string(CompressionKind k);
+
+struct CompressionOptions {
+    CompressionKind kind = CompressionKind::None;
+    std::int64_t powersgd_rank = 2;    // dist.powersgd_rank: matrix_approximation_rank
+    bool warm_start = true;            // dist.powersgd_warm_start
+    std::int64_t start_iter = 2;       // dist.powersgd_start_iter: plain allreduces first
+    double min_compression_rate = 2.0; // dist.powersgd_min_compression_rate
+    bool active() const { return kind != CompressionKind::None; }
+};
+// Reads dist.compress and dist.powersgd_*. ConfigError (naming the option, its value and the
+// fix) for powersgd under dist.zero >= 1 and for a changed dist.powersgd_* option without
+// dist.compress=powersgd (it would be ignored).
+CompressionOptions read_compression(const core::Config& config, ZeroStage zero);
+
 struct DistOptions {
     std::string device;               // "cpu" | "cuda"
     std::string backend;              // "mpi" | "nccl"
@@ -62,6 +86,8 @@ struct DistOptions {
     // dist.timeout: seconds any wait for the peers may take (communicators, checkpoint
     // agreement, collective run-file writes; see docs/faults.md).
     double timeout_s = 600;
+    // dist.compress and dist.powersgd_* (read_compression).
+    CompressionOptions compression;
     // run.device=auto resolved to cpu: why (logged by the session); empty otherwise.
     std::string auto_reason;
 };
@@ -71,8 +97,8 @@ struct DistOptions {
 // dist::cuda_unavailable_reason(); tests pass anything); `env` the launch environment
 // (launch_environment()). Throws ConfigError when run.device=auto would fall back to the CPU on a
 // node whose scheduler granted GPUs (granted_gpus), naming the variable and the reason; for
-// dist.backend=nccl with a CPU device, for NCCL in a build without NCCL, and for dist.bucket_mb
-// or dist.first_bucket_mb <= 0.
+// dist.backend=nccl with a CPU device, for NCCL in a build without NCCL, for dist.bucket_mb
+// or dist.first_bucket_mb <= 0, and for the compression options read_compression refuses.
 DistOptions resolve_options(const core::Config& config, int visible_cuda_devices,
                             const std::string& cuda_unavailable_reason = "no GPU is visible",
                             const std::map<std::string, std::string>& env = {});

@@ -22,8 +22,11 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "trainscope/distributed/options.hpp"
 
 namespace trainscope::dist {
 
@@ -48,7 +51,12 @@ class ShardSource {
 // quantity of this kind (all-gathers under DDP).
 struct ParallelComm {
     static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-    double bytes = 0;
+    double bytes = 0; // sent (compressed, under dist.compress)
+    // What the same collectives would send without compression (= bytes under none).
+    double uncompressed_bytes = 0;
+    // dist.compress=powersgd: L2 norm of this rank's error feedback (0 before start_iter); NaN
+    // otherwise. Read when resolved (it is on the device).
+    double error_norm = kNaN;
     double collective_s = kNaN;
     std::vector<double> bucket_s; // DDP: per bucket allreduce
     double allgather_bytes = kNaN, allgather_s = kNaN, allgather_exposed_s = kNaN;
@@ -153,9 +161,16 @@ void save_weights(torch::serialize::OutputArchive& out, const TrainableSet& trai
 void load_weights(ShardSource& saved, TrainableSet& trainable);
 std::vector<torch::Tensor> cpu_clones(const std::vector<torch::Tensor>& tensors);
 
-// DDP: the GradientSynchronizer (rank 0's values broadcast first) and a local optimizer.
+// dist.compress=fp16/bf16: the 16-bit dtype gradients travel in (DDP's buckets, the ZeRO/FSDP
+// reduce-scatters' reduce dtype); nullopt for none and powersgd.
+std::optional<torch::ScalarType> compressed_dtype(CompressionKind kind);
+
+// DDP: the GradientSynchronizer (rank 0's values broadcast first; `compression`: dist.compress)
+// and a local optimizer. Checkpoints carry PowerSGD's state (GradientSynchronizer::
+// save_compression_state): every rank's file its error feedback, Q from rank 0's.
 std::unique_ptr<DataParallelism> make_ddp(Communicator& comm, TrainableSet trainable,
                                           std::unique_ptr<torch::optim::Optimizer> optimizer,
-                                          std::size_t bucket_bytes, std::size_t first_bucket_bytes);
+                                          std::size_t bucket_bytes, std::size_t first_bucket_bytes,
+                                          const CompressionOptions& compression = {});
 
 } // namespace trainscope::dist

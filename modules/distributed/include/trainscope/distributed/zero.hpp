@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "trainscope/distributed/communicator.hpp"
@@ -32,8 +33,11 @@ void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor
 class ZeroOptimizer {
   public:
     // parameters: same dtype and device. Broadcasts rank 0's values first (all ranks start equal).
+    // reduce_dtype (dist.compress=fp16/bf16, compressed_dtype): the gradients' reduce-scatter
+    // travels in it: the flat gradients cast to it and divided by the world size, summed, the
+    // shard cast back (FSDP2's reduce_dtype with PyTorch's fp16 hook's pre-division).
     ZeroOptimizer(Communicator& comm, std::vector<torch::Tensor> parameters, int stage,
-                  ZeroAdamW hyper);
+                  ZeroAdamW hyper, std::optional<torch::ScalarType> reduce_dtype = std::nullopt);
     // Before the first backward of an iteration: zeroes the gradient buffer (stage 2: allocates
     // it) and points every parameter's .grad at its view.
     void zero_grad();
@@ -70,15 +74,18 @@ class ZeroOptimizer {
     double gradient_bytes() const;
     double optimizer_state_bytes() const;
     double bytes_per_iteration() const; // reduce-scatter input + all-gather output payload
+    double uncompressed_bytes_per_iteration() const; // the same without reduce_dtype
 
   private:
     Communicator& comm_;
     std::vector<torch::Tensor> params_;
     int stage_;
     ZeroAdamW hyper_;
+    std::optional<torch::ScalarType> reduce_dtype_;
     int world_ = 1, rank_ = 0;
     std::int64_t numel_ = 0, padded_ = 0, shard_ = 0;
     torch::Tensor flat_param_, flat_grad_, shard_grad_, exp_avg_, exp_avg_sq_;
+    torch::Tensor shard_low_; // [shard] in reduce_dtype_, the reduce-scatter's output
     std::int64_t step_count_ = 0;
     double allgather_s_ = 0;
     std::shared_ptr<Work> gather_work_;
@@ -87,6 +94,7 @@ class ZeroOptimizer {
 
 // ZeRO-1/2 as a DataParallelism (replicated weights, sharded optimizer state and gradients).
 std::unique_ptr<DataParallelism> make_zero(Communicator& comm, TrainableSet trainable, int stage,
-                                           ZeroAdamW hyper);
+                                           ZeroAdamW hyper,
+                                           std::optional<torch::ScalarType> reduce_dtype = {});
 
 } // namespace trainscope::dist

@@ -54,6 +54,7 @@ struct TrainerOptions {
     int workers = 1, prefetch = 2;
     double bucket_bytes = 25.0 * 1024 * 1024;
     double first_bucket_bytes = 1.0 * 1024 * 1024;
+    dist::CompressionOptions compression; // dist.compress: the synchronizer's buckets
 };
 
 class ClassificationTrainer final : public TrainStep {

@@ -65,11 +65,10 @@ void finish_llm_model(LlmModel& model);
 // Parallelises the model once, as the configuration asks (dist.zero: 0 DDP with a local AdamW or
 // SGD, 1-2 ZeRO, 3 FSDP; rank 0's values everywhere). The one place that knows the kinds: the
 // trainer drives the result through dist::DataParallelism.
-std::unique_ptr<dist::DataParallelism> parallelize_llm(const LlmOptions& options,
-                                                       const OptimizerConfig& optimizer,
-                                                       bool loss_scaling, dist::Communicator& comm,
-                                                       LlmModel& model, std::size_t bucket_bytes,
-                                                       std::size_t first_bucket_bytes);
+std::unique_ptr<dist::DataParallelism>
+parallelize_llm(const LlmOptions& options, const OptimizerConfig& optimizer, bool loss_scaling,
+                dist::Communicator& comm, LlmModel& model, std::size_t bucket_bytes,
+                std::size_t first_bucket_bytes, const dist::CompressionOptions& compression);
 
 struct LlmTrainerOptions {
     LlmOptions llm;
@@ -81,6 +80,7 @@ struct LlmTrainerOptions {
     int workers = 1, prefetch = 2; // collation threads and iterations built ahead (data.*)
     double bucket_bytes = 25.0 * 1024 * 1024;
     double first_bucket_bytes = 1.0 * 1024 * 1024;
+    dist::CompressionOptions compression; // dist.compress (DDP buckets, ZeRO/FSDP reduce dtype)
     bool accounting = true;
 };
 

@@ -27,8 +27,12 @@ struct IterationValues {
     double loss = std::numeric_limits<double>::quiet_NaN(); // may be filled in later (GPU)
     double samples = 0;                                     // samples this rank processed
     double lr = 0;
-    double comm_bytes = 0;        // bytes this rank reduced in gradient allreduces
+    double comm_bytes = 0;        // bytes this rank reduced in gradient allreduces (as sent)
     double comm_collective_s = 0; // time inside those collectives, where they ran
+    // dist.compress: what the same collectives would have sent uncompressed (= comm_bytes under
+    // none), and PowerSGD's error-feedback norm on this rank (NaN for the other modes).
+    double comm_uncompressed_bytes = 0;
+    double comm_error_norm = std::numeric_limits<double>::quiet_NaN();
     // Model state held by this rank (the CPU counterpart of the device allocator figures).
     double parameter_bytes = 0, gradient_bytes = 0, optimizer_state_bytes = 0;
     prof::MemorySample memory;

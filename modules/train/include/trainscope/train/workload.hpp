@@ -107,6 +107,10 @@ class Workload {
     // Where batches are built, for the plan: pinned or pageable host memory, and whether
     // data.pin_memory=true was dropped (a CPU device has no use for pinned memory).
     std::string pinning_text(bool pinned) const;
+    // dist.compress for the plan: the text ("uncompressed", "compressed to fp16", "PowerSGD rank
+    // 2 from iteration 2, warm start") and the /plan attributes (compress, powersgd_*).
+    std::string compression_text() const;
+    std::vector<io::Attribute> compression_attributes() const;
 
     const RunEnvironment& env_;
     bool interrupted_ = false;
@@ -115,6 +119,10 @@ class Workload {
 // The workload run.workload names, with its options parsed and checked against `env` (whose
 // layout, device and policy are not resolved yet: see Session).
 std::unique_ptr<Workload> make_workload(const RunEnvironment& env);
+// dist.compress against the workload, strategy and precision (after Workload::check): a
+// ConfigError naming the option, its value and the fix where it would do nothing (comm
+// workload, run.strategy=dp) or could not work (powersgd with fp16-mixed's loss scaling).
+void check_compression(const RunEnvironment& env, WorkloadKind kind);
 
 // "12.3 MiB", for plans.
 std::string mib(double bytes);
