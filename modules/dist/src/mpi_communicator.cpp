@@ -23,7 +23,8 @@
 // breaks the communicator (its progress thread may be stuck in the pending collective): every
 // later call fails at once, and the error ends the job with MPI_Abort (app/main.cpp). Without a
 // timeout (tests, the comm benchmark at MPI_THREAD_SINGLE) blocking calls run on the caller's
-// thread as plain MPI calls.
+// thread as plain MPI calls. dist.allreduce=hierarchical (HierarchicalAllreduce, built per
+// duplicate): every allreduce below runs the two-level algorithm in place of MPI_Allreduce.
 #include "trainscope/dist/communicator.hpp"
 
 #include <torch/torch.h>
@@ -131,7 +132,12 @@ constexpr std::int64_t kMaxChunk = std::int64_t{1} << 30;
 constexpr std::uint64_t kCallerThreadMaxBytes = 64 << 10;
 
 void allreduce_chunked(void* data, std::int64_t count, std::size_t elem, MPI_Datatype type,
-                       MPI_Op op, MPI_Comm comm) {
+                       MPI_Op op, MPI_Comm comm, const HierarchicalAllreduce* hierarchical) {
+    if (hierarchical) {
+        nvtx::ScopedRange range("hierarchical allreduce");
+        hierarchical->run(data, count, type, op);
+        return;
+    }
     nvtx::ScopedRange range("MPI_Allreduce");
     auto* p = static_cast<char*>(data);
     for (std::int64_t off = 0; off < count; off += kMaxChunk) {
@@ -183,7 +189,9 @@ int checked_int(std::int64_t n, const char* what) {
 
 class MpiCommunicator final : public Communicator {
   public:
-    MpiCommunicator(MPI_Comm comm, torch::Device device, double timeout_s) : device_(device) {
+    MpiCommunicator(MPI_Comm comm, torch::Device device, double timeout_s,
+                    const AllreduceOptions& allreduce)
+        : device_(device) {
         int level = MPI_THREAD_SINGLE;
         MPI_CHECK(MPI_Query_thread(&level));
         // Below MPI_THREAD_SERIALIZED no other thread may call MPI: asynchronous allreduces then
@@ -201,6 +209,7 @@ class MpiCommunicator final : public Communicator {
         MPI_CHECK(MPI_Comm_dup(comm, &state_->comm));
         MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN);
+        choose_allreduce(allreduce);
         if (threaded_) thread_ = std::thread(progress_loop, state_);
     }
 
@@ -223,6 +232,7 @@ class MpiCommunicator final : public Communicator {
             // A wait timed out: the progress thread may be inside a collective that never
             // completes, and the communicators have a pending operation. Leave both behind.
             if (thread_.joinable()) thread_.detach();
+            leak_hierarchical();
             return;
         }
         if (std::uncaught_exceptions() > 0) {
@@ -235,10 +245,13 @@ class MpiCommunicator final : public Communicator {
                 core::log::warn() << "MPI communicator destroyed while a collective is in flight; "
                                      "leaving its progress thread behind";
                 thread_.detach();
+                leak_hierarchical();
                 return;
             }
         }
         if (thread_.joinable()) thread_.join();
+        state_->hierarchical.reset();
+        hierarchical_.reset();
         MPI_Comm_free(&state_->comm);
         MPI_Comm_free(&comm_);
     }
@@ -246,6 +259,9 @@ class MpiCommunicator final : public Communicator {
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string backend() const override { return "mpi"; }
+    std::string allreduce_algorithm() const override {
+        return hierarchical_ ? "hierarchical" : "flat";
+    }
     torch::Device device() const override { return device_; }
     void set_timeout(double seconds) override { state_->timeout_s.store(seconds); }
 
@@ -304,7 +320,7 @@ class MpiCommunicator final : public Communicator {
             [host, op, type, bytes, size, state]() mutable {
                 const auto t0 = Clock::now();
                 allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
-                                  mpi_op(op), state->comm);
+                                  mpi_op(op), state->comm, state->hierarchical.get());
                 if (op == ReduceOp::Average) host.div_(size);
                 state->account_async(Kind::Allreduce, bytes, seconds_since(t0));
             },
@@ -326,6 +342,11 @@ class MpiCommunicator final : public Communicator {
                 const double timeout_s = checked_timeout();
                 bounded_call(tensor, [&] {
                     std::unique_lock<std::mutex> mpi = serialize(timeout_s, what);
+                    if (hierarchical_) {
+                        hierarchical_->run_bounded(tensor.data_ptr(), static_cast<int>(count), type,
+                                                   mpi_op(op), timeout_s, what);
+                        return;
+                    }
                     MPI_Request request = MPI_REQUEST_NULL;
                     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(),
                                              static_cast<int>(count), type, mpi_op(op), comm_,
@@ -347,8 +368,11 @@ class MpiCommunicator final : public Communicator {
             // the call itself), relaxed counters only. Its cost over a bare MPI_Allreduce is what
             // scripts/bench_comm_mpi measures.
             std::unique_lock<std::mutex> mpi = serialize();
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(count), type,
-                                    mpi_op(op), comm_));
+            if (C10_UNLIKELY(hierarchical_ != nullptr))
+                hierarchical_->run(tensor.data_ptr(), count, type, mpi_op(op));
+            else
+                MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(count),
+                                        type, mpi_op(op), comm_));
             if (mpi.owns_lock()) mpi.unlock();
             if (op == ReduceOp::Average) tensor.div_(size_);
             state_->account(Kind::Allreduce,
@@ -359,7 +383,7 @@ class MpiCommunicator final : public Communicator {
         std::unique_lock<std::mutex> mpi = serialize();
         const auto t0 = Clock::now();
         allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), mpi_reduce_type(host),
-                          mpi_op(op), comm_);
+                          mpi_op(op), comm_, hierarchical_.get());
         const double seconds = seconds_since(t0);
         if (mpi.owns_lock()) mpi.unlock();
         if (op == ReduceOp::Average) host.div_(size_);
@@ -613,6 +637,18 @@ class MpiCommunicator final : public Communicator {
     std::map<std::string, CommStats> stats() const override { return state_->stats(); }
 
   private:
+    // dist.allreduce for this communicator's ranks: the two-level algorithm's sub-communicators,
+    // one set per duplicate (caller's thread, progress thread), built once; none: flat.
+    void choose_allreduce(AllreduceOptions o) {
+        hierarchical_ = HierarchicalAllreduce::choose(comm_, o);
+        o.algorithm = AllreduceAlgorithm::Hierarchical; // as decided for comm_ (same ranks)
+        if (hierarchical_) state_->hierarchical = HierarchicalAllreduce::choose(state_->comm, o);
+    }
+    // A broken or abandoned communicator keeps its sub-communicators (see ~MpiCommunicator).
+    void leak_hierarchical() {
+        (void)hierarchical_.release();
+        (void)state_->hierarchical.release();
+    }
     // Whether waits have a deadline, so that blocking collectives go through the progress thread.
     bool bounded() const {
         return threaded_ && state_->timeout_s.load(std::memory_order_relaxed) > 0;
@@ -742,6 +778,8 @@ class MpiCommunicator final : public Communicator {
     bool threaded_ = true; // a progress thread runs asynchronous allreduces
     int rank_ = 0, size_ = 1;
     MPI_Comm comm_ = MPI_COMM_NULL; // blocking collectives (caller's thread)
+    // dist.allreduce=hierarchical (or auto across shared nodes) over comm_; null: flat.
+    std::unique_ptr<HierarchicalAllreduce> hierarchical_;
     std::shared_ptr<ProgressState> state_;
     std::thread thread_;
 };
@@ -751,8 +789,9 @@ class MpiCommunicator final : public Communicator {
 namespace detail {
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, torch::Device device,
-                                                    double timeout_s) {
-    return std::make_unique<MpiCommunicator>(comm, device, timeout_s);
+                                                    double timeout_s,
+                                                    const AllreduceOptions& allreduce) {
+    return std::make_unique<MpiCommunicator>(comm, device, timeout_s, allreduce);
 }
 
 } // namespace detail
