@@ -221,20 +221,21 @@ ENTRIES = (
      "when": "", "meaning": "The run's plan (batch split, iterations, parameters, memory "
                             "estimate), written when the run starts, after the data and model "
                             "are built. The CV workload writes `strategy`, `precision`, "
-                            "`device`, `backend`, `dataset`, `pin_memory`, `threads_per_rank`, "
-                            "`batch_per_rank`, `global_batch`, `train_samples`, `test_samples`, "
-                            "`iterations_per_epoch`, `total_iterations`, `parameters`, "
-                            "`macs_per_sample`, `memory_estimate_bytes` and the categories "
+                            "`device`, `backend`, `allreduce`, `dataset`, `pin_memory`, "
+                            "`threads_per_rank`, `batch_per_rank`, `global_batch`, "
+                            "`train_samples`, `test_samples`, `iterations_per_epoch`, "
+                            "`total_iterations`, `parameters`, `macs_per_sample`, "
+                            "`memory_estimate_bytes` and the categories "
                             "`memory_plan_{weight,gradient,optimizer_state,activation}_bytes` "
                             "and `memory_plan_{weight,gradient,optimizer_state}_shards`, "
                             "`compress` (plus `powersgd_rank` and `powersgd_start_iter` under "
                             "`dist.compress=powersgd`, `pipeline_*` under "
                             "`run.strategy=pipeline`). `run.workload=llm` writes instead "
-                            "`workload`, `method`, `precision`, `device`, `backend`, `model`, "
-                            "`dataset`, `dataset_format`, `dataset_path`, `packed`, "
-                            "`max_seq_len`, `tokenizer`, `pin_memory`, `threads_per_rank`, "
-                            "`batch_per_rank`, `gradient_accumulation`, `global_batch`, "
-                            "`train_samples`, `val_samples`, `val_source`, "
+                            "`workload`, `method`, `precision`, `device`, `backend`, "
+                            "`allreduce`, `model`, `dataset`, `dataset_format`, `dataset_path`, "
+                            "`packed`, `max_seq_len`, `tokenizer`, `pin_memory`, "
+                            "`threads_per_rank`, `batch_per_rank`, `gradient_accumulation`, "
+                            "`global_batch`, `train_samples`, `val_samples`, `val_source`, "
                             "`iterations_per_epoch`, `total_iterations`, `parameters`, "
                             "`trainable_parameters`, `projections`, `zero`, "
                             "`activation_checkpointing`, `flops_per_token`, "
@@ -243,8 +244,8 @@ ENTRIES = (
                             "the `memory_plan_*_shards`, `compress` (and the `powersgd_*` "
                             "attributes) and, when adapters were saved, `adapters_dir`; with "
                             "`llm.val_fraction` also the dataset `/plan/val_indices`. "
-                            "`run.workload=comm` writes `workload`, `device`, `backend` and "
-                            "`dataset`."},
+                            "`run.workload=comm` writes `workload`, `device`, `backend`, "
+                            "`allreduce` and `dataset`."},
     {"kind": "attribute", "path": "/plan", "name": "strategy", "units": "", "type": "str",
      "when": "run.workload=cv", "meaning": "`run.strategy`: `ddp-ds`, `ddp`, `dp` or `pipeline`."},
     {"kind": "attribute", "path": "/plan", "name": "workload", "units": "", "type": "str",
@@ -262,6 +263,15 @@ ENTRIES = (
      "when": "", "meaning": "Rank 0's device, e.g. `cpu` or `cuda:0`."},
     {"kind": "attribute", "path": "/plan", "name": "backend", "units": "", "type": "str",
      "when": "", "meaning": "The communication backend, `mpi` or `nccl`."},
+    {"kind": "attribute", "path": "/plan", "name": "allreduce", "units": "", "type": "str",
+     "when": "", "meaning": "How the communicator that reduces the gradients (the comm "
+                            "benchmark's: the one it measures) runs every allreduce: `flat` "
+                            "(one `MPI_Allreduce` over all ranks), `hierarchical` (the MPI "
+                            "backend's two-level algorithm: reduce inside each node, allreduce "
+                            "among one leader per node, broadcast inside the node) or `nccl` "
+                            "(NCCL's own, node-aware). `dist.allreduce=auto` is resolved here: "
+                            "hierarchical when those ranks span several nodes and some node "
+                            "holds several of them."},
     {"kind": "attribute", "path": "/plan", "name": "model", "units": "", "type": "str",
      "when": "run.workload=llm", "meaning": "The Llama model's name."},
     {"kind": "attribute", "path": "/plan", "name": "dataset", "units": "", "type": "str",
@@ -1113,6 +1123,10 @@ ENTRIES = (
      "when": "run.workload=comm", "meaning": "Communication backend, `mpi` or `nccl`."},
     {"kind": "attribute", "path": "/comm", "name": "world_size", "units": "", "type": "int",
      "when": "run.workload=comm", "meaning": "Ranks taking part (n)."},
+    {"kind": "attribute", "path": "/comm", "name": "allreduce", "units": "", "type": "str",
+     "when": "run.workload=comm", "meaning": "How the measured allreduces ran, as "
+                                             "`/plan@allreduce`: `flat`, `hierarchical` or "
+                                             "`nccl`."},
     {"kind": "attribute", "path": "/comm", "name": "dtype", "units": "", "type": "str",
      "when": "run.workload=comm", "meaning": "Element type (`comm.dtype`)."},
     {"kind": "attribute", "path": "/comm", "name": "warmup", "units": "", "type": "int",
@@ -1787,6 +1801,7 @@ ATTRIBUTES = {
         "precision": "str",
         "device": "str",
         "backend": "str",
+        "allreduce": "str",
         "model": "str",
         "dataset": "str",
         "dataset_format": "str",
@@ -1905,6 +1920,7 @@ ATTRIBUTES = {
     "/comm": {
         "backend": "str",
         "world_size": "int",
+        "allreduce": "str",
         "dtype": "str",
         "warmup": "int",
         "iters": "int",

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
                 auto file = io::RunFile::create(MPI_COMM_WORLD, out, /*overwrite=*/true,
                                                 {{"workload", std::string("comm")}});
                 train::write_comm_benchmark(file, bench.options(), results, comm->backend(),
-                                            comm->size());
+                                            comm->size(), comm->allreduce_algorithm());
                 file.set_status("completed");
                 file.close();
             }

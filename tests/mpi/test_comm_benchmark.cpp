@@ -214,7 +214,8 @@ TEST(CommBenchmark, WritesCommTablesWithUnits) {
     const auto results = bench.run(*comm);
     {
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, false);
-        train::write_comm_benchmark(file, bench.options(), results, comm->backend(), comm->size());
+        train::write_comm_benchmark(file, bench.options(), results, comm->backend(), comm->size(),
+                                    comm->allreduce_algorithm());
         file.close();
     }
     MPI_Barrier(MPI_COMM_WORLD);

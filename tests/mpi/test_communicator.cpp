@@ -731,6 +731,62 @@ TEST(DistOptions, ResolvesAutoAndRejectsImpossibleCombinations) {
     EXPECT_THROW(cfg({{"dist.backend", "gloo"}}), core::ConfigError);
 }
 
+// dist.allreduce (issue 40): flat by default; auto (each communicator decides for its ranks) and
+// hierarchical as asked; hierarchical with NCCL is refused naming both options (NCCL is
+// node-aware already), by the option resolution and by the communicator factory alike.
+TEST(DistOptions, AllreduceAlgorithmAndItsRefusalWithNccl) {
+    core::OptionRegistry reg;
+    dist::declare_options(reg);
+    auto cfg = [&](std::map<std::string, std::string> v) {
+        return core::Config::from_values(reg, v);
+    };
+    using A = dist::AllreduceAlgorithm;
+    EXPECT_EQ(dist::resolve_options(cfg({}), 0).allreduce, A::Flat); // the default
+    EXPECT_EQ(dist::resolve_options(cfg({{"dist.allreduce", "auto"}}), 0).allreduce, A::Auto);
+    EXPECT_EQ(dist::resolve_options(cfg({{"dist.allreduce", "flat"}}), 0).allreduce, A::Flat);
+    EXPECT_EQ(dist::resolve_options(cfg({{"dist.allreduce", "hierarchical"}}), 0).allreduce,
+              A::Hierarchical);
+    try {
+        cfg({{"dist.allreduce", "ring"}});
+        ADD_FAILURE() << "dist.allreduce=ring must be rejected";
+    } catch (const core::ConfigError& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("dist.allreduce"), std::string::npos) << m;
+        EXPECT_NE(m.find("hierarchical"), std::string::npos) << m; // what is allowed
+    }
+    EXPECT_THROW(dist::parse_allreduce_algorithm("ring"), core::ConfigError);
+    EXPECT_STREQ(dist::to_string(dist::parse_allreduce_algorithm("hierarchical")), "hierarchical");
+    auto expect_nccl_refusal = [](const std::string& m) {
+        EXPECT_NE(m.find("dist.allreduce=hierarchical"), std::string::npos) << m;
+        EXPECT_NE(m.find("dist.backend"), std::string::npos) << m;
+        EXPECT_NE(m.find("node-aware"), std::string::npos) << m;
+    };
+    if (TRAINSCOPE_HAVE_NCCL) { // else dist.backend=nccl is refused first (built without it)
+        for (const char* backend : {"nccl", "auto"}) {
+            try {
+                dist::resolve_options(cfg({{"run.device", "cuda"},
+                                           {"dist.backend", backend},
+                                           {"dist.allreduce", "hierarchical"}}),
+                                      1);
+                ADD_FAILURE() << "hierarchical with nccl must be rejected";
+            } catch (const core::ConfigError& e) {
+                expect_nccl_refusal(e.what());
+            }
+        }
+        EXPECT_EQ(
+            dist::resolve_options(cfg({{"run.device", "cuda"}, {"dist.allreduce", "auto"}}), 1)
+                .allreduce,
+            A::Auto);
+    }
+    try {
+        dist::make_communicator("nccl", MPI_COMM_WORLD, torch::Device(torch::kCPU), 0,
+                                {A::Hierarchical});
+        ADD_FAILURE() << "make_communicator: hierarchical with nccl must be rejected";
+    } catch (const core::ConfigError& e) {
+        expect_nccl_refusal(e.what());
+    }
+}
+
 // Issue 25: auto must not fall back to the CPU on a node the scheduler gave GPUs to.
 TEST(DistOptions, CompressionOptionsAreReadAndImpossibleOnesRefused) {
     core::OptionRegistry reg;

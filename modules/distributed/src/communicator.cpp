@@ -65,9 +65,12 @@ double Communicator::time_batch(const std::function<void()>& ops) {
 }
 
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                torch::Device device, double timeout_s) {
-    if (backend == "mpi") return detail::make_mpi_communicator(comm, device, timeout_s);
+                                                torch::Device device, double timeout_s,
+                                                const AllreduceOptions& allreduce) {
+    if (backend == "mpi") return detail::make_mpi_communicator(comm, device, timeout_s, allreduce);
     if (backend == "nccl") {
+        if (allreduce.algorithm == AllreduceAlgorithm::Hierarchical)
+            throw core::ConfigError(kNcclHierarchical);
 #if TRAINSCOPE_HAVE_NCCL
         if (!device.is_cuda())
             throw core::ConfigError("dist.backend=nccl needs a CUDA device but this rank computes "

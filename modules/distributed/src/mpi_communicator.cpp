@@ -23,7 +23,8 @@
 // breaks the communicator (its progress thread may be stuck in the pending collective): every
 // later call fails at once, and the error ends the job with MPI_Abort (app/main.cpp). Without a
 // timeout (tests, the comm benchmark at MPI_THREAD_SINGLE) blocking calls run on the caller's
-// thread as plain MPI calls.
+// thread as plain MPI calls. dist.allreduce=hierarchical (HierarchicalAllreduce, built per
+// duplicate): every allreduce below runs the two-level algorithm in place of MPI_Allreduce.
 #include "trainscope/distributed/communicator.hpp"
 
 #include <torch/torch.h>
@@ -43,6 +44,7 @@
 #include "mpi_check.hpp"
 #include "mpi_float16.hpp"
 #include "mpi_progress.hpp"
+#include "mpi_transfers.hpp"
 #include "trainscope/core/build_config.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/log.hpp"
@@ -54,6 +56,7 @@ namespace trainscope::dist {
 namespace {
 
 using namespace detail;
+using namespace transfers;
 
 // Element type of a reduction, or MPI_DATATYPE_NULL when MPI cannot reduce the dtype. Inline and
 // branch-only: it sits on the path of every small blocking allreduce.
@@ -139,67 +142,15 @@ __attribute__((always_inline)) inline void require_contiguous(const torch::Tenso
     if (!t.defined() || !t.is_contiguous()) throw_not_contiguous(what);
 }
 
-// MPI counts are int: large buffers go in pieces of at most 2^30 elements.
-constexpr std::int64_t kMaxChunk = std::int64_t{1} << 30;
-
 // With a timeout, blocking allreduces up to this size run nonblocking on the caller's thread;
 // larger ones on the progress thread (see MpiCommunicator::blocking_allreduce).
 constexpr std::uint64_t kCallerThreadMaxBytes = 64 << 10;
 
-void allreduce_chunked(void* data, std::int64_t count, std::size_t elem, MPI_Datatype type,
-                       MPI_Op op, MPI_Comm comm) {
-    nvtx::ScopedRange range("MPI_Allreduce");
-    auto* p = static_cast<char*>(data);
-    for (std::int64_t off = 0; off < count; off += kMaxChunk) {
-        const int n = static_cast<int>(std::min(kMaxChunk, count - off));
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * elem, n, type, op, comm));
-    }
-}
-
-void bcast_bytes(void* data, std::int64_t bytes, int root, MPI_Comm comm) {
-    nvtx::ScopedRange range("MPI_Bcast");
-    auto* p = static_cast<char*>(data);
-    for (std::int64_t off = 0; off < bytes; off += kMaxChunk)
-        MPI_CHECK(MPI_Bcast(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
-                            root, comm));
-}
-
-// Point-to-point in pieces of at most 2^30 bytes; MPI keeps messages between two ranks on one
-// communicator and tag in order, so the pieces arrive in sequence. Nonblocking, completed by
-// core::wait_for_peers within timeout_s (0: no limit): point-to-point runs on the caller's thread
-// (its nonblocking form is the same protocol as the blocking one, so nothing is lost).
-void send_bytes(const void* data, std::int64_t bytes, int peer, MPI_Comm comm, double timeout_s) {
-    nvtx::ScopedRange range("MPI_Send");
-    const auto* p = static_cast<const char*>(data);
-    for (std::int64_t off = 0; off < bytes; off += kMaxChunk) {
-        MPI_Request request = MPI_REQUEST_NULL;
-        MPI_CHECK(MPI_Isend(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
-                            peer, /*tag=*/0, comm, &request));
-        core::wait_for_peers(request, timeout_s, "an MPI send (pipeline stages)");
-    }
-}
-
-void recv_bytes(void* data, std::int64_t bytes, int peer, MPI_Comm comm, double timeout_s) {
-    nvtx::ScopedRange range("MPI_Recv");
-    auto* p = static_cast<char*>(data);
-    for (std::int64_t off = 0; off < bytes; off += kMaxChunk) {
-        MPI_Request request = MPI_REQUEST_NULL;
-        MPI_CHECK(MPI_Irecv(p + off, static_cast<int>(std::min(kMaxChunk, bytes - off)), MPI_BYTE,
-                            peer, /*tag=*/0, comm, &request));
-        core::wait_for_peers(request, timeout_s, "an MPI receive (pipeline stages)");
-    }
-}
-
-int checked_int(std::int64_t n, const char* what) {
-    if (n > INT_MAX)
-        throw core::DistributedError(std::string(what) + " of " + std::to_string(n) +
-                                     " elements exceeds MPI's int count; split the tensor");
-    return static_cast<int>(n);
-}
-
 class MpiCommunicator final : public Communicator {
   public:
-    MpiCommunicator(MPI_Comm comm, torch::Device device, double timeout_s) : device_(device) {
+    MpiCommunicator(MPI_Comm comm, torch::Device device, double timeout_s,
+                    const AllreduceOptions& allreduce)
+        : device_(device) {
         int level = MPI_THREAD_SINGLE;
         MPI_CHECK(MPI_Query_thread(&level));
         // Below MPI_THREAD_SERIALIZED no other thread may call MPI: asynchronous allreduces then
@@ -218,6 +169,7 @@ class MpiCommunicator final : public Communicator {
         MPI_CHECK(MPI_Comm_dup(comm, &state_->comm));
         MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
         MPI_Comm_set_errhandler(state_->comm, MPI_ERRORS_RETURN);
+        choose_allreduce(allreduce);
         if (threaded_) thread_ = std::thread(progress_loop, state_);
     }
 
@@ -240,6 +192,7 @@ class MpiCommunicator final : public Communicator {
             // A wait timed out: the progress thread may be inside a collective that never
             // completes, and the communicators have a pending operation. Leave both behind.
             if (thread_.joinable()) thread_.detach();
+            leak_hierarchical();
             return;
         }
         if (std::uncaught_exceptions() > 0) {
@@ -252,10 +205,13 @@ class MpiCommunicator final : public Communicator {
                 core::log::warn() << "MPI communicator destroyed while a collective is in flight; "
                                      "leaving its progress thread behind";
                 thread_.detach();
+                leak_hierarchical();
                 return;
             }
         }
         if (thread_.joinable()) thread_.join();
+        state_->hierarchical.reset();
+        hierarchical_.reset();
         MPI_Comm_free(&state_->comm);
         MPI_Comm_free(&comm_);
     }
@@ -263,6 +219,9 @@ class MpiCommunicator final : public Communicator {
     int rank() const override { return rank_; }
     int size() const override { return size_; }
     std::string backend() const override { return "mpi"; }
+    std::string allreduce_algorithm() const override {
+        return hierarchical_ ? "hierarchical" : "flat";
+    }
     torch::Device device() const override { return device_; }
     void set_timeout(double seconds) override { state_->timeout_s.store(seconds); }
 
@@ -321,7 +280,8 @@ class MpiCommunicator final : public Communicator {
             [host, op, type, bytes, size, state]() mutable {
                 const auto t0 = Clock::now();
                 allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), type,
-                                  mpi_op(op, host.scalar_type()), state->comm);
+                                  mpi_op(op, host.scalar_type()), state->comm,
+                                  state->hierarchical.get());
                 if (op == ReduceOp::Average) host.div_(size);
                 state->account_async(Kind::Allreduce, bytes, seconds_since(t0));
             },
@@ -343,6 +303,12 @@ class MpiCommunicator final : public Communicator {
                 const double timeout_s = checked_timeout();
                 bounded_call(tensor, [&] {
                     std::unique_lock<std::mutex> mpi = serialize(timeout_s, what);
+                    if (hierarchical_) {
+                        hierarchical_->run_bounded(tensor.data_ptr(), static_cast<int>(count), type,
+                                                   mpi_op(op, tensor.scalar_type()), timeout_s,
+                                                   what);
+                        return;
+                    }
                     MPI_Request request = MPI_REQUEST_NULL;
                     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, tensor.data_ptr(),
                                              static_cast<int>(count), type,
@@ -364,8 +330,12 @@ class MpiCommunicator final : public Communicator {
             // the call itself), relaxed counters only. Its cost over a bare MPI_Allreduce is what
             // scripts/bench_comm_mpi measures.
             std::unique_lock<std::mutex> mpi = serialize();
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(count), type,
-                                    mpi_op(op, tensor.scalar_type()), comm_));
+            if (C10_UNLIKELY(hierarchical_ != nullptr))
+                hierarchical_->run(tensor.data_ptr(), count, type,
+                                   mpi_op(op, tensor.scalar_type()));
+            else
+                MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.data_ptr(), static_cast<int>(count),
+                                        type, mpi_op(op, tensor.scalar_type()), comm_));
             if (mpi.owns_lock()) mpi.unlock();
             if (op == ReduceOp::Average) tensor.div_(size_);
             state_->account(Kind::Allreduce,
@@ -376,7 +346,7 @@ class MpiCommunicator final : public Communicator {
         std::unique_lock<std::mutex> mpi = serialize();
         const auto t0 = Clock::now();
         allreduce_chunked(host.data_ptr(), host.numel(), host.element_size(), mpi_reduce_type(host),
-                          mpi_op(op, host.scalar_type()), comm_);
+                          mpi_op(op, host.scalar_type()), comm_, hierarchical_.get());
         const double seconds = seconds_since(t0);
         if (mpi.owns_lock()) mpi.unlock();
         if (op == ReduceOp::Average) host.div_(size_);
@@ -630,6 +600,18 @@ class MpiCommunicator final : public Communicator {
     std::map<std::string, CommStats> stats() const override { return state_->stats(); }
 
   private:
+    // dist.allreduce for this communicator's ranks: the two-level algorithm's sub-communicators,
+    // one set per duplicate (caller's thread, progress thread), built once; none: flat.
+    void choose_allreduce(AllreduceOptions o) {
+        hierarchical_ = HierarchicalAllreduce::choose(comm_, o);
+        o.algorithm = AllreduceAlgorithm::Hierarchical; // as decided for comm_ (same ranks)
+        if (hierarchical_) state_->hierarchical = HierarchicalAllreduce::choose(state_->comm, o);
+    }
+    // A broken or abandoned communicator keeps its sub-communicators (see ~MpiCommunicator).
+    void leak_hierarchical() {
+        (void)hierarchical_.release();
+        (void)state_->hierarchical.release();
+    }
     // Whether waits have a deadline, so that blocking collectives go through the progress thread.
     bool bounded() const {
         return threaded_ && state_->timeout_s.load(std::memory_order_relaxed) > 0;
@@ -759,6 +741,8 @@ class MpiCommunicator final : public Communicator {
     bool threaded_ = true; // a progress thread runs asynchronous allreduces
     int rank_ = 0, size_ = 1;
     MPI_Comm comm_ = MPI_COMM_NULL; // blocking collectives (caller's thread)
+    // dist.allreduce=hierarchical (or auto across shared nodes) over comm_; null: flat.
+    std::unique_ptr<HierarchicalAllreduce> hierarchical_;
     std::shared_ptr<ProgressState> state_;
     std::thread thread_;
 };
@@ -768,8 +752,9 @@ class MpiCommunicator final : public Communicator {
 namespace detail {
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, torch::Device device,
-                                                    double timeout_s) {
-    return std::make_unique<MpiCommunicator>(comm, device, timeout_s);
+                                                    double timeout_s,
+                                                    const AllreduceOptions& allreduce) {
+    return std::make_unique<MpiCommunicator>(comm, device, timeout_s, allreduce);
 }
 
 } // namespace detail

@@ -21,6 +21,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/core/mpi_util.hpp"
 #include "trainscope/distributed/communicator.hpp"
+#include "trainscope/distributed/hierarchical_allreduce.hpp"
 
 namespace trainscope::dist::detail {
 
@@ -165,6 +166,8 @@ struct ProgressState {
     bool stop = false;
     bool running = false;
     MPI_Comm comm = MPI_COMM_NULL; // the progress thread's own duplicate
+    // dist.allreduce=hierarchical over `comm` (null: flat); lives as long as the thread may use it.
+    std::unique_ptr<HierarchicalAllreduce> hierarchical;
 
     // dist.timeout in seconds (0: no limit) and whether a wait has exceeded it. Once broken, a
     // collective stays pending forever (the progress thread may be stuck inside it), so every
@@ -229,6 +232,7 @@ void progress_loop(std::shared_ptr<ProgressState> s);
 
 // The MPI backend (mpi_communicator.cpp), for make_communicator.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, torch::Device device,
-                                                    double timeout_s);
+                                                    double timeout_s,
+                                                    const AllreduceOptions& allreduce);
 
 } // namespace trainscope::dist::detail

@@ -29,6 +29,14 @@ void declare_options(core::OptionRegistry& registry) {
                        "cap in MiB of the first gradient bucket reduced (the last parameters; as "
                        "DDP's 1 MiB first bucket), at most dist.bucket_mb; must be > 0",
                        0.0, 1048576.0);
+    registry.add_choice(
+        "dist.allreduce", "flat", {"auto", "flat", "hierarchical"},
+        "how the MPI backend runs every allreduce (gradient buckets, the comm benchmark, "
+        "synchronised batch norm, the ranks' agreement): flat = one MPI_Allreduce over all ranks; "
+        "hierarchical = reduce inside each node (MPI_Comm_split_type shared), allreduce among one "
+        "leader per node, broadcast inside the node; auto = hierarchical when the ranks span "
+        "several nodes and some node has several of them, else flat. NCCL is node-aware already: "
+        "hierarchical with dist.backend=nccl is an error");
     // Sharding (ZeRO / FSDP) of LLM fine-tuning, read by read_sharding.
     registry.add_choice(
         "dist.zero", "0", {"0", "1", "2", "3"},
@@ -235,6 +243,12 @@ DistOptions resolve_options(const core::Config& config, int visible_cuda_devices
         const double bytes = std::round(mb * 1024.0 * 1024.0);
         return bytes < 1 ? std::size_t{1} : static_cast<std::size_t>(bytes);
     };
+    o.allreduce = parse_allreduce_algorithm(config.get_string("dist.allreduce"));
+    if (o.allreduce == AllreduceAlgorithm::Hierarchical && o.backend == "nccl")
+        throw core::ConfigError(std::string(kNcclHierarchical) +
+                                (backend == "auto" ? " (dist.backend=auto chose nccl for the "
+                                                     "cuda device)"
+                                                   : ""));
     o.timeout_s = config.get_float("dist.timeout");
     o.bucket_cap_bytes = cap_bytes("dist.bucket_mb", "MiB per gradient bucket", o.bucket_mb);
     o.first_bucket_cap_bytes =

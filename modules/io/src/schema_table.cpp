@@ -136,7 +136,8 @@ const std::vector<Entry>& run_entries() {
         {Kind::group, kPlan, "", "", "", "",
          "The run's plan (batch split, iterations, parameters, memory estimate), written when the "
          "run starts, after the data and model are built. The CV workload writes `strategy`, "
-         "`precision`, `device`, `backend`, `dataset`, `pin_memory`, `threads_per_rank`, "
+         "`precision`, `device`, `backend`, `allreduce`, `dataset`, `pin_memory`, "
+         "`threads_per_rank`, "
          "`batch_per_rank`, `global_batch`, `train_samples`, `test_samples`, "
          "`iterations_per_epoch`, `total_iterations`, `parameters`, `macs_per_sample`, "
          "`memory_estimate_bytes` and the categories "
@@ -145,7 +146,8 @@ const std::vector<Entry>& run_entries() {
          "`powersgd_rank` and `powersgd_start_iter` under `dist.compress=powersgd`, `pipeline_*` "
          "under "
          "`run.strategy=pipeline`). `run.workload=llm` writes instead `workload`, `method`, "
-         "`precision`, `device`, `backend`, `model`, `dataset`, `dataset_format`, `dataset_path`, "
+         "`precision`, `device`, `backend`, `allreduce`, `model`, `dataset`, `dataset_format`, "
+         "`dataset_path`, "
          "`packed`, `max_seq_len`, `tokenizer`, `pin_memory`, `threads_per_rank`, "
          "`batch_per_rank`, `gradient_accumulation`, `global_batch`, `train_samples`, "
          "`val_samples`, `val_source`, `iterations_per_epoch`, `total_iterations`, `parameters`, "
@@ -156,7 +158,7 @@ const std::vector<Entry>& run_entries() {
          "`memory_plan_*_shards`, `compress` (and the `powersgd_*` attributes) and, when adapters "
          "were saved, `adapters_dir`; with "
          "`llm.val_fraction` also the dataset `/plan/val_indices`. `run.workload=comm` writes "
-         "`workload`, `device`, `backend` and `dataset`."},
+         "`workload`, `device`, `backend`, `allreduce` and `dataset`."},
         {Kind::attribute, kPlan, "strategy", "", "str", "run.workload=cv",
          "`run.strategy`: `ddp-ds`, `ddp`, `dp` or `pipeline`."},
         {Kind::attribute, kPlan, "workload", "", "str", "run.workload=llm or comm",
@@ -171,6 +173,13 @@ const std::vector<Entry>& run_entries() {
          "Rank 0's device, e.g. `cpu` or `cuda:0`."},
         {Kind::attribute, kPlan, "backend", "", "str", "",
          "The communication backend, `mpi` or `nccl`."},
+        {Kind::attribute, kPlan, "allreduce", "", "str", "",
+         "How the communicator that reduces the gradients (the comm benchmark's: the one it "
+         "measures) runs every allreduce: `flat` (one `MPI_Allreduce` over all ranks), "
+         "`hierarchical` (the MPI backend's two-level algorithm: reduce inside each node, "
+         "allreduce among one leader per node, broadcast inside the node) or `nccl` (NCCL's own, "
+         "node-aware). `dist.allreduce=auto` is resolved here: hierarchical when those ranks span "
+         "several nodes and some node holds several of them."},
         {Kind::attribute, kPlan, "model", "", "str", "run.workload=llm", "The Llama model's name."},
         {Kind::attribute, kPlan, "dataset", "", "str", "",
          "A description of the dataset: CV the image data, LLM the fine-tuning data; `none "

@@ -151,6 +151,9 @@ const std::vector<Entry>& result_entries() {
          "Communication backend, `mpi` or `nccl`."},
         {Kind::attribute, kComm, "world_size", "", "int", "run.workload=comm",
          "Ranks taking part (n)."},
+        {Kind::attribute, kComm, "allreduce", "", "str", "run.workload=comm",
+         "How the measured allreduces ran, as `/plan@allreduce`: `flat`, `hierarchical` or "
+         "`nccl`."},
         {Kind::attribute, kComm, "dtype", "", "str", "run.workload=comm",
          "Element type (`comm.dtype`)."},
         {Kind::attribute, kComm, "warmup", "", "int", "run.workload=comm",

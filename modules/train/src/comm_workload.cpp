@@ -25,7 +25,7 @@ class CommWorkload final : public Workload {
             // MPI: the benchmark runs at MPI_THREAD_SINGLE and times MPI's blocking calls on this
             // thread, so dist.timeout bounds only NCCL here (see Communicator::set_timeout).
             comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
-                                            env_.dist.timeout_s);
+                                            env_.dist.timeout_s, {env_.dist.allreduce});
         });
     }
 
@@ -36,6 +36,8 @@ class CommWorkload final : public Workload {
           << "  workload      comm: collectives over the " << env_.dist.backend << " communicator\n"
           << "  ranks         " << env_.topo.world_size << " on " << env_.topo.num_nodes
           << " node(s)\n"
+          << "  allreduce     " << comm_->allreduce_algorithm()
+          << " (dist.allreduce=" << to_string(env_.dist.allreduce) << ")\n"
           << "  sizes         " << sizes.size() << " from " << sizes.front() << " B to "
           << sizes.back() << " B\n";
         return o.str();
@@ -45,15 +47,18 @@ class CommWorkload final : public Workload {
         return {{"workload", std::string(to_string(kind()))},
                 {"device", env_.device.device.str()},
                 {"backend", env_.dist.backend},
+                {"allreduce", comm_->allreduce_algorithm()},
                 {"dataset", std::string("none (communication benchmark)")}};
     }
 
     void run(io::RunFile& file, Checkpointer*) override {
         dist::CommBenchmark bench(options_);
         core::log::info() << "communication benchmark (" << comm_->backend() << ", "
-                          << comm_->size() << " ranks), writing " << file.path();
+                          << comm_->size() << " ranks, " << comm_->allreduce_algorithm()
+                          << " allreduce), writing " << file.path();
         const auto results = bench.run(*comm_);
-        write_comm_benchmark(file, bench.options(), results, comm_->backend(), comm_->size());
+        write_comm_benchmark(file, bench.options(), results, comm_->backend(), comm_->size(),
+                             comm_->allreduce_algorithm());
         std::ostringstream table;
         table << "op              bytes      time [us]   algbw [GB/s]   busbw [GB/s]\n";
         for (const auto& r : results)

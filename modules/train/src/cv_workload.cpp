@@ -183,12 +183,12 @@ void CvWorkload::build() {
                                     std::to_string(layout.world_size) +
                                     " ranks): use a smaller batch or data.drop_last=false");
         comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
-                                        env_.dist.timeout_s);
+                                        env_.dist.timeout_s, {env_.dist.allreduce});
     });
     if (env_.strategy == Strategy::Pipeline) // collective: splits the world into pipe and dp groups
-        t.pipeline = std::shared_ptr<PipelineGroups>(
-            new PipelineGroups(make_pipeline_groups(env_.world, layout.stages, env_.dist.backend,
-                                                    env_.device.device, env_.dist.timeout_s)));
+        t.pipeline = std::shared_ptr<PipelineGroups>(new PipelineGroups(
+            make_pipeline_groups(env_.world, layout.stages, env_.dist.backend, env_.device.device,
+                                 env_.dist.timeout_s, {env_.dist.allreduce})));
 
     const std::int64_t image_size = data_options_.image_size;
     torch::manual_seed(static_cast<std::int64_t>(env_.train.seed));
@@ -280,6 +280,8 @@ std::vector<io::Attribute> CvWorkload::plan_attributes() const {
         {"precision", env_.precision},
         {"device", env_.device.device.str()},
         {"backend", env_.dist.backend},
+        // The communicator that reduces the gradients (a pipeline's: its data-parallel group).
+        {"allreduce", (t_.pipeline ? *t_.pipeline->dp : *comm_).allreduce_algorithm()},
         {"dataset", data_.description},
         {"pin_memory", std::int64_t{t_.pin_memory}}, // what applied (data.pin_memory: requested)
         {"threads_per_rank", static_cast<std::int64_t>(env_.threads_per_rank)},

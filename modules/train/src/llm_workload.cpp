@@ -224,7 +224,7 @@ void LlmWorkload::build() {
         split_validation_set(static_cast<std::int64_t>(env_.train.seed));
         check_trained_tokens();
         comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
-                                        env_.dist.timeout_s);
+                                        env_.dist.timeout_s, {env_.dist.allreduce});
     });
     dataset_description_ =
         std::string(data::to_string(l_.dataset.format)) + " " + l_.dataset.path + " (" +
@@ -390,6 +390,7 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"precision", env_.precision},
         {"device", env_.device.device.str()},
         {"backend", env_.dist.backend},
+        {"allreduce", comm_->allreduce_algorithm()},
         {"model", llama_.name},
         {"dataset", dataset_description_},
         {"dataset_format", std::string(data::to_string(l_.dataset.format))},

@@ -320,7 +320,8 @@ int pipeline_replicas(int world_size, int stages) {
 }
 
 PipelineGroups make_pipeline_groups(MPI_Comm world, int stages, const std::string& backend,
-                                    torch::Device device, double timeout_s) {
+                                    torch::Device device, double timeout_s,
+                                    const dist::AllreduceOptions& allreduce) {
     auto check = [](int code, const char* call) {
         if (code != MPI_SUCCESS)
             throw core::DistributedError(std::string(call) + " failed (MPI error " +
@@ -339,8 +340,8 @@ PipelineGroups make_pipeline_groups(MPI_Comm world, int stages, const std::strin
     check(MPI_Comm_split(world, /*color=*/g.stage, /*key=*/g.replica, &dp), "MPI_Comm_split");
     // make_communicator duplicates what it is given, so the split communicators can go.
     try {
-        g.pipe = dist::make_communicator(backend, pipe, device, timeout_s);
-        g.dp = dist::make_communicator(backend, dp, device, timeout_s);
+        g.pipe = dist::make_communicator(backend, pipe, device, timeout_s, allreduce);
+        g.dp = dist::make_communicator(backend, dp, device, timeout_s, allreduce);
     } catch (...) {
         MPI_Comm_free(&pipe);
         MPI_Comm_free(&dp);

@@ -148,11 +148,12 @@ void write_profile(io::RunFile& file, prof::ProfilerWindow& window) {
 
 void write_comm_benchmark(io::RunFile& file, const dist::CommBenchmarkOptions& o,
                           const std::vector<dist::CommResult>& results, const std::string& backend,
-                          int world_size) {
+                          int world_size, const std::string& allreduce) {
     file.set_attributes(
         schema::kComm,
         {{"backend", backend},
          {"world_size", std::int64_t{world_size}},
+         {"allreduce", allreduce},
          {"dtype", dist::comm_dtype_name(o.dtype)},
          {"warmup", std::int64_t{o.warmup}},
          {"iters", std::int64_t{o.iters}},

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "trainscope/distributed/hierarchical_allreduce.hpp"
+
 namespace trainscope::dist {
 
 enum class ReduceOp { Sum, Average, Max, Min };
@@ -80,6 +82,10 @@ class Communicator {
     virtual int rank() const = 0;
     virtual int size() const = 0;
     virtual std::string backend() const = 0; // "mpi" | "nccl"
+    // How allreduce (blocking, asynchronous and host) runs, for the run file (/plan@allreduce):
+    // MPI "flat" or "hierarchical" (dist.allreduce resolved for this communicator's ranks, see
+    // hierarchical_allreduce.hpp); NCCL "nccl" (NCCL's own algorithms, already node-aware).
+    virtual std::string allreduce_algorithm() const { return backend(); }
     virtual torch::Device device() const = 0;
 
     // In place. Average divides the sum by size() (floating-point tensors only).
@@ -188,7 +194,10 @@ class Communicator {
 // staged through host memory); "nccl" needs a CUDA `device` and a build with NCCL. timeout_s:
 // dist.timeout (see set_timeout; 0: no limit), which also bounds NCCL's initialisation. Errors
 // are ConfigError (impossible choice) or DistributedError (MPI/NCCL failure, PeerTimeoutError).
+// allreduce: dist.allreduce (MPI only; Hierarchical with "nccl" is a ConfigError, see
+// kNcclHierarchical).
 std::unique_ptr<Communicator> make_communicator(const std::string& backend, MPI_Comm comm,
-                                                torch::Device device, double timeout_s = 0);
+                                                torch::Device device, double timeout_s = 0,
+                                                const AllreduceOptions& allreduce = {});
 
 } // namespace trainscope::dist

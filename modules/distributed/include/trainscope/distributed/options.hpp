@@ -1,4 +1,4 @@
-// Options owned by the dist module (run.device, dist.backend, dist.bucket_mb,
+// Options owned by the dist module (run.device, dist.backend, dist.allreduce, dist.bucket_mb,
 // dist.first_bucket_mb, the sharding options dist.zero, dist.reshard_after_forward and
 // dist.prefetch; gradient compression dist.compress and dist.powersgd_*; comm.* of the
 // communication benchmark, read by
@@ -14,6 +14,7 @@
 
 #include "trainscope/core/config.hpp"
 
+#include "trainscope/distributed/hierarchical_allreduce.hpp"
 #include "trainscope/distributed/topology.hpp"
 
 namespace trainscope::dist {
@@ -75,8 +76,11 @@ struct CompressionOptions {
 CompressionOptions read_compression(const core::Config& config, ZeroStage zero);
 
 struct DistOptions {
-    std::string device;               // "cpu" | "cuda"
-    std::string backend;              // "mpi" | "nccl"
+    std::string device;  // "cpu" | "cuda"
+    std::string backend; // "mpi" | "nccl"
+    // dist.allreduce (the MPI backend's; never Hierarchical with nccl). Auto is decided by each
+    // communicator for its own ranks (make_communicator), since a sub-group may span other nodes.
+    AllreduceAlgorithm allreduce = AllreduceAlgorithm::Auto;
     double bucket_mb = 25;            // MiB, as DDP's bucket_cap_mb
     std::size_t bucket_cap_bytes = 0; // bucket_mb * 2^20, at least 1
     // The first bucket reduced (GradientSynchronizer's first_bucket_cap_bytes; it applies
@@ -97,8 +101,9 @@ struct DistOptions {
 // dist::cuda_unavailable_reason(); tests pass anything); `env` the launch environment
 // (launch_environment()). Throws ConfigError when run.device=auto would fall back to the CPU on a
 // node whose scheduler granted GPUs (granted_gpus), naming the variable and the reason; for
-// dist.backend=nccl with a CPU device, for NCCL in a build without NCCL, for dist.bucket_mb
-// or dist.first_bucket_mb <= 0, and for the compression options read_compression refuses.
+// dist.backend=nccl with a CPU device, for NCCL in a build without NCCL, for
+// dist.allreduce=hierarchical with NCCL (kNcclHierarchical), for dist.bucket_mb or
+// dist.first_bucket_mb <= 0, and for the compression options read_compression refuses.
 DistOptions resolve_options(const core::Config& config, int visible_cuda_devices,
                             const std::string& cuda_unavailable_reason = "no GPU is visible",
                             const std::map<std::string, std::string>& env = {});

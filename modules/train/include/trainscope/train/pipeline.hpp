@@ -88,9 +88,11 @@ struct PipelineGroups {
     std::unique_ptr<dist::Communicator> pipe; // the ranks of this replica, rank() == stage
     std::unique_ptr<dist::Communicator> dp;   // this stage across replicas, rank() == replica
 };
-// Collective over `world`. backend/device/timeout_s as for dist::make_communicator.
+// Collective over `world`. backend/device/timeout_s/allreduce as for dist::make_communicator
+// (dist.allreduce=auto is decided per group: a data-parallel group with one rank per node is flat).
 PipelineGroups make_pipeline_groups(MPI_Comm world, int stages, const std::string& backend,
-                                    torch::Device device, double timeout_s = 0);
+                                    torch::Device device, double timeout_s = 0,
+                                    const dist::AllreduceOptions& allreduce = {});
 
 // One stage of the network: the units [first_unit, last_unit] of a full MobileNetV2, shared with
 // it (not copied), so every rank can build the full model with the run's seed and keep its own

@@ -49,9 +49,10 @@ void write_profile(io::RunFile& file, prof::ProfilerWindow& window);
 // Collective on every rank of `file`: /comm/<op>/{bytes, count, time_s, time_max_s, algbw_GBps,
 // busbw_GBps} for each operation of options.ops (1-D float64 [sizes], units B, 1, s, s, GB/s,
 // GB/s; rank 0's values) with attribute busbw_factor on /comm/<op>, and on /comm: backend,
-// world_size, dtype, warmup, iters, time, bytes (what the numbers mean).
+// world_size, allreduce (Communicator::allreduce_algorithm), dtype, warmup, iters, time, bytes
+// (what the numbers mean).
 void write_comm_benchmark(io::RunFile& file, const dist::CommBenchmarkOptions& options,
                           const std::vector<dist::CommResult>& results, const std::string& backend,
-                          int world_size);
+                          int world_size, const std::string& allreduce);
 
 } // namespace trainscope::train
