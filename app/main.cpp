@@ -24,6 +24,13 @@ using namespace trainscope;
 
 namespace {
 
+// Not an error: a stop signal (SIGTERM, SIGUSR1, SIGINT) ended training early after every rank
+// wrote its checkpoint and the run file says "interrupted". Non-zero so that a scheduler never
+// reads a pre-empted or stopped job as finished (Slurm's afterok, sacct's COMPLETED, job chains);
+// EX_TEMPFAIL of sysexits.h, "try again later", which --resume does. Slurm sites can requeue on
+// it (slurm.conf RequeueExit=75); jobscripts/ requeue on it. docs/faults.md lists every code.
+constexpr int kInterruptedExitCode = 75;
+
 // This process's rank as the launcher tells it (mpirun, srun, PMI), without starting MPI: 0 when
 // no launcher set one.
 int launcher_rank() {
@@ -116,10 +123,12 @@ int main(int argc, char** argv) {
         }
 
         // Run, then write the final status; the file says "completed" only here. A stop signal
-        // (SIGTERM, SIGUSR1) ends training early, checkpointed: "interrupted", exit 0.
+        // (SIGTERM, SIGUSR1) ends training early, checkpointed: "interrupted", exit 75
+        // (kInterruptedExitCode), so that schedulers and job chains do not take it for done.
         session->run();
-        session->close_run_file(session->interrupted() ? "interrupted" : "completed");
-        return 0;
+        const bool interrupted = session->interrupted();
+        session->close_run_file(interrupted ? "interrupted" : "completed");
+        return interrupted ? kInterruptedExitCode : 0;
     } catch (const core::Error& e) {
         core::log::error() << core::to_string(e.kind()) << ": " << e.what();
         if (e.collective()) { // every rank is here together: fail cleanly, keep the file

@@ -45,6 +45,7 @@ from pathlib import Path
 from . import sweep
 from .launch import launch_env, mpirun_flags
 from .study import StudyError
+from .study_runner import INTERRUPTED_EXIT
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("equal", "static", "dynamic")
@@ -498,7 +499,7 @@ def _wait_started(seg: Segment) -> None:
 
 def _stop(seg: Segment) -> None:
     """SIGUSR1 to the launcher (mpirun and srun forward it to the ranks): every rank stops after
-    the same iteration, writes a checkpoint and exits 0 with the run file `interrupted`."""
+    the same iteration, writes a checkpoint and exits 75 with the run file `interrupted`."""
     _wait_started(seg)
     seg.t_signal = time.monotonic()
     if seg.proc.poll() is None:
@@ -596,7 +597,7 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
             time.sleep(0.02)
         _stop(seg)
         _wait(seg, STOP_TIMEOUT_S)
-        if seg.rc != 0 or seg.status != "interrupted":
+        if seg.rc != INTERRUPTED_EXIT or seg.status != "interrupted":
             raise _failed(seg, f"did not stop with a checkpoint in the resize probe (exit "
                           f"{seg.rc}, run file {seg.status})")
         stop_s = seg.t_end - seg.t_signal
@@ -960,7 +961,7 @@ def execute(plan: Plan, models: list[JobModel], mode: str, policy, launcher: Lau
         for seg in stopping:
             _wait(seg, STOP_TIMEOUT_S)
             j = next(k for k, s in running.items() if s is seg)
-            if seg.rc != 0 or seg.status not in ("interrupted", "completed"):
+            if (seg.rc, seg.status) not in ((INTERRUPTED_EXIT, "interrupted"), (0, "completed")):
                 raise _failed(seg, f"did not stop cleanly (exit {seg.rc}, run file {seg.status})")
             del running[j]
             free.extend(seg.units)

@@ -12,8 +12,11 @@ and submits them: one job per point, or with Slurm and more points than schedule
 a job array per allocation shape (--array=0-N%K, task i runs row i of a points table). Running
 `run` again on the same directory submits only the points that are missing or failed; completed,
 queued and running ones are skipped and listed as such. `status` lists every point as pending,
-running, completed or failed, from the run file's `status` attribute and the scheduler (squeue,
-qstat, or the local runner's job.pid / job.exit).
+running, completed, interrupted or failed, from the run file's `status` attribute and the
+scheduler: squeue, then sacct (or scontrol show job where Slurm keeps no accounting) for how an
+ended job ended (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, CANCELLED, its exit code); qstat
+(-x for ended jobs) under PBS; the local runner's job.pid / job.exit. Interrupted: trainscope
+stopped on a signal with a checkpoint (exit 75); `run` submits it again.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     tomllib = None
 
-STATES = ("pending", "running", "completed", "failed")
+STATES = ("pending", "running", "completed", "interrupted", "failed")
+# trainscope's exit code after a stop signal, checkpointed, run file "interrupted"
+# (core::kInterruptedExitCode; docs/faults.md).
+INTERRUPTED_EXIT = 75
 TOP_KEYS = {"name", "reproduces", "paper", "description", "configs", "options", "scale",
             "scheduler", "axes"}
 SCALE_KEYS = {"ranks", "nodes", "ranks_per_node", "gpus", "cpus_per_task", "mode",
@@ -446,14 +452,68 @@ def scheduler_states(jobs: dict[str, str]) -> dict[str, str]:
                 found[parts[0]] = "running" if parts[1] in ("RUNNING", "COMPLETING") \
                     else "pending"
     for j in [j for j, s in jobs.items() if s == "pbs"]:
-        try:
-            q = subprocess.run(["qstat", "-f", j], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise StudyError(f"qstat failed ({e}): cannot tell queued from ended PBS jobs")
-        m = re.search(r"job_state = (\w)", q.stdout)
-        if q.returncode == 0 and m and m.group(1) not in ("F", "X"):
-            found[j] = "running" if m.group(1) in ("R", "E", "B") else "pending"
+        state, _ = _qstat(j)
+        if state and state not in ("F", "X"):
+            found[j] = "running" if state in ("R", "E", "B") else "pending"
     return found
+
+
+def _run_quiet(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _qstat(job: str) -> tuple[str | None, int | None]:
+    """(job_state letter, Exit_status) of a PBS job; qstat -x also lists ended jobs (PBS Pro,
+    OpenPBS with job history), plain qstat -f the others."""
+    for cmd in (["qstat", "-x", "-f", job], ["qstat", "-f", job]):
+        q = _run_quiet(cmd)
+        if q is None or q.returncode != 0:
+            continue
+        m = re.search(r"job_state = (\w)", q.stdout)
+        e = re.search(r"Exit_status = (-?\d+)", q.stdout)
+        if m:
+            return m.group(1), int(e.group(1)) if e else None
+    return None, None
+
+
+def _exit_code(text: str) -> int | None:
+    """Slurm's ExitCode "75:0" (code:signal) -> 75."""
+    m = re.match(r"(\d+):(\d+)", text.strip())
+    return int(m.group(1)) if m else None
+
+
+def ended_states(jobs: dict[str, str]) -> dict[str, tuple[str, int | None]]:
+    """Job id -> (how the scheduler says it ended, its exit code) for ended jobs: Slurm's state
+    from sacct (COMPLETED, FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, CANCELLED, ...),
+    or from `scontrol show job` where the cluster keeps no accounting (Slurm then remembers an
+    ended job for MinJobAge, 300 s by default); PBS's "exit N" from qstat -x. Jobs the scheduler
+    no longer knows are left out."""
+    out: dict[str, tuple[str, int | None]] = {}
+    slurm = [j for j, s in jobs.items() if s == "slurm"]
+    if slurm:
+        q = _run_quiet(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode",
+                        "-j", ",".join(slurm)])
+        if q is not None and q.returncode == 0:
+            for line in q.stdout.splitlines():
+                parts = line.split("|")
+                if len(parts) == 3 and parts[0] in slurm and parts[1]:
+                    out[parts[0]] = (parts[1].split()[0], _exit_code(parts[2]))
+        for j in [j for j in slurm if j not in out]:
+            q = _run_quiet(["scontrol", "show", "job", "-o", j])
+            if q is None or q.returncode != 0:
+                continue
+            state = re.search(r"\bJobState=(\S+)", q.stdout)
+            code = re.search(r"\bExitCode=(\S+)", q.stdout)
+            if state:
+                out[j] = (state.group(1), _exit_code(code.group(1)) if code else None)
+    for j in [j for j, s in jobs.items() if s == "pbs"]:
+        state, code = _qstat(j)
+        if state in ("F", "X"):
+            out[j] = ("FINISHED", code)
+    return out
 
 
 def pid_alive(pid: int) -> bool:
@@ -475,8 +535,10 @@ def _read_small(f: Path) -> str:
         return fh.read(256).decode("utf-8", "replace").strip()
 
 
-def point_state(p: dict, queue: dict[str, str]) -> tuple[str, str]:
-    """(state, why) of one point."""
+def point_state(p: dict, queue: dict[str, str],
+                ended: dict[str, tuple[str, int | None]] | None = None) -> tuple[str, str]:
+    """(state, why) of one point; `ended`: ended_states() of the jobs not in `queue`."""
+    ended = ended or {}
     d = p["run_dir"]
     done = completed_file(d)
     if done:
@@ -488,6 +550,9 @@ def point_state(p: dict, queue: dict[str, str]) -> tuple[str, str]:
         exit_file, pid_file = d / "job.exit", d / "job.pid"
         if exit_file.exists():
             code = _read_small(exit_file)[:40]
+            if code == str(INTERRUPTED_EXIT) and rf == "interrupted":
+                return "interrupted", f"exit {code}, run file interrupted: stopped with a " \
+                                      "checkpoint; `run` submits it again"
             return "failed", f"exit {code}, run file {rf or 'missing'}"
         if pid_file.exists():
             text = _read_small(pid_file)
@@ -502,7 +567,12 @@ def point_state(p: dict, queue: dict[str, str]) -> tuple[str, str]:
     if sched in ("slurm", "pbs"):
         if job in queue:
             return queue[job], f"{sched} job {job}"
-        return "failed", f"{sched} job {job} ended, run file {rf or 'missing'}"
+        how, code = ended.get(job, ("", None))
+        said = " ".join(x for x in (how, "" if code is None else f"exit {code}") if x)
+        detail = f"{sched} job {job} ended{' ' + said if said else ''}, run file {rf or 'missing'}"
+        if rf == "interrupted":  # the run stopped on a signal after its checkpoint
+            return "interrupted", detail + ": stopped with a checkpoint; `run` submits it again"
+        return "failed", detail
     if rf is not None:
         # A run file without a job record (written by hand or by jobscripts/sweep).
         return "failed", f"run file {rf}"
@@ -518,7 +588,9 @@ def states(pts: list[dict]) -> list[tuple[str, str]]:
             if len(parts) == 2:
                 jobs[parts[1]] = parts[0]
     queue = scheduler_states(jobs) if jobs else {}
-    return [point_state(p, queue) for p in pts]
+    gone = {j: s for j, s in jobs.items() if j not in queue}
+    ended = ended_states(gone) if gone else {}
+    return [point_state(p, queue, ended) for p in pts]
 
 
 # ------------------------------------------------------------------------------ run / status
@@ -606,7 +678,8 @@ def cmd_run(a) -> int:
     st = states(pts) if out.exists() else [("pending", "not submitted")] * len(pts)
     # (A queued point is "pending" too, but with its job named: it is skipped like a running one.)
     todo = [p for p, (s, why) in zip(pts, st)
-            if s == "failed" or (s == "pending" and why in ("not submitted", "not started"))]
+            if s in ("failed", "interrupted") or
+            (s == "pending" and why in ("not submitted", "not started"))]
     chosen = {p["point"] for p in todo}
     for p, (s, why) in zip(pts, st):
         if p["point"] in chosen:
@@ -768,7 +841,8 @@ def parse(argv=None):
     r.add_argument("--dry-run", action="store_true", help="render only, submit nothing")
     sub.add_parser("coalloc", help="run two or more jobs side by side: equal, advised static and "
                    "dynamic splits of the units (trainscope-study coalloc --help)")
-    s = sub.add_parser("status", help="every point: pending, running, completed or failed")
+    s = sub.add_parser("status", help="every point: pending, running, completed, interrupted "
+                       "or failed (with how the scheduler says its job ended)")
     s.add_argument("dir", type=Path, help="a study directory written by `run`")
     s.add_argument("--json", type=Path, help="also write the table as JSON to this file")
     return p.parse_args(argv)

@@ -179,7 +179,8 @@ def test_signal_stops_checkpoints_and_resume_equals_uninterrupted(tmp_path, refe
         job.proc.send_signal(signal.SIGUSR1)
     rc = job.wait(60)
     print(f"{how}: stopped and exited {time.monotonic() - t0:.2f} s after the signal")
-    assert rc == 0, job.output
+    # 75 (EX_TEMPFAIL): stopped with a checkpoint, not finished (docs/faults.md exit codes).
+    assert rc == 75, job.output
     assert time.monotonic() - t0 < 30
     with h5py.File(out, "r") as f:
         assert text(f.attrs["status"]) == "interrupted"
@@ -251,14 +252,14 @@ def test_watchdog_names_the_stalled_rank_and_ends_the_job(tmp_path):
 
 def test_signal_during_start_up_stops_after_the_first_iteration(tmp_path):
     """A resize or pre-emption may come while the ranks still load data and build the model: the
-    signal is kept (not fatal), the run stops after iteration 0 with a checkpoint, exit 0."""
+    signal is kept (not fatal), the run stops after iteration 0 with a checkpoint, exit 75."""
     ckpt = tmp_path / "ckpt"
     job = Job(2, *SHORT, "--train.max_iters=50", f"--checkpoint.dir={ckpt}",
               f"--output.file={tmp_path}/x.h5")
     job.wait_for("placement:")  # every rank is inside main, before any iteration
     assert not any("iter 1/" in line for line in job.lines)
     job.proc.send_signal(signal.SIGUSR1)
-    assert job.wait(120) == 0, job.output
+    assert job.wait(120) == 75, job.output
     assert "stopped after iteration 0 with a checkpoint" in job.output
     assert sorted(d.name for d in ckpt.glob("ckpt-*")) == ["ckpt-000000001"]
     with h5py.File(tmp_path / "x.h5", "r") as f:
@@ -545,8 +546,8 @@ def test_two_jobs_cannot_share_a_checkpoint_dir(tmp_path, run_ts):
         assert elapsed < 40
         assert status_of(tmp_path / "second.h5") == "failed"
         assert first.proc.poll() is None, "the first job must keep running"
-        first.proc.send_signal(signal.SIGUSR1)  # graceful stop: checkpoint, exit 0
-        assert first.wait(60) == 0, first.output
+        first.proc.send_signal(signal.SIGUSR1)  # graceful stop: checkpoint, exit 75
+        assert first.wait(60) == 75, first.output
     finally:
         if first.proc.poll() is None:
             first.kill()

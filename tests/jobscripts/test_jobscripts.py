@@ -317,18 +317,32 @@ def test_step_tasks_without_mpi_world_is_refused(tmp_path):
     assert not (tmp_path / "x.h5").exists()
 
 
-def test_real_slurm_signal_stops_and_requeue_resumes(slurm, tmp_path):
+def squeue_state(env, job) -> str:
+    q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                       env=env)
+    return q.stdout.strip()
+
+
+def test_real_slurm_signal_stops_requeues_and_afterok_waits(slurm, tmp_path, monkeypatch):
     """Slurm's --signal=USR1 (sent here at once with scancel --signal=USR1): trainscope stops at an
-    iteration boundary with a checkpoint and status interrupted; `scontrol requeue` restarts the
-    job, whose script adds --resume (SLURM_RESTART_COUNT > 0), and the continuation completes the
-    run in <stem>.resume1.h5."""
-    out, ckpt = tmp_path / "study", tmp_path / "ckpt"
+    iteration boundary with a checkpoint, status interrupted and exit 75; the job script requeues
+    its own job on 75, and a job submitted with --dependency=afterok on it does not start (the
+    pre-empted run has not finished). The requeued start adds --resume (SLURM_RESTART_COUNT > 0),
+    the continuation completes the run in <stem>.resume1.h5, and only then the dependent job runs.
+    `trainscope-study`'s reading of the scheduler (ended_states: sacct, else scontrol show job)
+    says how the job ended."""
+    sys.path.insert(0, str(ROOT / "postprocess"))
+    from trainscope_post.study_runner import ended_states
+    out, ckpt, marker = tmp_path / "study", tmp_path / "ckpt", tmp_path / "dependent-ran"
     sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "2", "--mode", "weak",
           "--batch-per-rank", "16", "--out", out, "--submit", "--time", "00:10:00",
           "--", "--train.max_iters=200", "--log.every=1", "--telemetry.enabled=false",
           "--train.eval=false", f"--checkpoint.dir={ckpt}", env=slurm)
     row = manifest(out)[0]
     job, d = row["job_id"], Path(row["output"]).parent
+    dep = subprocess.run(["sbatch", "--parsable", f"--dependency=afterok:{job}", "-n", "1",
+                          "-o", str(tmp_path / "dependent.out"), "--wrap", f"touch {marker}"],
+                         capture_output=True, text=True, env=slurm, check=True).stdout.strip()
     deadline = time.time() + 300
     log = ""
     while "iter 5/" not in log:
@@ -336,21 +350,29 @@ def test_real_slurm_signal_stops_and_requeue_resumes(slurm, tmp_path):
         time.sleep(0.5)
         log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm, check=True)
-    wait_for_jobs(slurm, [job], timeout=120)
+    # The run stops, the script sees exit 75 and requeues the job: it is PENDING again.
+    deadline = time.time() + 120
+    while not ((d / "job.exit").exists() and squeue_state(slurm, job) == "PENDING"):
+        assert time.time() < deadline, "the job did not requeue itself:\n" + "".join(
+            f.read_text() for f in d.glob("slurm-*.out"))
+        time.sleep(1)
     log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
+    assert (d / "job.exit").read_text().strip() == "75", log
+    assert "interrupted with a checkpoint (exit 75): requeueing job" in log
     assert status(row["output"]) == "interrupted", log
     with h5py.File(row["output"], "r") as f:
         stopped = int(f["iterations"].attrs["rows"])
     assert 5 <= stopped < 200
     assert (ckpt / f"ckpt-{stopped:09d}" / "MANIFEST.json").exists()
+    # afterok: the dependent job waits, it did not run after the pre-empted one.
+    assert squeue_state(slurm, dep) == "PENDING" and not marker.exists()
 
-    subprocess.run(["scontrol", "requeue", job], env=slurm, check=True)
     # Slurm holds a requeued batch job back for about two minutes (its begin time moves past the
     # previous allocation's clean-up); an administrator's "start now" releases it at once, as it
     # would on a cluster, so that the test does not sleep through that delay.
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm, check=True)
     time.sleep(2)
-    wait_for_jobs(slurm, [job], timeout=600)
+    wait_for_jobs(slurm, [job, dep], timeout=600)
     resumed = Path(row["output"]).with_name(Path(row["output"]).stem + ".resume1.h5")
     log = "".join(f.read_text() for f in d.glob("slurm-*.out"))
     assert resumed.exists(), log
@@ -359,6 +381,9 @@ def test_real_slurm_signal_stops_and_requeue_resumes(slurm, tmp_path):
         assert int(f.attrs["resumed_from_iteration"]) == stopped
         it = f["iterations/iteration"][0]
         assert it[0] == stopped and it[-1] == 199
+    assert marker.exists(), "the afterok job did not run after the run completed"
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    assert ended_states({job: "slurm"}) == {job: ("COMPLETED", 0)}
 
 
 def test_gpu_check_runs_up_to_the_gpu_and_says_what_it_skipped(tmp_path):

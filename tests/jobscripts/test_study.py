@@ -342,3 +342,52 @@ def test_shipped_weak_llm_study_runs_end_to_end_without_a_mode_flag(tmp_path):
     adv = post("advise", out, "--gpus-per-node", 2, "--max-nodes", 2)
     assert adv.returncode == 0, adv.stdout + adv.stderr
     assert "recommended:" in adv.stdout, adv.stdout
+
+
+def test_status_says_how_scheduler_jobs_ended(tmp_path, monkeypatch):
+    """`status` on ended Slurm and PBS jobs (stub squeue, sacct, scontrol and qstat on PATH):
+    sacct's TIMEOUT, OUT_OF_MEMORY, NODE_FAIL and PREEMPTED reach the detail; a run file
+    `interrupted` whose job exited 75 (or was pre-empted) is `interrupted`, not failed; where
+    sacct has no accounting, scontrol show job answers; PBS's qstat -x gives the exit status."""
+    sys.path.insert(0, str(ROOT / "postprocess"))
+    from trainscope_post import study_runner as sr
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    scripts = {
+        "squeue": "exit 0",  # nothing queued: every job has ended
+        "sacct": "printf '%s\\n' '11|TIMEOUT|0:15' '12|OUT_OF_MEMORY|0:125' '13|NODE_FAIL|0:0' "
+                 "'14|PREEMPTED|0:15' '15|FAILED|75:0' '16|CANCELLED by 0|0:15'",
+        "scontrol": "echo 'JobId=17 JobName=x JobState=FAILED Reason=NonZeroExitCode "
+                    "ExitCode=75:0 RunTime=00:01:00'",
+        "qstat": "echo '    job_state = F'; echo '    Exit_status = 75'",
+    }
+    for name, body in scripts.items():
+        (stubs / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stubs / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
+
+    def point(i, sched, job, run_status):
+        d = tmp_path / f"p{i}"
+        d.mkdir()
+        (d / "job.id").write_text(f"{sched} {job}\n")
+        if run_status:
+            with h5py.File(d / "run.h5", "w") as f:
+                f.attrs["status"] = run_status
+        return {"run_dir": d, "output": d / "run.h5"}
+
+    pts = [point(1, "slurm", "11", "running"), point(2, "slurm", "12", None),
+           point(3, "slurm", "13", "running"), point(4, "slurm", "14", "interrupted"),
+           point(5, "slurm", "15", "interrupted"), point(6, "slurm", "16", "running"),
+           point(7, "pbs", "99.srv", "interrupted")]
+    # Job 17 is not in sacct's answer (no accounting for it): scontrol show job is asked.
+    pts.append(point(8, "slurm", "17", "interrupted"))
+    got = sr.states(pts)
+    assert got[0] == ("failed", "slurm job 11 ended TIMEOUT exit 0, run file running")
+    assert got[1] == ("failed", "slurm job 12 ended OUT_OF_MEMORY exit 0, run file missing")
+    assert got[2][0] == "failed" and "NODE_FAIL" in got[2][1]
+    assert got[3][0] == "interrupted" and "PREEMPTED" in got[3][1]
+    assert got[4][0] == "interrupted" and "FAILED exit 75" in got[4][1]
+    assert got[5][0] == "failed" and "CANCELLED" in got[5][1]
+    assert got[6] == ("interrupted", "pbs job 99.srv ended FINISHED exit 75, run file "
+                      "interrupted: stopped with a checkpoint; `run` submits it again")
+    assert got[7][0] == "interrupted" and "slurm job 17 ended FAILED exit 75" in got[7][1]
