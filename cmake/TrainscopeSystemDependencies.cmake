@@ -15,6 +15,8 @@ find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
 find_package(ZLIB REQUIRED)
 # JSON (safetensors headers, config.json, tokenizer.json, JSON/JSONL datasets): Debian nlohmann-json3-dev.
 find_package(nlohmann_json 3.10 REQUIRED)
+# Logging (timestamped, rank-prefixed lines; core/src/log.cpp): Debian libspdlog-dev (with fmt).
+find_package(spdlog 1.9 REQUIRED)
 if(TRAINSCOPE_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

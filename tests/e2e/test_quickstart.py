@@ -1,6 +1,8 @@
 """The quickstart configuration on 2 real MPI ranks, cut to a few iterations; the run file's
 structure and values checked with h5py and h5dump, and the summary printer run on it."""
 
+import datetime
+import re
 import subprocess
 import sys
 
@@ -40,6 +42,18 @@ def test_progress_is_printed_by_rank_zero(quickstart_file):
     assert len(lines) == ITERS // 4
     assert all(l.startswith("[rank 0/2 ") for l in lines)
     assert f"iter {ITERS}/{ITERS}" in lines[-1] and "ETA" in lines[-1]
+    # Every line carries its UTC time (spdlog's pattern, milliseconds), in order, within the run.
+    stamp = re.compile(r"\[rank \d+/2 [^\]]+\] (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")
+    times = []
+    for line in (proc.stdout + proc.stderr).splitlines():
+        if line.startswith("[rank "):
+            m = stamp.match(line)
+            assert m, line
+            times.append(datetime.datetime.fromisoformat(m.group(1)))
+    progress = [datetime.datetime.fromisoformat(stamp.match(l).group(1)) for l in lines]
+    assert progress == sorted(progress)
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    assert all(now - datetime.timedelta(hours=1) < t <= now for t in times)
 
 
 def test_root_attributes_and_status(quickstart_file):
