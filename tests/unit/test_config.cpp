@@ -177,6 +177,37 @@ TEST_F(ConfigTest, TheLastOfARepeatedCommandLineOptionWinsAndEveryValueKnowsItsO
     EXPECT_EQ(parse(r, {"--config", write("again.ini", ini)}).config.items(), cl.config.items());
 }
 
+TEST_F(ConfigTest, InputPathsInAFileAreRelativeToThatFile) {
+    auto r = registry();
+    r.add_input_path("llm.tokenizer", "", "tokenizer");
+    r.add_input_path("llm.model", "tiny", "model", {"tiny", "llama3-8b"});
+    fs::create_directories(dir / "cfg" / "data");
+    const std::string f = write("cfg/job.ini", "[llm]\ntokenizer = data/../data/tok.model\n"
+                                               "model = tiny\n[output]\nfile = out/run.h5\n");
+    auto cl = parse(r, {"--config", f});
+    // Relative to the file's directory, absolute and normalised, whatever the working directory.
+    EXPECT_EQ(cl.config.get_string("llm.tokenizer"),
+              (fs::absolute(dir) / "cfg" / "data" / "tok.model").lexically_normal().string());
+    EXPECT_EQ(cl.config.get_string("llm.model"), "tiny"); // a preset's name, not a path
+    EXPECT_EQ(cl.config.get_string("output.file"), "out/run.h5"); // outputs: the working dir's
+    EXPECT_EQ(cl.config.origin("llm.tokenizer"), f + ":2");
+    // --print-config shows the resolved path, and it parses back to the same value from anywhere.
+    const std::string ini = cl.config.to_ini(/*with_origins=*/true);
+    EXPECT_NE(ini.find("tokenizer = " + cl.config.get_string("llm.tokenizer") + "  # " + f),
+              std::string::npos)
+        << ini;
+    EXPECT_EQ(parse(r, {"--config", write("elsewhere.ini", ini)}).config.items(),
+              cl.config.items());
+    // Absolute paths, a model directory and the command line: as given (the command line is
+    // relative to the working directory, as a shell's arguments are).
+    auto abs = parse(r, {"--config", write("cfg/abs.ini", "[llm]\ntokenizer = /opt/t.model\n"
+                                                          "model = models/llama\n"),
+                         "--llm.tokenizer=rel/t.model"});
+    EXPECT_EQ(abs.config.get_string("llm.tokenizer"), "rel/t.model");
+    EXPECT_EQ(abs.config.get_string("llm.model"),
+              (fs::absolute(dir) / "cfg" / "models" / "llama").lexically_normal().string());
+}
+
 TEST_F(ConfigTest, NumbersAreDecimalFiniteAndTrimmed) {
     auto r = registry();
     EXPECT_EQ(parse(r, {"--train.batch_size= 5 "}).config.get_int("train.batch_size"), 5);

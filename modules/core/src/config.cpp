@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
@@ -185,6 +186,25 @@ std::vector<IniEntry> read_ini_file(const std::string& file) {
     return entries;
 }
 
+
+// An INI file's relative input path, as an absolute path from the file's directory: the same
+// configuration then reads the same files from any working directory (a job script's, a
+// scheduler's). Empty values, absolute paths and names listed in not_paths are kept as given.
+std::string relative_to_file(const OptionRegistry& registry, const std::string& key,
+                             const std::string& value, const std::string& file) {
+    const OptionSpec* spec = registry.find(key);
+    if (!spec || !spec->input_path || value.empty()) return value;
+    if (std::find(spec->not_paths.begin(), spec->not_paths.end(), value) != spec->not_paths.end())
+        return value;
+    namespace fs = std::filesystem;
+    const fs::path given(value);
+    if (given.is_absolute()) return value;
+    std::error_code ec;
+    const fs::path dir = fs::absolute(fs::path(file).parent_path(), ec);
+    if (ec) return value;
+    return (dir / given).lexically_normal().string();
+}
+
 } // namespace
 
 OptionRegistry& OptionRegistry::add(OptionSpec spec) {
@@ -204,25 +224,30 @@ OptionRegistry& OptionRegistry::add(OptionSpec spec) {
 OptionRegistry& OptionRegistry::add_int(const std::string& key, std::int64_t def,
                                         const std::string& help, std::optional<double> min,
                                         std::optional<double> max) {
-    return add({key, OptionType::Int, std::to_string(def), help, {}, min, max});
+    return add({key, OptionType::Int, std::to_string(def), help, {}, min, max, false, {}});
 }
 OptionRegistry& OptionRegistry::add_float(const std::string& key, double def,
                                           const std::string& help, std::optional<double> min,
                                           std::optional<double> max) {
-    return add({key, OptionType::Float, format_number(def), help, {}, min, max});
+    return add({key, OptionType::Float, format_number(def), help, {}, min, max, false, {}});
 }
 OptionRegistry& OptionRegistry::add_bool(const std::string& key, bool def,
                                          const std::string& help) {
-    return add({key, OptionType::Bool, def ? "true" : "false", help, {}, {}, {}});
+    return add({key, OptionType::Bool, def ? "true" : "false", help, {}, {}, {}, false, {}});
 }
 OptionRegistry& OptionRegistry::add_string(const std::string& key, const std::string& def,
                                            const std::string& help) {
-    return add({key, OptionType::String, def, help, {}, {}, {}});
+    return add({key, OptionType::String, def, help, {}, {}, {}, false, {}});
+}
+OptionRegistry& OptionRegistry::add_input_path(const std::string& key, const std::string& def,
+                                               const std::string& help,
+                                               const std::vector<std::string>& not_paths) {
+    return add({key, OptionType::String, def, help, {}, {}, {}, true, not_paths});
 }
 OptionRegistry& OptionRegistry::add_choice(const std::string& key, const std::string& def,
                                            const std::vector<std::string>& choices,
                                            const std::string& help) {
-    return add({key, OptionType::Choice, def, help, choices, {}, {}});
+    return add({key, OptionType::Choice, def, help, choices, {}, {}, false, {}});
 }
 
 const OptionSpec* OptionRegistry::find(const std::string& key) const {
@@ -561,7 +586,7 @@ CommandLine CommandLine::parse(const OptionRegistry& registry, int argc, const c
                                   std::to_string(e.line) +
                                   ": keep one of them (a later --config file or --" + e.key +
                                   "=VALUE on the command line may override a file's value)");
-            cl.config.values_[e.key] = value;
+            cl.config.values_[e.key] = relative_to_file(registry, e.key, value, file);
             cl.config.sources_[e.key] = ValueSource::File;
             cl.config.origins_[e.key] = where;
         }

@@ -14,10 +14,10 @@ void declare_options(core::OptionRegistry& r) {
                  {"fashion-mnist", "mnist", "synthetic", "imagefolder"},
                  "training data: IDX files from data.path, generated images (no files needed), "
                  "or JPEG/PNG files in data.path/{train,val}/<class>/ (ImageNet layout)");
-    r.add_string("data.path", "/usr/share/datasets/fashion-mnist",
-                 "directory with train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz), "
-                 "t10k-images-idx3-ubyte(.gz), t10k-labels-idx1-ubyte(.gz); for imagefolder the "
-                 "root holding train/ and val/");
+    r.add_input_path("data.path", "/usr/share/datasets/fashion-mnist",
+                     "directory with train-images-idx3-ubyte(.gz), train-labels-idx1-ubyte(.gz), "
+                     "t10k-images-idx3-ubyte(.gz), t10k-labels-idx1-ubyte(.gz); for imagefolder "
+                     "the root holding train/ and val/ (in an INI file: relative to the file)");
     r.add_int(
         "data.synthetic_samples", 4096,
         "training images of data.dataset=synthetic (28x28 gray; plus 1/4 as many test images)", 1,

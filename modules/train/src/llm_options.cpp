@@ -42,21 +42,25 @@ std::string shown(double v) {
 } // namespace
 
 void declare_llm_options(core::OptionRegistry& r) {
-    r.add_string("llm.model", "tiny",
-                 "Llama model: a preset (llama3-8b, llama3.1-8b, llama3.2-1b, llama3.2-3b, tiny) "
-                 "or a Hugging Face model directory / config.json");
+    r.add_input_path("llm.model", "tiny",
+                     "Llama model: a preset (llama3-8b, llama3.1-8b, llama3.2-1b, llama3.2-3b, "
+                     "tiny) or a Hugging Face model directory / config.json (in an INI file: "
+                     "relative to the file)",
+                     {"llama3-8b", "llama3.1-8b", "llama3.2-1b", "llama3.2-3b", "tiny"});
     r.add_choice("llm.init", "auto", {"auto", "random", "checkpoint"},
                  "weights: checkpoint = load the model directory's safetensors; random = "
                  "initialise (scaling studies without weights); auto = checkpoint for a "
                  "directory with safetensors, else random");
-    r.add_string("llm.tokenizer", "",
-                 "tokenizer: Llama-3 tiktoken file (original/tokenizer.model) or Hugging Face "
-                 "tokenizer.json; empty = the model directory's");
+    r.add_input_path("llm.tokenizer", "",
+                     "tokenizer: Llama-3 tiktoken file (original/tokenizer.model) or Hugging Face "
+                     "tokenizer.json; empty = the model directory's (in an INI file: relative to "
+                     "the file)");
     r.add_choice("llm.method", "lora", {"full", "lora", "qlora", "dpo", "qat"},
                  "fine-tuning method: full weights, LoRA adapters, LoRA over NF4 weights, DPO "
                  "(LoRA policy vs adapters-off reference), QAT (int8 activations / int4 weights "
                  "fake-quantised)");
-    r.add_string("llm.dataset.path", "", "dataset file (.json array or .jsonl)");
+    r.add_input_path("llm.dataset.path", "",
+                     "dataset file (.json array or .jsonl; in an INI file: relative to the file)");
     r.add_choice("llm.dataset.format", "instruct",
                  {"instruct", "summarize", "grammar", "chat", "text", "preference"},
                  "dataset type: instruct (Alpaca), summarize (dialogue/summary), grammar "
@@ -68,9 +72,10 @@ void declare_llm_options(core::OptionRegistry& r) {
                 "val_perplexity; DPO: val_accuracy = reward accuracy); 0 = none (torchtune's "
                 "default: no split)",
                 0.0, 1.0);
-    r.add_string("llm.val_dataset.path", "",
-                 "validation dataset file (same llm.dataset.format), evaluated after every epoch "
-                 "instead of a llm.val_fraction split; empty = none");
+    r.add_input_path("llm.val_dataset.path", "",
+                     "validation dataset file (same llm.dataset.format), evaluated after every "
+                     "epoch instead of a llm.val_fraction split; empty = none (in an INI file: "
+                     "relative to the file)");
     r.add_int("llm.max_seq_len", 2048, "tokens per sample after truncation (and per pack)", 8,
               1 << 20);
     r.add_int("llm.max_samples", 0, "use the first N samples of the dataset (0 = all)", 0);

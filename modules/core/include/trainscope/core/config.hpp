@@ -21,6 +21,12 @@ struct OptionSpec {
     std::string help;
     std::vector<std::string> choices; // Choice only
     std::optional<double> min, max;   // Int/Float: inclusive range
+    // String options naming a file or directory the run reads: a relative path given in an INI
+    // file is relative to that file's directory (resolved to an absolute path when the file is
+    // read); on the command line, relative to the working directory. Values in not_paths (e.g.
+    // a model preset's name) are names, never resolved.
+    bool input_path = false;
+    std::vector<std::string> not_paths;
 };
 
 // The set of known options. Each module has a `declare_options(OptionRegistry&)`.
@@ -37,6 +43,10 @@ class OptionRegistry {
                                const std::string& help);
     OptionRegistry& add_choice(const std::string& key, const std::string& def,
                                const std::vector<std::string>& choices, const std::string& help);
+    // A String option naming an input file or directory (OptionSpec::input_path).
+    OptionRegistry& add_input_path(const std::string& key, const std::string& def,
+                                   const std::string& help,
+                                   const std::vector<std::string>& not_paths = {});
 
     const OptionSpec* find(const std::string& key) const;
     const std::vector<OptionSpec>& specs() const { return specs_; }
