@@ -207,7 +207,7 @@ def link_text(c: Comparison) -> str:
     rate = next((link_rate(p.run.path) for p in base if link_rate(p.run.path)), "") \
         if c.nodes > 1 else ""
     mbs = eff / 1e6
-    shown = f"{mbs:,.0f}" if mbs >= 1000 else f"{mbs:.3g}"
+    shown = f"{mbs:,.0f}" if mbs >= 100 else f"{mbs:.3g}"
     how = "the uncompressed runs' bytes per step / their time in the collectives"
     if rate:
         return (f"link rate {rate} (effective {shown} MB/s: {how})" if eff == eff else
@@ -382,8 +382,16 @@ def knob_summary(cm, k: Knob, rows: list[dict]) -> list[str]:
     yes = [r["nodes"] for r in rows if r["pays"] == "yes"]
     no = [r["nodes"] for r in rows if r["pays"] == "no"]
 
-    def span(ns):
-        return ", ".join(str(n) for n in ns) if len(ns) < 4 else f"{ns[0]}-{ns[-1]}"
+    def span(ns):  # "1-4, 6, 8-9"
+        runs, out = [], []
+        for n in ns:
+            if runs and n == runs[-1][-1] + 1:
+                runs[-1].append(n)
+            else:
+                runs.append([n])
+        for r in runs:
+            out += [f"{r[0]}-{r[-1]}"] if len(r) >= 4 else [str(n) for n in r]
+        return ", ".join(out)
     lines = [f"{cm.label}: dist.compress={k.mode}: bytes ratio {k.ratio:.3g} ({k.ratio_basis}); "
              f"its own cost {1e3 * k.overhead_s:.3g} ms per step ({k.overhead_basis})"]
     best = min(rows, key=lambda r: r["change [%]"]) if rows else None
