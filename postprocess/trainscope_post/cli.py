@@ -335,11 +335,11 @@ def _print_model_notes(workload: str, models) -> None:
                 print(f"  note: {n}")
 
 
-def _print_compression(workload: str, models, args) -> None:
+def _print_compression(workload: str, models, args) -> bool:
     """advise's compression knob (--compress): per uncompressed configuration and setting, the
     predicted exposed communication and step with and without it at every node count, and
     where it pays (compression.knob: the communication term x the bytes ratio, plus the
-    compression's own cost where its runs measured it)."""
+    compression's own cost where its runs measured it). Whether it printed anything."""
     import pandas as pd
     from .compression import bases, knob, knob_modes, knob_rows, knob_summary
     modes = knob_modes(models, args.compress)
@@ -348,12 +348,12 @@ def _print_compression(workload: str, models, args) -> None:
             print(f"{workload}: compression: no run with dist.compress in these files; "
                   "--compress fp16|bf16|powersgd|all prices it (fp16/bf16 at the nominal bytes "
                   "ratio 0.5, powersgd only from a run that recorded its ratio)")
-        return
+        return args.compress == "auto"
     base = bases(models)
     if not base:
         print(f"{workload}: compression not priced: no configuration measured with "
               "dist.compress=none at two or more rank counts")
-        return
+        return True
     rows, lines = [], []
     for cm in base:
         for mode in modes:
@@ -372,6 +372,7 @@ def _print_compression(workload: str, models, args) -> None:
         print(text_table(pd.DataFrame(rows)))
     for line in lines:
         print(line)
+    return True
 
 
 def cmd_advise(args) -> int:
@@ -452,8 +453,9 @@ def cmd_advise(args) -> int:
         print(text_table(tables[-1]))
         for line in recommendation(cands, ranked, args.objective, args.min_efficiency):
             print(line)
-        _print_compression(workload, group, args)
         print()
+        if _print_compression(workload, group, args):
+            print()
         found = found and bool(ranked)
     if getattr(args, "csv", None):
         pd.concat(tables).to_csv(args.csv, index=False)
