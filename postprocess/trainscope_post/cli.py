@@ -335,6 +335,46 @@ def _print_model_notes(workload: str, models) -> None:
                 print(f"  note: {n}")
 
 
+def _print_compression(workload: str, models, args) -> bool:
+    """advise's compression knob (--compress): per uncompressed configuration and setting, the
+    predicted exposed communication and step with and without it at every node count, and
+    where it pays (compression.knob: the communication term x the bytes ratio, plus the
+    compression's own cost where its runs measured it). Whether it printed anything."""
+    import pandas as pd
+    from .compression import bases, knob, knob_modes, knob_rows, knob_summary
+    modes = knob_modes(models, args.compress)
+    if not modes:
+        if args.compress == "auto":
+            print(f"{workload}: compression: no run with dist.compress in these files; "
+                  "--compress fp16|bf16|powersgd|all prices it (fp16/bf16 at the nominal bytes "
+                  "ratio 0.5, powersgd only from a run that recorded its ratio)")
+        return args.compress == "auto"
+    base = bases(models)
+    if not base:
+        print(f"{workload}: compression not priced: no configuration measured with "
+              "dist.compress=none at two or more rank counts")
+        return True
+    rows, lines = [], []
+    for cm in base:
+        for mode in modes:
+            k = knob(cm, models, mode)
+            if isinstance(k, str):
+                lines.append(f"{cm.label}: {k}")
+                continue
+            r = knob_rows(cm, k, args.gpus_per_node, range(1, args.max_nodes + 1))
+            rows += r
+            lines += knob_summary(cm, k, r)
+    if rows:
+        print(f"{workload}: compression (--compress {args.compress}) predicted per node count "
+              f"({args.gpus_per_node} GPUs per node): exposed communication and step without and "
+              "with it (the communication term x the bytes ratio, plus its own cost where "
+              "measured)")
+        print(text_table(pd.DataFrame(rows)))
+    for line in lines:
+        print(line)
+    return True
+
+
 def cmd_advise(args) -> int:
     import pandas as pd
     from .advise import (Job, candidate_table, candidates, check_recorded, coallocate,
@@ -414,6 +454,8 @@ def cmd_advise(args) -> int:
         for line in recommendation(cands, ranked, args.objective, args.min_efficiency):
             print(line)
         print()
+        if _print_compression(workload, group, args):
+            print()
         found = found and bool(ranked)
     if getattr(args, "csv", None):
         pd.concat(tables).to_csv(args.csv, index=False)
@@ -529,6 +571,11 @@ def main(argv=None) -> int:
                    help="exclude points below this parallel efficiency, a fraction in (0, 1] "
                         "(default: none)")
     p.add_argument("--top", type=_count, default=10, help="candidates to print (default 10)")
+    p.add_argument("--compress", choices=["auto", "none", "fp16", "bf16", "powersgd", "all"],
+                   default="auto",
+                   help="price gradient compression (dist.compress) on the uncompressed "
+                        "configurations: where it pays per node count (default auto: the "
+                        "settings the runs measured; none: do not)")
     p.add_argument("--jobs", action="store_true",
                    help="co-allocation: each FILES argument is one job's study directory")
     p.add_argument("--gpus", type=_count, help="--jobs: GPUs to split")

@@ -234,13 +234,25 @@ def overhead_share(study: Study, mode: str, inc: bool, phases: list[str],
     return _verdict(ok, lines, "no completed LLM run")
 
 
+def compression_pays(study: Study, mode: str, inc: bool) -> tuple[str, str]:
+    """Every compressed setting (dist.compress) lowers both the exposed communication
+    (comm_wait) and the step against dist.compress=none in runs that differ only in it, at the
+    same ranks (compression.verdicts: each sentence says by how much, at which link rate and
+    with which change in accuracy or loss, or that it does not pay)."""
+    from .compression import comparisons, verdicts
+    found = [v for c in comparisons(study, inc) for v in verdicts(c)]
+    return _verdict([ok for ok, _ in found], [text for _, text in found],
+                    "no runs that differ only in dist.compress (none and fp16, bf16 or powersgd) "
+                    "at the same rank count")
+
+
 _NAMES = {"lora": "LoRA", "qlora": "QLoRA", "dpo": "DPO", "qat": "QAT",
           "full": "full fine-tuning"}
 _METRICS = {"step": (_step, "ms", 1e3), "peak_memory": (_peak_mib, "MiB", 1.0)}
 RULES = {"scales": scales, "reduced_precision_faster": reduced_precision_faster,
          "option_gain_shrinks": option_gain_shrinks, "faster_and_leaner": faster_and_leaner,
          "method_extreme": method_extreme, "quality_kept": quality_kept,
-         "overhead_share": overhead_share}
+         "overhead_share": overhead_share, "compression_pays": compression_pays}
 
 
 def load_findings(path: Path = TABLE) -> list[dict]:

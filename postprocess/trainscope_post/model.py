@@ -156,6 +156,9 @@ class Measured:
     control: float = 0.0
     bucket_times: list = field(default_factory=list)  # per bucket [s per step]; [] unrecorded
     link_rate: str = ""    # the inter-node link's rate where recorded (comm_model.link_rate)
+    # comm_uncompressed_bytes (dist.compress): what comm_bytes would have been uncompressed;
+    # 0 in files before the column
+    uncompressed_bytes: float = 0.0
 
     @property
     def sync(self) -> float:
@@ -201,6 +204,7 @@ def measure(run: Run) -> Measured:
             v = v[np.isfinite(v)]
             return float(np.median(v)) if v.size else 0.0
         collective, comm_bytes = med("comm_collective_s"), med("comm_bytes")
+        uncompressed = med("comm_uncompressed_bytes")
         buckets = [float(b) for b in rf.series(schema.COMM_BUCKETS, "bytes").values] \
             if rf.has(schema.COMM_BUCKETS_BYTES) else []
         bucket_times = [med(f"bucket_{k}_s", schema.COMM_BUCKETS) for k in range(len(buckets))]
@@ -226,7 +230,8 @@ def measure(run: Run) -> Measured:
                     buckets, str(plan.get("device", run.config.get("run.device", "cpu"))),
                     int(plan.get("threads_per_rank", 1) or 1), work, unit, samples, power,
                     dict(plan), zero, control=_seconds(s, "median_control_s"),
-                    bucket_times=bucket_times, link_rate=link_rate(run.path))
+                    bucket_times=bucket_times, link_rate=link_rate(run.path),
+                    uncompressed_bytes=uncompressed)
 
 
 def state_shards(plan, zero: int, ranks: int) -> dict:
@@ -384,14 +389,18 @@ class ConfigModel:
         return 0.0, 0.0, "none (no comm model)", "-"
 
     def step(self, ranks: int, nodes: int, alg: str | None = None,
-             overlap: float | None = None) -> dict:
+             overlap: float | None = None, comm_scale: float = 1.0) -> dict:
         """The composed step at ranks/nodes; `alg` and `overlap` replace the calibrated
-        crossing algorithm and the scope's overlap fraction (for the band's alternatives)."""
+        crossing algorithm and the scope's overlap fraction (for the band's alternatives).
+        `comm_scale`: the gradient traffic's bytes x this (dist.compress: compressed /
+        uncompressed bytes, compression.knob); its time is taken as proportional to the bytes
+        (latency included, so small buckets' savings are overstated)."""
         k = self.kfactor(ranks, nodes)
         parts = {p: max(0.0, evaluate_pmnf(self.phases[p], ranks)) * k
                  for p in COMPUTE_PHASES if p in self.phases}
         other = evaluate_pmnf(self.phases["other"], ranks) if "other" in self.phases else 0.0
         coll, exposed, basis, source = self.comm_time(ranks, nodes, alg)
+        coll, exposed = coll * comm_scale, exposed * comm_scale
         if self.comm.get("source") == "alpha-beta" and ranks > 1:
             if overlap is not None:
                 exposed = coll * (1.0 - overlap)

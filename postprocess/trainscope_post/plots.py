@@ -185,6 +185,35 @@ def comm_figure(df: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def compression_figure(df: pd.DataFrame) -> plt.Figure:
+    """compression.table: per comparison (runs of one workload and placement) and setting, the
+    bytes sent per step relative to uncompressed, the exposed communication and the step time,
+    side by side; hatches tell the settings apart in greyscale."""
+    names = list(dict.fromkeys(df["runs"]))
+    settings = list(dict.fromkeys(df["compression"]))
+    panels = [("ratio to uncompressed", "bytes sent / uncompressed", 1.0),
+              ("exposed comm / step [ms]", "exposed communication (comm_wait) [ms]", 1.0),
+              ("step [ms]", "median step [ms]", 1.0)]
+    fig, axes = plt.subplots(1, 3, figsize=(min(16, 4 + 2.2 * len(names) * len(settings)), 4.2))
+    width = 0.8 / max(1, len(settings))
+    x = np.arange(len(names))
+    for ax, (col, ylabel, scale) in zip(axes, panels):
+        for i, st in enumerate(settings):
+            sub = df[df["compression"] == st].set_index("runs")
+            y = [float(sub[col].loc[n]) * scale if n in sub.index else np.nan for n in names]
+            ax.bar(x + i * width, np.nan_to_num(y), width, label=st, color=colour(i),
+                   edgecolor="black", hatch=HATCHES[i % len(HATCHES)])
+        ax.set_xticks(x + width * (len(settings) - 1) / 2,
+                      [textwrap.fill(n, 22) for n in names], fontsize=7)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(True, axis="y", color="0.9")
+    axes[0].legend(fontsize=7, title="dist.compress", title_fontsize=7)
+    fig.suptitle("gradient compression: bytes, exposed communication and step per setting "
+                 "(means over repeats)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def scaling_time_figure(df: pd.DataFrame, mode: str) -> plt.Figure:
     """The papers' axes (study.execution_table): left, execution time vs number of GPUs (ranks)
     with min/max error bars; right, parallel efficiency vs GPUs with the ideal 100% line."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import advise, model, plots
+from . import advise, compression, model, plots
 from .findings import NOT_COVERED, NOT_REPRODUCED, REPRODUCED, findings_table
 from .study import (Study, StudyError, comm_table,
                     curves_tables, describe_group, execution_table,
@@ -24,6 +24,8 @@ from .study import (Study, StudyError, comm_table,
 
 SECTIONS = ["Findings", "Runs", "Scaling", "Model and advice", "Training curves", "Step times",
             "Telemetry", "Top operators", "Phase breakdown", "Profile", "Memory", "Communication"]
+# Sections only a report of such runs has (after "Runs"): runs with dist.compress.
+OPTIONAL_SECTIONS = ["Communication optimisation"]
 
 
 def section_id(title: str) -> str:
@@ -62,6 +64,7 @@ MAX_RUN_SECTIONS = 12  # per-run breakdowns in a report; the tables above cover 
 class _Section:
     def __init__(self, title):
         # ("p", text) | ("pre", text) | ("table", df) | ("fig", name, png) | ("findings", df)
+        # | ("findings", df, summary): folded under `summary`
         self.title, self.parts = title, []
 
 
@@ -78,9 +81,20 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     s = _Section("Findings")
     s.parts.append(("p", "Each finding of the studies, and whether the runs in this report "
                          "reproduce it, decided from the runs' configuration (run.strategy, "
-                         "run.precision, data.pin_memory, llm.method, ranks) and measured numbers; "
-                         "'not covered' when no runs test it."))
-    s.parts.append(("findings", findings_table(study, mode, include_incomplete)))
+                         "run.precision, data.pin_memory, llm.method, dist.compress, ranks) and "
+                         "measured numbers; 'not covered' when no runs test it."))
+    table = findings_table(study, mode, include_incomplete)
+    covered = table[table["verdict"] != NOT_COVERED]
+    rest = table[table["verdict"] == NOT_COVERED]
+    if covered.empty:
+        s.parts.append(("p", f"None of the {len(table)} findings is tested by these runs: each "
+                             "compares runs that differ in one option (or in ranks); what each "
+                             "needs is in the folded table."))
+    else:
+        s.parts.append(("findings", covered))
+    if not rest.empty:
+        s.parts.append(("findings", rest, f"{len(rest)} finding(s) not covered by these runs "
+                                          "(select to show what each needs)"))
     out.append(s)
 
     s = _Section("Runs")
@@ -98,6 +112,9 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
     if study.errors:
         s.parts.append(("p", "Not run files: " + "; ".join(study.errors)))
     out.append(s)
+    comp = _compression_section(study, include_incomplete)
+    if comp is not None:
+        out.append(comp)
 
     s = _Section("Scaling")
     for workload in ("cv", "llm"):
@@ -192,6 +209,37 @@ def build_sections(study: Study, root: Path, mode: str, include_incomplete: bool
         s.parts += [("table", comm), ("fig", "comm", _png(plots.comm_figure(comm)))]
     out.append(s)
     return out
+
+
+def _compression_section(study: Study, include_incomplete: bool) -> _Section | None:
+    """"Communication optimisation": runs that differ only in dist.compress compared setting by
+    setting (compression.table), the compression finding's sentences, and for compressed runs
+    without an uncompressed partner their ratio and exposed communication. None when no usable
+    multi-rank run compresses its gradients."""
+    comps = compression.comparisons(study, include_incomplete)
+    if not comps:
+        return None
+    s = _Section("Communication optimisation")
+    df = compression.table(comps)
+    s.parts += [("p", "Gradient compression (dist.compress), per workload and placement: bytes "
+                      "sent per step and rank (comm_bytes) and their ratio to the uncompressed "
+                      "bytes (comm_uncompressed_bytes), the time in the collectives "
+                      "(comm_collective_s), the exposed communication (comm_wait) and the step "
+                      "(medians over the measured iterations of the mean over ranks), PowerSGD's "
+                      "error-feedback norm (comm_error_norm: mean over ranks, first -> last "
+                      "quarter of its compressed iterations), the final loss (validation where "
+                      "evaluated, else train) and the best validation accuracy over the epochs; "
+                      "means over repeats, changes against dist.compress=none."),
+                ("table", df), ("fig", "compression", _png(plots.compression_figure(df)))]
+    for c in comps:
+        for _, text in compression.verdicts(c):
+            s.parts.append(("p", text[0].upper() + text[1:] + "."))
+        if c.baseline is None:
+            s.parts += [("p", t + ".") for t in compression.single_text(c)]
+            s.parts.append(("p", f"{c.name}: no uncompressed run (dist.compress=none) of the same "
+                                 "configuration to compare with: run one to see what the "
+                                 "compression saves and costs."))
+    return s
 
 
 def configuration_table(study: Study, mode: str) -> pd.DataFrame:
@@ -490,7 +538,11 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
                 h.append(f"<pre>{html.escape(part[1])}</pre>")
                 md += ["```", part[1], "```", ""]
             elif part[0] == "findings":
-                h.append("<div class='t'>" + _findings_html(part[1]) + "</div>")
+                table = "<div class='t'>" + _findings_html(part[1]) + "</div>"
+                if len(part) > 2:  # folded, with this summary
+                    table = f"<details><summary>{html.escape(part[2])}</summary>{table}</details>"
+                    md += [part[2][0].upper() + part[2][1:].split(" (select")[0] + ":", ""]
+                h.append(table)
                 md += _findings_md(part[1])
             elif part[0] == "table":
                 t = fmt_table(part[1])

@@ -48,6 +48,8 @@ def applies(key: str, cfg: dict) -> bool:
         return False
     if section == "dp" and strategy and strategy != "dp":
         return False
+    if key.startswith("dist.powersgd_") and str(cfg.get("dist.compress", "none")) != "powersgd":
+        return False
     if key in ("dist.reshard_after_forward", "dist.prefetch") and \
             str(cfg.get("dist.zero", "0")) != "3":
         return False
@@ -224,9 +226,9 @@ def group_by_config(runs: list[Run], ignore=(), mode: str | None = None) -> list
 
 # Keys that name a configuration first, when they differ: what a study compares.
 NAMING_ORDER = ("run.workload", "llm.method", "run.strategy", "dist.zero", "run.precision",
-                "cv.model", "llm.model", "data.dataset", "llm.dataset.format", "cv.image_size",
-                "data.pin_memory", "cv.channels_last", "data.preprocess", "pipeline.stages",
-                "dp.devices")
+                "dist.compress", "cv.model", "llm.model", "data.dataset", "llm.dataset.format",
+                "cv.image_size", "data.pin_memory", "cv.channels_last", "data.preprocess",
+                "pipeline.stages", "dp.devices")
 MAX_NAME_KEYS = 4
 
 

@@ -255,7 +255,9 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
               noise: float = 0.0, seed: int = 0, iterations: int = 12, warmup: int = 2,
               device: str = "cuda", status: str = "completed", shards: bool = True,
               slow: float = 1.0, backend: str = "nccl", per_rank: str | None = "auto",
-              epochs: int = 0, straggler: tuple[int, float] | None = None) -> Path:
+              epochs: int = 0, straggler: tuple[int, float] | None = None,
+              compress: str | None = None, compress_ratio: float = 1.0,
+              compress_cost: float = 0.0, accuracy: float | None = None) -> Path:
     """A cv (or, with law.tokens_per_sample, llm) training run at `ranks` on `nodes` nodes.
     `config` overrides /config attributes (strings), e.g. to name the configuration. shards:
     /plan records memory_plan_<category>_shards, as the binary does since it writes them.
@@ -263,7 +265,13 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
     per_rank: output.per_rank (detail_ranks) with /iterations and /epochs aggregates over all
     ranks, as the writer lays them out since issue 39 point 1; None: the layout before it (every
     rank's rows, no <group>/ranks, no aggregates). epochs: /epochs rows (0: no /epochs).
-    straggler: (rank, seconds) added to that rank's step and backward on every iteration."""
+    straggler: (rank, seconds) added to that rank's step and backward on every iteration.
+    compress: dist.compress (none, fp16, bf16, powersgd) with /plan@compress and the columns
+    comm_uncompressed_bytes and comm_error_norm, as the binary writes them since issue 40 (None:
+    the layout before, none of them): the gradient bytes and the allreduce time x
+    compress_ratio, compress_cost [s] added to comm_wait and the step (PowerSGD's computation);
+    powersgd's error norm rises from 0.1 to 0.2 after its 2 plain iterations. accuracy: the last
+    epoch's validation accuracy (a fraction; the epochs before it 0.04 lower each)."""
     rng = np.random.default_rng(seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,16 +285,25 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
                                                                                       value)
 
     cols = {f"{ph}_s": noisy(law.phase(ph, p)) for ph in PHASES}
-    coll = noisy(law.collective(p, nodes))
+    ratio = compress_ratio if compress is not None else 1.0
+    coll = noisy(law.collective(p, nodes)) * ratio
     # exposed = the collective not hidden behind this iteration's backward (as the writer sees it)
-    wait = np.maximum(coll * (1.0 - law.overlap_at(nodes)), coll - cols["backward_s"]) \
-        if p > 1 else np.zeros(shape)
+    wait = np.maximum(coll * (1.0 - law.overlap_at(nodes)), coll - cols["backward_s"]) + \
+        compress_cost if p > 1 else np.zeros(shape)
     other = noisy(law.other)
     cols["comm_wait_s"] = wait
     cols["comm_collective_s"] = coll
     cols["step_s"] = sum(cols[f"{ph}_s"] for ph in PHASES) + wait + other
     samples_per_rank = law.global_batch / p
-    cols["comm_bytes"] = np.full(shape, law.rounds * sum(law.bucket_bytes) if p > 1 else 0.0)
+    uncompressed = law.rounds * sum(law.bucket_bytes) if p > 1 else 0.0
+    cols["comm_bytes"] = np.full(shape, uncompressed * ratio)
+    if compress is not None:
+        cols["comm_uncompressed_bytes"] = np.full(shape, uncompressed)
+        norm = np.full(shape, math.nan)
+        if compress == "powersgd" and p > 1:
+            norm[:, :2] = 0.0  # dist.powersgd_start_iter = 2 plain iterations
+            norm[:, 2:] = np.linspace(0.1, 0.2, max(iterations - 2, 0))
+        cols["comm_error_norm"] = norm
     cols["samples"] = np.full(shape, samples_per_rank)
     cols["tokens"] = np.full(shape, samples_per_rank * law.tokens_per_sample if llm else math.nan)
     cols["loss"] = np.full(shape, 2.0)
@@ -307,6 +324,10 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
            "profile.warmup_iters": str(warmup), "train.max_iters": str(iterations),
            "cv.model": "mobilenet_v2", "llm.method": "full" if llm else "lora",
            "output.file": str(path)}
+    if compress is not None:
+        cfg["dist.compress"] = compress
+        if compress == "powersgd":
+            cfg.update({"dist.powersgd_rank": "2", "dist.powersgd_start_iter": "2"})
     cfg.update({k: str(v) for k, v in (config or {}).items()})
     summary = {f"median_{ph}_s": median(f"{ph}_s") for ph in (*PHASES, "comm_wait")}
     summary.update({
@@ -334,6 +355,8 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
     plan["memory_estimate_bytes"] = float(sum(mem.values()))
     if llm:
         plan["method"] = cfg["llm.method"]
+    if compress is not None:
+        plan["compress"] = compress
 
     with h5py.File(path, "w") as f:
         _root(f, workload, ranks, nodes, status)
@@ -345,6 +368,7 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
         if per_rank is not None:
             f.attrs["per_rank"] = per_rank
         units = {"samples": "samples", "tokens": "tokens", "comm_bytes": "B", "loss": "1",
+                 "comm_uncompressed_bytes": "B", "comm_error_norm": "1",
                  "iteration": "1", "epoch": "1", "train_loss": "1", "val_loss": "1",
                  "val_accuracy": "1"}
         _series_group(f.create_group("iterations"), cols, units, detail, "step_s")
@@ -355,11 +379,14 @@ def write_run(path: Path, law: Law, ranks: int, nodes: int, config: dict | None 
                                        for e in range(epochs)], axis=1),
                   "train_loss": np.tile(2.0 / (1.0 + np.arange(epochs)), (ranks, 1)),
                   "val_loss": np.tile(2.2 / (1.0 + np.arange(epochs)), (ranks, 1)),
-                  "val_accuracy": np.tile(0.5 + 0.04 * np.arange(epochs), (ranks, 1)),
+                  "val_accuracy": np.tile((0.5 if accuracy is None else
+                                           accuracy - 0.04 * (epochs - 1)) +
+                                          0.04 * np.arange(epochs), (ranks, 1)),
                   "samples": np.full((ranks, epochs), per * law.global_batch / p)}
             _series_group(f.create_group("epochs"), ep, units, detail, "epoch_s")
         b = f.create_group("comm/buckets")
-        bb = b.create_dataset("bytes", data=np.asarray(law.bucket_bytes, dtype=np.float64))
+        bb = b.create_dataset("bytes", data=ratio * np.asarray(law.bucket_bytes,
+                                                               dtype=np.float64))
         bb.attrs["units"] = "B"
         total = max(sum(law.bucket_bytes), 1.0)
         # the collective split by payload; no aggregates in /comm/buckets

@@ -11,7 +11,7 @@ import re
 
 import pandas as pd
 import pytest
-from synthetic_runs import GiB, MiB, Law, write_comm, write_run, write_study
+from synthetic_runs import GiB, MiB, Law, Network, write_comm, write_run, write_study
 
 from trainscope_post import cli
 from trainscope_post.model import build_models, evaluate_pmnf, extrap_fit
@@ -349,3 +349,87 @@ def test_core_counts_must_be_positive(scaling, capsys, option):
     assert e.value.code == 2
     assert f"argument {name}: {value!r} is not a positive number of cores" in \
         capsys.readouterr().err
+
+
+# ---- gradient compression as a knob (issue 40 point 4) -------------------------------------------
+# A slow inter-node link (1 GB/s busbw): 60 MiB of buckets cost ~110-120 ms across nodes, of
+# which 80 % is exposed (overlap 0.2); within a node (100 GB/s) ~1 ms.
+SLOW = Law(network=Network(inter=(20e-6, 1 / 1e9)), overlap=0.2)
+PSGD_RATIO, PSGD_COST = 0.1, 0.010  # PowerSGD: 10 % of the bytes, 10 ms of computation
+
+
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory):
+    """The SLOW configuration uncompressed at 1..16 ranks (4 per node) with comm runs, and
+    PowerSGD runs of it at 2 ranks on one node and 8 ranks on two nodes."""
+    root = write_study(tmp_path_factory.mktemp("compress"), {"a": (SLOW, {})}, ranks=RANKS,
+                       noise=NOISE)
+    for p, n in ((2, 1), (8, 2)):
+        write_run(root / "psgd" / f"n{p}.h5", SLOW, p, n, compress="powersgd",
+                  compress_ratio=PSGD_RATIO, compress_cost=PSGD_COST, noise=NOISE, seed=p)
+    return root
+
+
+def _knob_table(stdout: str, mode: str) -> pd.DataFrame:
+    """The rows of advise's compression table for `mode` (nodes as the index)."""
+    head = stdout.index("compression (--compress")
+    lines = stdout[head:].splitlines()[1:]
+    cols = re.split(r"\s{2,}", lines[0].strip())
+    rows = []
+    for line in lines[1:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(cols):
+            break
+        rows.append(dict(zip(cols, cells)))
+    df = pd.DataFrame(rows)
+    df = df[df["compression"] == mode].copy()
+    for c in df.columns:
+        if c not in ("configuration", "compression", "pays"):
+            df[c] = df[c].astype(float)
+    return df.set_index("nodes")
+
+
+def test_advise_prices_compression_by_the_bytes_ratio(compressed, capsys):
+    """`advise --compress all`: bf16 (no run: the nominal ratio 0.5, no cost) halves the
+    predicted exposed communication (the overlap is not capped by backward here) and the step
+    drops by exactly that; PowerSGD's ratio and cost come from its runs (0.1 and 10 ms) and it
+    pays across nodes (the slow link: ~80 ms saved) but not on one node (~1 ms saved < 10 ms);
+    fp16 likewise at 0.5."""
+    rc, stdout, _ = post(["advise", compressed, "--gpus-per-node", GPN, "--max-nodes", 4,
+                          "--compress", "all"], capsys)
+    assert rc == 0, stdout
+    bf16 = _knob_table(stdout, "bf16")
+    for n, r in bf16.iterrows():
+        assert r["exposed with [ms]"] == pytest.approx(0.5 * r["exposed without [ms]"], rel=2e-3)
+        assert r["step with [ms]"] == pytest.approx(
+            r["step without [ms]"] - 0.5 * r["exposed without [ms]"], rel=2e-3)
+        assert r["cost [ms]"] == 0
+    # at 4 nodes (16 ranks, measured): the law's own exposed communication, with and without
+    p, n = 16, 4
+    c = SLOW.collective(p, n)
+    bw = SLOW.phase("backward", p)
+    assert bf16.loc[4.0, "exposed without [ms]"] == pytest.approx(
+        1e3 * max(0.8 * c, c - bw), rel=0.05)
+    assert bf16.loc[4.0, "exposed with [ms]"] == pytest.approx(
+        1e3 * max(0.8 * 0.5 * c, 0.5 * c - bw), rel=0.05)
+    assert "dist.compress=bf16: bytes ratio 0.5 (nominal (16-bit against fp32 gradients))" in \
+        stdout
+
+    psgd = _knob_table(stdout, "powersgd")
+    assert f"dist.compress=powersgd: bytes ratio {PSGD_RATIO:g} (measured (2 run(s) of this " \
+        "configuration))" in stdout
+    assert psgd["cost [ms]"].iloc[1:].to_numpy() == pytest.approx(1e3 * PSGD_COST, abs=1.5)
+    expected = 1e3 * (SLOW.step(p, n) - SLOW.comm_wait(p, n) + max(0.8 * 0.1 * c, 0.1 * c - bw)
+                      + PSGD_COST)
+    assert psgd.loc[4.0, "step with [ms]"] == pytest.approx(expected, rel=0.05)
+    assert list(psgd["pays"]) == ["no", "yes", "yes", "yes"]
+    assert "  pays at 2, 3, 4 node(s) (step " in stdout and "does not pay at 1 node(s)" in stdout
+    assert "break-even at 4 node(s): it saves" in stdout
+
+    # without --compress: the settings the runs measured (PowerSGD only); --compress none: none
+    rc, stdout, _ = post(["advise", compressed, "--gpus-per-node", GPN, "--max-nodes", 2],
+                         capsys)
+    assert "dist.compress=powersgd: bytes ratio" in stdout and "dist.compress=bf16" not in stdout
+    rc, stdout, _ = post(["advise", compressed, "--gpus-per-node", GPN, "--max-nodes", 2,
+                          "--compress", "none"], capsys)
+    assert "compression" not in stdout
