@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import schema
-from .runfile import RunFile
+from .runfile import AGGREGATE, RunFile
 from .study import PHASES, Run, Study, StudyError, phase_table
 
 EVENT_FILE_PREFIX = "events.out.tfevents."
@@ -125,7 +125,7 @@ def tensorboard_scalars(rf: RunFile) -> list[tuple[str, str, np.ndarray, np.ndar
                        set(_aggregate_columns(rf, schema.ITERATIONS))):
         if name in ITERATION_SCALARS_SKIPPED:
             continue
-        units = rf.units(name) or schema.units_of(schema.ITERATIONS, name)
+        units = _units(rf, schema.ITERATIONS, name)
         for tag, statistic in _iteration_tags(name, units):
             add(tag, _describe(schema.ITERATIONS, name, units, statistic, world), steps,
                 over(name, schema.ITERATIONS, statistic))
@@ -147,18 +147,32 @@ def tensorboard_scalars(rf: RunFile) -> list[tuple[str, str, np.ndarray, np.ndar
                        set(_aggregate_columns(rf, schema.EPOCHS))):
         if name == "epoch":
             continue
-        units = rf.units(name, schema.EPOCHS) or schema.units_of(schema.EPOCHS, name)
+        units = _units(rf, schema.EPOCHS, name)
         suffix = "_bytes" if units == "B" and not name.endswith("_bytes") else ""
         add(f"epoch/{name}{suffix}", _describe(schema.EPOCHS, name, units, "mean", world), ep,
             over(name, schema.EPOCHS, "mean"))
     return out
 
 
+def _units(rf: RunFile, group: str, name: str) -> str:
+    """The units of a column: its dataset's attribute, else the schema's (a column the file
+    holds only as an aggregate), else "" (a column newer than this package's schema)."""
+    try:
+        units = rf.units(name, group)
+    except KeyError:
+        units = ""
+    try:
+        return units or schema.units_of(group, name)
+    except KeyError:
+        return ""
+
+
 def _aggregate_columns(rf: RunFile, group: str) -> list[str]:
-    """Columns a file holds only as aggregates (output.per_rank=none has no per-rank rows)."""
+    """The schema's columns of which a file holds aggregates (output.per_rank=none has no
+    per-rank rows; RunFile reads no aggregate of a name the schema does not know)."""
     g = rf.group(group)
-    a = g.get("aggregate") if g is not None else None
-    return [k for k in a.keys()] if a is not None else []
+    a = g.get(AGGREGATE) if g is not None else None
+    return [k for k in a.keys() if schema.is_column(group, k)] if a is not None else []
 
 
 def write_tensorboard(study: Study, out) -> str:
