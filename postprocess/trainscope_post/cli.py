@@ -202,6 +202,16 @@ def cmd_comm(args) -> int:
 def cmd_export(args) -> int:
     study = load(args.files)
     rc = _warn_study(study, include_incomplete=True)
+    if args.format in ("tensorboard", "thicket"):  # a directory of one entry per run
+        from . import export_tools
+        if args.format == "tensorboard":
+            print(export_tools.write_tensorboard(study, args.output))
+            return rc
+        text, skipped = export_tools.write_thicket(study, args.output)
+        for s in skipped:
+            print(f"trainscope-post: skipped: {s}", file=sys.stderr)
+        print(text)
+        return 1 if skipped else rc
     out = check_output_file(args.output, "-o/--output", args.files)
     df = long_table(study, include_incomplete=True)
     if args.format == "csv":
@@ -520,9 +530,13 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", help="the group to compare against (default: the first)")
     add("memory", cmd_memory, "peak memory per run by category")
     add("comm", cmd_comm, "busbw vs message size of comm benchmark runs")
-    p = add("export", cmd_export, "tidy long table of /iterations", figures=False)
-    p.add_argument("--format", choices=["csv", "parquet"], default="csv")
-    p.add_argument("-o", "--output", required=True, help="output file")
+    p = add("export", cmd_export, "tidy long table of /iterations (csv, parquet), TensorBoard "
+            "event files, or the per-rank phase breakdown for Hatchet/Thicket", figures=False)
+    p.add_argument("--format", choices=["csv", "parquet", "tensorboard", "thicket"],
+                   default="csv")
+    p.add_argument("-o", "--output", required=True,
+                   help="output file (csv, parquet) or directory (tensorboard, thicket: one "
+                        "entry per run)")
     def contention_options(p):
         p.add_argument("--cores-per-node", type=_cores,
                        help="CPU runs: cores per node (default: no contention modelled); "

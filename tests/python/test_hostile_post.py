@@ -190,6 +190,39 @@ def test_output_with_a_control_character_is_refused(study, tmp_path):
     refused(post("export", study, "-o", tmp_path / "a\tb.csv"), "control character")
 
 
+@pytest.mark.parametrize("fmt", ["tensorboard", "thicket"])
+def test_a_directory_export_onto_a_file_is_refused_and_the_file_survives(study, tmp_path, fmt):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep")
+    refused(post("export", study, "--format", fmt, "-o", target), "-o/--output", str(target),
+            "not a directory", f"--format {fmt}")
+    assert target.read_text() == "keep"
+    run = study / "n1" / "run.h5"  # nor onto a run file
+    data = run.read_bytes()
+    refused(post("export", study, "--format", fmt, "-o", run), "not a directory")
+    assert run.read_bytes() == data
+
+
+def test_tensorboard_export_without_tensorboard_says_how_to_get_it(study, tmp_path):
+    # A Python on which `import tensorboard` fails, as where the package is not installed.
+    code = ("import sys; sys.modules['tensorboard'] = None; "
+            "from trainscope_post.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "export", str(study), "--format",
+                           "tensorboard", "-o", str(tmp_path / "tb")],
+                          capture_output=True, text=True, timeout=120, env=ENV)
+    refused(proc, "--format tensorboard needs the tensorboard package", "scripts/setup")
+    assert not (tmp_path / "tb").exists()
+
+
+def test_thicket_export_skips_a_run_without_per_rank_rows_and_says_so(study, tmp_path):
+    none = tmp_path / "none" / "run.h5"
+    write_run(none, Law(), 4, 1, per_rank="none")
+    proc = post("export", study / "n2" / "run.h5", none, "--format", "thicket", "-o",
+                tmp_path / "tk")
+    refused(proc, f"{none}: no per-rank phase times", code=1)
+    assert sorted(p.name for p in (tmp_path / "tk").rglob("*.json")) == ["run.json"]
+
+
 def test_compare_refuses_to_average_different_workloads(study, tmp_path):
     llm = tmp_path / "llm.h5"
     write_run(llm, Law(tokens_per_sample=128.0), 2, 1)

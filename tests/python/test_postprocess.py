@@ -6,9 +6,12 @@ aggregates; bad input gives clear errors and a non-zero exit."""
 import base64
 import html as htmllib
 import io
+import json
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -173,6 +176,123 @@ def test_export_long_table(study, tmp_path):
     with h5py.File(study / "killed/killed.h5", "r") as f:
         rows = f["iterations/rank_rows"][()]
     assert len(killed[(killed["metric"] == "loss") & (killed["rank"] == 0)]) == rows[0]
+
+
+def test_export_tensorboard_reads_back_with_tensorboards_reader(study, tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard package is not installed "
+                        "(scripts/setup installs it)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    cv, llm = study / "cv/n2/rep0.h5", study / "llm/lora.h5"
+    out = post("export", cv, llm, "--format", "tensorboard", "-o", tmp_path / "tb")
+    assert out.returncode == 0, out.stderr
+
+    def read(run):
+        (events,) = (tmp_path / "tb" / run).glob("events.out.tfevents.*")  # one file per run
+        ea = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
+        ea.Reload()
+        return ea, {t: ea.Scalars(t) for t in ea.Tags()["scalars"]}
+
+    def steps_values(scalars):
+        return [e.step for e in scalars], np.array([e.value for e in scalars])
+
+    # Run directories are named by the files' paths below their common directory.
+    ea, tags = read("cv/n2/rep0")
+    assert {"train/loss", "train/lr", "time/step_s", "time/step_max_s", "time/phase/data_s",
+            "time/phase/forward_s", "time/phase/backward_s", "time/phase/comm_wait_s",
+            "time/phase/optimizer_s", "throughput/samples_per_s", "memory/host_rss_bytes",
+            "memory/parameter_bytes", "epoch/val_accuracy", "epoch/val_loss",
+            "epoch/train_loss"} <= set(tags), sorted(tags)
+    assert not any(t.startswith("throughput/tokens") for t in tags)  # images have no tokens
+    with h5py.File(cv, "r") as f:
+        it = f["iterations/iteration"][0]  # every rank's rows, every recorded iteration
+        loss, step = f["iterations/loss"][...], f["iterations/step_s"][...]
+        rss, samples = f["iterations/host_rss_bytes"][...], f["iterations/samples"][...]
+        forward = f["iterations/forward_s"][...]
+        epoch, acc = f["epochs/epoch"][0], f["epochs/val_accuracy"][...]
+    steps, values = steps_values(tags["train/loss"])
+    assert steps == it.astype(int).tolist()  # global step = iteration
+    assert values == pytest.approx(loss.mean(axis=0), rel=1e-6)  # float32 in the event file
+    assert steps_values(tags["time/step_max_s"])[1] == pytest.approx(step.max(axis=0), rel=1e-6)
+    assert steps_values(tags["time/phase/forward_s"])[1] == pytest.approx(forward.mean(axis=0),
+                                                                          rel=1e-6)
+    assert steps_values(tags["memory/host_rss_bytes"])[1] == pytest.approx(rss.max(axis=0),
+                                                                           rel=1e-6)
+    assert steps_values(tags["throughput/samples_per_s"])[1] == pytest.approx(
+        samples.sum(axis=0) / step.mean(axis=0), rel=1e-6)
+    steps, values = steps_values(tags["epoch/val_accuracy"])
+    assert steps == epoch.astype(int).tolist() and values == pytest.approx(acc.mean(axis=0))
+    # Each tag says its units and how the ranks were combined.
+    text = ea.SummaryMetadata("time/step_s").summary_description
+    assert "Units: s" in text and "mean over the 2 ranks" in text
+    assert "largest of the 2 ranks" in ea.SummaryMetadata(
+        "memory/host_rss_bytes").summary_description
+
+    _, tags = read("llm/lora")
+    with h5py.File(llm, "r") as f:
+        tokens, step = f["iterations/tokens"][...], f["iterations/step_s"][...]
+    assert steps_values(tags["throughput/tokens_per_s"])[1] == pytest.approx(
+        tokens.sum(axis=0) / step.mean(axis=0), rel=1e-6)
+    # Exporting again replaces the run's event file: TensorBoard would show every point twice.
+    again = post("export", cv, llm, "--format", "tensorboard", "-o", tmp_path / "tb")
+    assert again.returncode == 0 and "replaced 1 earlier event file" in again.stdout, again
+    read("cv/n2/rep0")
+
+
+def thicket_python():
+    """The Python of scripts/setup --tests' Hatchet/Thicket venv (Thicket pins pandas < 3):
+    $TRAINSCOPE_THICKET_PYTHON, else ${TRAINSCOPE_CACHE:-~/.cache/trainscope}/venv-thicket."""
+    py = os.environ.get("TRAINSCOPE_THICKET_PYTHON")
+    cache = Path(os.environ.get("TRAINSCOPE_CACHE", Path.home() / ".cache" / "trainscope"))
+    return Path(py) if py else cache / "venv-thicket" / "bin" / "python"
+
+
+# Reads an export with both libraries and prints what they made of it, as JSON.
+READ_WITH_THICKET = """
+import json, sys
+import hatchet as ht, thicket as th
+text = open(sys.argv[1]).read()
+tk = th.Thicket.from_json(text)
+gf = ht.GraphFrame.from_json(text)
+rank = tk.metadata["rank"]
+print(json.dumps({
+    "tree": tk.tree(metric_column="time"),
+    "roots": [r.frame["name"] for r in tk.graph.roots],
+    "children": [c.frame["name"] for c in tk.graph.roots[0].children],
+    "thicket": [[int(rank[p]), n, t] for (node, p), n, t in
+                zip(tk.dataframe.index, tk.dataframe["name"], tk.dataframe["time (inc)"])],
+    "hatchet": [[n, t] for n, t in zip(gf.dataframe["name"], gf.dataframe["time (inc)"])],
+    "world": sorted(set(tk.metadata["world_size"].tolist()))}))
+"""
+
+
+def test_export_thicket_reads_back_with_hatchet_and_thicket(study, tmp_path):
+    py = thicket_python()
+    if not py.exists():
+        pytest.skip(f"Hatchet/Thicket's environment {py} is not installed (scripts/setup "
+                    "--tests makes it)")
+    cv = study / "cv/n2/rep0.h5"
+    out = post("export", cv, "--format", "thicket", "-o", tmp_path / "tk")
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "read.py").write_text(READ_WITH_THICKET)
+    proc = subprocess.run([str(py), str(tmp_path / "read.py"), str(tmp_path / "tk/rep0.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.splitlines()[-1])  # Thicket's import prints a note before
+    assert got["roots"] == ["step"] and got["world"] == [2]
+    # The phases the CPU run recorded, in the recorder's order (h2d is a copy, ~0 on CPU).
+    assert got["children"] == ["data", "h2d", "forward", "backward", "comm_wait", "optimizer",
+                               "control"]
+    assert "forward" in got["tree"] and "comm_wait" in got["tree"]
+    a = summary_attrs(cv)
+    w, m = int(a["warmup_iterations"]), int(a["measured_iterations"])
+    with h5py.File(cv, "r") as f:  # per rank, the mean over the measured iterations
+        want = {(r, p): float(np.mean(f[f"iterations/{p}_s"][r, w:w + m]))
+                for r in (0, 1) for p in got["children"] + ["step"]}
+    thicket = {(r, n): t for r, n, t in got["thicket"]}
+    assert thicket.keys() == want.keys()
+    for key, value in want.items():
+        assert thicket[key] == pytest.approx(value), key
+    assert sorted(t for _, t in got["hatchet"]) == pytest.approx(sorted(want.values()))
 
 
 def test_report_has_every_section_and_embedded_figures(study, tmp_path):
