@@ -9,7 +9,12 @@
 # taken down at exit, also on failure or Ctrl-C.
 # Environment: TRAINSCOPE (binary; default build/app/trainscope), RATES (default
 # "100mbit 1gbit unlimited"; unlimited = the veth without a limit), COMPRESS, WORKLOADS, REPEATS (1),
-# CV_ITERS (40), LLM_ITERS (48; 4 iterations per epoch of the 64 instruct samples at 2 + 2 ranks).
+# CV_ITERS (40), LLM_ITERS (48; 4 iterations per epoch of the 64 instruct samples at 2 + 2 ranks),
+# AUTOGROUP_NICE (e.g. -10: the nice value of this session's scheduler autogroup; with
+# kernel.sched_autogroup_enabled=1 a process's nice counts only inside its session's group, so other
+# sessions' nice-19 builds otherwise get as much CPU as these ranks).
+# OUTDIR/cpustat.log samples /proc/stat every 2 s (compression_table.py reports from it the share of
+# the cores niced processes took during each run).
 set -euo pipefail
 out=${1:?usage: $0 OUTDIR}
 bin=${TRAINSCOPE:-build/app/trainscope}
@@ -22,9 +27,13 @@ llm_iters=${LLM_ITERS:-48}
 here=$(dirname "$0")
 
 [ -x "$bin" ] || { echo "no binary at $bin (set TRAINSCOPE)" >&2; exit 2; }
-trap '"$here"/netns_nodes.sh down' EXIT
 mkdir -p "$out"
 touch "$out/runs.tsv"
+if [ -n "${AUTOGROUP_NICE:-}" ]; then echo "$AUTOGROUP_NICE" >/proc/self/autogroup; fi
+cat /proc/self/autogroup
+while true; do echo "$(date +%s) $(head -1 /proc/stat)"; sleep 2; done >>"$out/cpustat.log" &
+sampler=$!
+trap 'kill $sampler; "$here"/netns_nodes.sh down' EXIT
 
 completed() { [ -f "$1" ] && h5dump -a /status "$1" 2>/dev/null | grep -q '"completed"'; }
 

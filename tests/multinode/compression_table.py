@@ -143,20 +143,24 @@ def table(runs, workload: str):
 
 
 def loss_table(runs):
-    print("\nLLM loss (mean over ranks): final iteration and mean of the last epoch "
-          "(4 iterations), first repeat per link\n")
-    print("| link | `dist.compress` | final loss | last-epoch mean | max |Δ| vs none per iteration |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for rate in RATES:
-        base = runs.get(("llm", rate, "none"))
-        for c in COMPRESS:
-            rs = runs.get(("llm", rate, c))
-            if not rs:
-                continue
-            loss = rs[0]["loss"]
-            diff = np.nanmax(np.abs(loss - base[0]["loss"])) if base else float("nan")
-            print(f"| {RATE_LABEL.get(rate, rate)} | {c} | {loss[-1]:.3f} | "
-                  f"{np.nanmean(loss[-4:]):.3f} | {diff:.3f} |")
+    """The LLM loss per setting; the curves of every link and repeat are compared with the first
+    (the computation does not depend on the link: they should be the same)."""
+    print("\nLLM loss (mean over ranks) per setting: final iteration, mean of the last epoch "
+          "(4 iterations), largest difference to `none` at any iteration, and the largest "
+          "difference between this setting's runs (links, repeats)\n")
+    print("| `dist.compress` | runs | final loss | last-epoch mean | max. diff. to none "
+          "| max. diff. between runs |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    base = [r for rate in RATES for r in runs.get(("llm", rate, "none"), [])]
+    for c in COMPRESS:
+        rs = [r for rate in RATES for r in runs.get(("llm", rate, c), [])]
+        if not rs:
+            continue
+        loss = rs[0]["loss"]
+        spread = max(float(np.nanmax(np.abs(r["loss"] - loss))) for r in rs)
+        diff = float(np.nanmax(np.abs(loss - base[0]["loss"]))) if base else float("nan")
+        print(f"| {c} | {len(rs)} | {loss[-1]:.3f} | {np.nanmean(loss[-4:]):.3f} | {diff:.4f} "
+              f"| {spread:.1e} |")
 
 
 def figure(runs, rate: str, path: Path):
@@ -178,9 +182,10 @@ def figure(runs, rate: str, path: Path):
         label = "powersgd (rank 2)" if c == "powersgd" else c
         ax.plot(np.arange(1, len(loss) + 1), loss, color=color, linestyle=ls, linewidth=1.4,
                 label=label)
-    ax.set_xlabel("iteration (global batch 16 sequences)")
+    ax.set_xlabel("iteration (16 sequences each, 4 per epoch)")
     ax.set_ylabel("training loss [nats/token]")
-    ax.set_title("Tiny Llama full fine-tuning, 2 + 2 ranks, per dist.compress", fontsize=10)
+    ax.set_title("Tiny Llama full fine-tuning (inputs/llm/full-tiny.ini), 2 + 2 ranks",
+                 fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(title="dist.compress")
     fig.tight_layout()
