@@ -8,7 +8,8 @@
 # Idempotent: a run whose file says status "completed" is skipped (FORCE=1 redoes it). The link is
 # taken down at exit, also on failure or Ctrl-C.
 # Environment: TRAINSCOPE (binary; default build/app/trainscope), RATES (default
-# "100mbit 1gbit unlimited"; unlimited = the veth without a limit), COMPRESS, WORKLOADS, REPEATS (1),
+# "100mbit 1gbit unlimited"; unlimited = the veth without a limit), COMPRESS, WORKLOADS,
+# REPEATS (1; raising it later runs only the new repeats),
 # CV_ITERS (40), LLM_ITERS (48; 4 iterations per epoch of the 64 instruct samples at 2 + 2 ranks),
 # AUTOGROUP_NICE (e.g. -10: the nice value of this session's scheduler autogroup; with
 # kernel.sched_autogroup_enabled=1 a process's nice counts only inside its session's group, so other
@@ -49,7 +50,10 @@ workload_options() {
 
 for rep in $(seq 1 "$repeats"); do
     for rate in $rates; do
-        if [ "$rate" = unlimited ]; then "$here"/netns_nodes.sh up; else "$here"/netns_nodes.sh up "$rate"; fi
+        limit=$rate
+        [ "$rate" = unlimited ] && limit=
+        # shellcheck disable=SC2086  # no rate argument for the unlimited link
+        "$here"/netns_nodes.sh up $limit
         mkdir -p "$out/$rate"
         for wl in $workloads; do
             for c in $compress_settings; do
