@@ -4,6 +4,7 @@
 #   e2e_faults    tests/e2e/test_faults.py: killed ranks, signals, checkpoint/resume, watchdog  label e2e
 #   e2e_elastic   tests/e2e/test_elastic.py: --resume on another rank count  label e2e
 #   e2e_coalloc   tests/e2e/test_coalloc.py: co-allocated jobs resized by it  label e2e
+#   e2e_readme    tests/e2e/test_readme.py: the README's runnable blocks, as written  label e2e
 #   python_tests  tests/python: run files from helper programs, the postprocess package  label python
 #   jobscripts_tests  tests/jobscripts: job scripts, sweep generator, real Slurm  label jobscripts
 if(TRAINSCOPE_PYTHON)
@@ -16,7 +17,8 @@ if(TRAINSCOPE_PYTHON)
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bad_input.py
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_faults.py
             --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_elastic.py
-            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_coalloc.py ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
+            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_coalloc.py
+            --ignore=${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_readme.py ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
   set_tests_properties(e2e_app PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # Faults (issue 8): a killed rank, signals + checkpoint + --resume equality, the watchdog,
@@ -40,6 +42,13 @@ if(TRAINSCOPE_PYTHON)
     COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -s --durations=15 -p no:cacheprovider
             ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_coalloc.py)
   set_tests_properties(e2e_coalloc PROPERTIES LABELS "e2e" TIMEOUT 1200 PROCESSORS 1
+    ENVIRONMENT "${_py_env}")
+  # The README's tour (issue 41): its runnable blocks in one shell, as a newcomer pastes them,
+  # without the root overrides above (the README's launches must be root-safe themselves).
+  add_test(NAME e2e_readme
+    COMMAND ${TRAINSCOPE_PYTHON} -m pytest -q -s -p no:cacheprovider
+            ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_readme.py)
+  set_tests_properties(e2e_readme PROPERTIES LABELS "e2e" TIMEOUT 1500 PROCESSORS 2
     ENVIRONMENT "${_py_env}")
   # The bad-input table (and the full / read-only file system tests, which mount tmpfs as root):
   # its own entry, so that ctest -j runs it beside the other suites.

@@ -29,7 +29,8 @@ SCRIPTS = [ROOT / "jobscripts/slurm/train.sbatch", ROOT / "jobscripts/pbs/train.
            ROOT / "scripts/build", ROOT / "scripts/demo", ROOT / "scripts/mpirun",
            ROOT / "scripts/bench", ROOT / "scripts/fuzz", ROOT / "benchmarks/comm_mpi.sh",
            ROOT / "scripts/gpu-check", ROOT / "scripts/count_tests",
-           ROOT / "bin/venv.sh", ROOT / "bin/trainscope-post", ROOT / "bin/trainscope-study"]
+           ROOT / "bin/venv.sh", ROOT / "bin/trainscope-post", ROOT / "bin/trainscope-study",
+           ROOT / "bin/python"]
 
 
 def sweep(*args, check=True, env=None):
