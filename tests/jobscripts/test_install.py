@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
 VERSION = re.search(r"project\(trainscope VERSION (\S+)", (ROOT / "CMakeLists.txt").read_text())[1]
 MODULES_INIT = Path("/usr/share/modules/init/bash")  # Debian's environment-modules
+CACHE = Path(os.environ.get("TRAINSCOPE_CACHE", Path.home() / ".cache" / "trainscope"))
+LMOD = CACHE / "lmod" / "usr" / "share" / "lmod" / "lmod" / "libexec" / "lmod"  # scripts/setup
 SHORT = ["--train.max_iters=5", "--profile.warmup_iters=1", "--log.every=0",
          "--telemetry.enabled=false", "--train.eval=false"]
 
@@ -34,10 +36,16 @@ def clean_env(**extra):
     return env
 
 
-def module_shell(script, prefix, cwd, timeout=300, **env):
-    """Runs `script` in bash after `module use <prefix>/share/modulefiles; module load trainscope`."""
-    assert MODULES_INIT.is_file(), "environment-modules missing: scripts/setup --tests installs it"
-    head = (f"set -euo pipefail; source {MODULES_INIT}; "
+def module_shell(script, prefix, cwd, timeout=300, lmod=False, **env):
+    """Runs `script` in bash after `module use <prefix>/share/modulefiles; module load trainscope`
+    with environment-modules, or with Lmod."""
+    if lmod:
+        assert LMOD.is_file(), f"Lmod missing ({LMOD}): scripts/setup --tests unpacks it"
+        init = f'module() {{ eval "$({LMOD} bash "$@")"; }}'
+    else:
+        assert MODULES_INIT.is_file(), "environment-modules missing: scripts/setup --tests"
+        init = f"source {MODULES_INIT}"
+    head = (f"set -euo pipefail; {init}; "
             f"module use {prefix}/share/modulefiles; module load trainscope\n")
     return subprocess.run(["bash", "--noprofile", "--norc", "-c", head + script], cwd=cwd,
                           env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
@@ -102,10 +110,12 @@ def test_moved_binary_finds_its_libraries(moved):
     assert "libtorch" in ldd.stdout and "libmpi" in ldd.stdout, ldd.stdout
 
 
-def test_modulefile_sets_the_moved_prefix(moved):
+@pytest.mark.parametrize("lmod", [False, True], ids=["environment-modules", "lmod"])
+def test_modulefile_sets_the_moved_prefix(moved, lmod):
     _, p = moved
     proc = module_shell('echo "PATH=$PATH"; echo "ROOT=$TRAINSCOPE_ROOT"; '
-                        'echo "BINARY=$TRAINSCOPE_BINARY"; command -v trainscope', p, p)
+                        'echo "BINARY=$TRAINSCOPE_BINARY"; command -v trainscope', p, p,
+                        lmod=lmod)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     real = p.resolve()
     assert f"PATH={real}/bin:" in proc.stdout
