@@ -36,9 +36,9 @@ def clean_env(**extra):
     return env
 
 
-def module_shell(script, prefix, cwd, timeout=300, lmod=False, **env):
+def module_shell(script, prefix, cwd, timeout=300, lmod=False, modulepath=None, **env):
     """Runs `script` in bash after `module use <prefix>/share/modulefiles; module load trainscope`
-    with environment-modules, or with Lmod."""
+    (or `module use <modulepath>`) with environment-modules, or with Lmod."""
     if lmod:
         assert LMOD.is_file(), f"Lmod missing ({LMOD}): scripts/setup --tests unpacks it"
         init = f'module() {{ eval "$({LMOD} bash "$@")"; }}'
@@ -46,7 +46,7 @@ def module_shell(script, prefix, cwd, timeout=300, lmod=False, **env):
         assert MODULES_INIT.is_file(), "environment-modules missing: scripts/setup --tests"
         init = f"source {MODULES_INIT}"
     head = (f"set -euo pipefail; {init}; "
-            f"module use {prefix}/share/modulefiles; module load trainscope\n")
+            f"module use {modulepath or prefix / 'share/modulefiles'}; module load trainscope\n")
     return subprocess.run(["bash", "--noprofile", "--norc", "-c", head + script], cwd=cwd,
                           env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
 
@@ -122,6 +122,20 @@ def test_modulefile_sets_the_moved_prefix(moved, lmod):
     assert f"ROOT={real}/share/trainscope\n" in proc.stdout
     assert f"BINARY={real}/bin/trainscope\n" in proc.stdout
     assert proc.stdout.rstrip().endswith(f"{real}/bin/trainscope")
+
+
+@pytest.mark.parametrize("lmod", [False, True], ids=["environment-modules", "lmod"])
+def test_modulefile_linked_into_a_site_tree(moved, tmp_path, lmod):
+    """A site links the modulefile into its own module tree: the link is followed to the prefix."""
+    _, p = moved
+    site = tmp_path / "site-modules"
+    (site / "trainscope").mkdir(parents=True)
+    target = p / "share" / "modulefiles" / "trainscope" / VERSION
+    (site / "trainscope" / VERSION).symlink_to(os.path.relpath(target, site / "trainscope"))
+    proc = module_shell('echo "BINARY=$TRAINSCOPE_BINARY"', p, tmp_path, lmod=lmod,
+                        modulepath=site)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"BINARY={p.resolve()}/bin/trainscope\n" in proc.stdout
 
 
 def test_quickstart_from_the_module(moved, tmp_path):

@@ -29,7 +29,8 @@ MODULES_INIT = Path("/usr/share/modules/init/bash")
 def cmake_cache_options():
     """The TRAINSCOPE_* cache variables and options that the project's CMake declares."""
     text = "".join(p.read_text() for p in [ROOT / "CMakeLists.txt", *ROOT.glob("cmake/*.cmake")])
-    return set(re.findall(r"(?:set|option)\((TRAINSCOPE_\w+)\b[^)]*?(?:CACHE|\")", text))
+    pattern = r"option\((TRAINSCOPE_\w+)|set\((TRAINSCOPE_\w+)[^)]*CACHE"
+    return {a or b for a, b in re.findall(pattern, text)}
 
 
 def setup_apt_packages(layer="APT_PACKAGES"):
