@@ -26,8 +26,6 @@ class Trainscope(CMakePackage, CudaPackage):
     homepage = "https://trainscope.invalid/"
     git = "file://{0}".format(__file__.rsplit("/packaging/spack/", 1)[0])
 
-    license("UNKNOWN")
-
     # The clone this recipe sits in (no release published yet); a site pins a release with
     # version("0.1.0", sha256=...) and url = ".../trainscope-0.1.0.tar.gz".
     version("main", branch="main")
