@@ -47,7 +47,7 @@ from .launch import launch_env, mpirun_flags
 from .study import StudyError
 from .study_runner import INTERRUPTED_EXIT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = sweep.ROOT  # the clone, or TRAINSCOPE_ROOT (an installation's share/trainscope)
 MODES = ("equal", "static", "dynamic")
 LAUNCHERS = ("mpirun", "srun")
 # Names and option keys are checked with fullmatch: `$` would let a trailing line break pass.
@@ -209,7 +209,7 @@ def load_plan(path: Path) -> Plan:
     if twice:
         raise _bad(path, f"calibration.ranks {cal_ranks!r}: {', '.join(map(str, twice))} "
                    "given twice; give each rank count once")
-    binary = doc.get("binary", str(ROOT / "build" / "app" / "trainscope"))
+    binary = doc.get("binary", str(sweep.DEFAULT_BINARY))
     if not isinstance(binary, str) or _CONTROL.search(binary) or not binary.isprintable():
         raise _bad(path, f"binary {binary!r}: a one-line path")
     binary = Path(binary) if Path(binary).is_absolute() else (ROOT / binary)

@@ -233,7 +233,7 @@ def load_study(path: Path) -> dict:
     except StudyError as e:
         raise _fail(path, f"[scheduler] site = {site!r}: {str(e).split(': ', 1)[-1]}")
     binary = Path(os.path.expandvars(_typed(path, "[scheduler]", sched, "binary", str,
-                                            str(ROOT / "build/app/trainscope"))))
+                                            str(sweep.DEFAULT_BINARY))))
     study["binary"] = (binary if binary.is_absolute() else ROOT / binary).resolve()
     _one_line(path, "[scheduler] binary", str(study["binary"]))
     extra = sched.get("extra", [])

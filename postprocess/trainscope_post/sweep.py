@@ -36,6 +36,9 @@ from pathlib import Path
 # The clone this package was installed from (scripts/setup installs it editable), or
 # TRAINSCOPE_ROOT: the templates and site files are its jobscripts/.
 ROOT = Path(os.environ.get("TRAINSCOPE_ROOT") or Path(__file__).resolve().parents[2])
+# The binary that job scripts run by default: TRAINSCOPE_BINARY (set by an installation's modulefile
+# and wrappers, docs/install.md), else this clone's build.
+DEFAULT_BINARY = Path(os.environ.get("TRAINSCOPE_BINARY") or ROOT / "build" / "app" / "trainscope")
 HERE = ROOT / "jobscripts"
 TEMPLATES = {"slurm": HERE / "slurm" / "train.sbatch", "pbs": HERE / "pbs" / "train.pbs",
              "local": HERE / "local" / "run.sh"}
@@ -70,7 +73,7 @@ def parse(argv=None):
     p.add_argument("--name", help="study name (default: the first config's file name)")
     p.add_argument("--time", default="00:30:00", help="walltime per job (HH:MM:SS)")
     p.add_argument("--site", default="default", help="jobscripts/site/<site>.env (or a path)")
-    p.add_argument("--binary", type=Path, default=ROOT / "build" / "app" / "trainscope")
+    p.add_argument("--binary", type=Path, default=DEFAULT_BINARY)
     p.add_argument("--signal-secs", type=int, default=0,
                    help="Slurm: send SIGUSR1 this many seconds before the walltime (0 = off)")
     p.add_argument("--sbatch-arg", "--qsub-arg", dest="directives", action="append", default=[],
