@@ -658,7 +658,7 @@ def cmd_run(a) -> int:
                          "character; give a plain directory name")
     try:
         study = load_study(a.file)
-        out = (a.out or ROOT / "studies" / study["name"]).resolve()
+        out = (a.out or Path("studies") / study["name"]).resolve()  # in the working directory
         pts = expand(study, out)
     except StudyError as e:
         raise _named(a.file, e)
@@ -837,7 +837,8 @@ def parse(argv=None):
     r = sub.add_parser("run", help="render and submit the points that are missing or failed")
     r.add_argument("file", type=Path, help="study file (inputs/studies/*.toml)")
     r.add_argument("--scheduler", choices=["slurm", "pbs", "local"], required=True)
-    r.add_argument("--out", type=Path, help="study directory (default studies/<name>)")
+    r.add_argument("--out", type=Path,
+                   help="study directory (default studies/<name> in the working directory)")
     r.add_argument("--dry-run", action="store_true", help="render only, submit nothing")
     sub.add_parser("coalloc", help="run two or more jobs side by side: equal, advised static and "
                    "dynamic splits of the units (trainscope-study coalloc --help)")

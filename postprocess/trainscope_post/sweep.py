@@ -69,7 +69,8 @@ def parse(argv=None):
     p.add_argument("--global-batch", type=int, help="strong: samples per iteration, all ranks")
     p.add_argument("--batch-per-rank", type=int, help="weak: samples per iteration per rank")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--out", type=Path, help="study directory (default studies/<config name>)")
+    p.add_argument("--out", type=Path,
+                   help="study directory (default studies/<config name> in the working directory)")
     p.add_argument("--name", help="study name (default: the first config's file name)")
     p.add_argument("--time", default="00:30:00", help="walltime per job (HH:MM:SS)")
     p.add_argument("--site", default="default", help="jobscripts/site/<site>.env (or a path)")
@@ -326,7 +327,7 @@ def main(argv=None) -> int:
         site = site_file(a.site)
         pts = points(a)
         name = a.name or a.config[0].stem
-        out = (a.out or ROOT / "studies" / name).resolve()
+        out = (a.out or Path("studies") / name).resolve()  # in the working directory
         binary = a.binary.resolve()
         if a.submit and not binary.is_file():
             raise SweepError(f"--binary {binary}: not built (scripts/build)")
