@@ -2,6 +2,7 @@
 // counter and per-rank profile into one parallel HDF5 file. Reads top to bottom:
 // bootstrap → configuration → build the workload → run → write → finalize.
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -128,7 +129,19 @@ int main(int argc, char** argv) {
         session->run();
         const bool interrupted = session->interrupted();
         session->close_run_file(interrupted ? "interrupted" : "completed");
-        return interrupted ? kInterruptedExitCode : 0;
+        if (interrupted) {
+            // A non-zero exit makes srun --kill-on-bad-exit (and mpirun) end the ranks still
+            // running: every rank tears its run down, then all leave together, right after
+            // MPI_Finalize and without the process's static teardown in between, so that each
+            // exits 75 itself instead of being killed on its way out (srun would report 143).
+            session.reset();
+            MPI_Barrier(MPI_COMM_WORLD);
+            MPI_Finalize();
+            std::fflush(stdout);
+            std::fflush(stderr);
+            std::_Exit(kInterruptedExitCode);
+        }
+        return 0;
     } catch (const core::Error& e) {
         core::log::error() << core::to_string(e.kind()) << ": " << e.what();
         if (e.collective()) { // every rank is here together: fail cleanly, keep the file

@@ -87,7 +87,9 @@ def test_dynamic_coallocation_shrinks_to_admit_and_grows_back(tmp_path):
             assert all(a[1] <= b[0] + 1e-3 for a, b in zip(spans, spans[1:])), (mode, u, spans)
         cv = segments(run, "cv")
         assert len(cv) == 1 and cv[0]["status"] == "completed" and cv[0]["t_launch"] >= 6.0
-        assert all(s["exit"] == 0 for s in run["segments"])
+        # completed: 0; stopped with a checkpoint to be resized: 75 (docs/faults.md)
+        assert all(s["exit"] == {"completed": 0, "interrupted": 75}[s["status"]]
+                   for s in run["segments"]), run["segments"]
         assert abs(run["makespan_s"] - max(s["t_end"] for s in run["segments"])) < 2e-3
 
     eq = segments(runs["equal"], "llm")

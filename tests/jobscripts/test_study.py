@@ -195,11 +195,11 @@ def test_local_cv_strategies_study_and_rerun_of_failed_points(tmp_path):
     assert runner.returncode == 1 and ran_points(log) == ["4"], log
     st = study("status", out, check=False)
     assert st.returncode == 3 and "exit 137" in st.stdout, st.stdout
-    assert "summary: 0 pending, 0 running, 5 completed, 1 failed of 6" in st.stdout
+    assert "summary: 0 pending, 0 running, 5 completed, 0 interrupted, 1 failed of 6" in st.stdout
     p = study("run", f, "--scheduler", "local", "--out", out)
     assert ran_points(p.stdout) == ["4"], p.stdout
     st = study("status", out)
-    assert "summary: 0 pending, 0 running, 6 completed, 0 failed of 6" in st.stdout
+    assert "summary: 0 pending, 0 running, 6 completed, 0 interrupted, 0 failed of 6" in st.stdout
 
 
 def test_real_slurm_study_runs_as_job_arrays(slurm, tmp_path):  # noqa: F811
@@ -222,7 +222,7 @@ def test_real_slurm_study_runs_as_job_arrays(slurm, tmp_path):  # noqa: F811
     print(f"cv-strategies-cpu on Slurm arrays: {time.monotonic() - t0:.1f} s")
     st = study("status", out, check=False, env=slurm)
     logs = "".join(x.read_text() for x in out.rglob("slurm-*.out"))
-    assert "summary: 0 pending, 0 running, 6 completed, 0 failed of 6" in st.stdout, \
+    assert "summary: 0 pending, 0 running, 6 completed, 0 interrupted, 0 failed of 6" in st.stdout, \
         st.stdout + logs
     for d in out.glob("*/strong/n*/rep0"):
         assert list(d.glob("slurm-*_*.out")), d  # the task's output beside its run file
@@ -296,7 +296,7 @@ def test_setup_installs_the_commands_once_and_bin_wrappers_work(tmp_path):
     wenv = dict(env, TRAINSCOPE_VENV=str(venv))
     st = subprocess.run([str(ROOT / "bin/trainscope-study"), "status", tmp_path / "s"],
                         capture_output=True, text=True, env=wenv)
-    assert st.returncode == 3 and "summary: 6 pending, 0 running, 0 completed, 0 failed of 6" \
+    assert st.returncode == 3 and "summary: 6 pending, 0 running, 0 completed, 0 interrupted, 0 failed of 6" \
         in st.stdout, st.stdout + st.stderr
     post = subprocess.run([str(ROOT / "bin/trainscope-post"), "summary", tmp_path / "s"],
                           capture_output=True, text=True, env=wenv)
