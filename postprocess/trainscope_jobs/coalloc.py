@@ -541,8 +541,8 @@ class JobModel:
 def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobModel]:
     """Each job alone at every calibration rank count, then one resize probe (smallest count,
     stopped half-way, resumed on the largest); fits the advisor's model to the runs."""
-    from .model import build_models
-    from .study import load
+    from trainscope_post.model import build_models
+    from trainscope_post.study import load
     models = []
     n = plan.calibration_iterations
     # One discarded launch first: the first launch on a machine (or the first job step of an
