@@ -567,8 +567,8 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
             if seg.rc != 0 or seg.status != "completed":
                 raise _failed(seg, f"failed in calibration (exit {seg.rc}, {seg.status})")
             walls[r] = seg.t_end - seg.t_launch
-        study = load([base / f"n{r}" / "seg0.h5" for r in counts])
-        cms, _ = build_models(study, "strong")
+        with load([base / f"n{r}" / "seg0.h5" for r in counts]) as study:
+            cms, _ = build_models(study, "strong")
         if len(cms) != 1:
             raise StudyError(f"job {job.name}: calibration runs form {len(cms)} configurations, "
                              "expected one")

@@ -73,7 +73,8 @@ def test_layout(moved):
               f"share/modulefiles/trainscope/{VERSION}", "share/trainscope/README.md",
               "share/trainscope/inputs/quickstart.ini", "share/trainscope/jobscripts/sweep",
               "share/trainscope/jobscripts/slurm/train.sbatch", "share/trainscope/docs/install.md",
-              "share/trainscope/postprocess/trainscope_post/findings.toml"]:
+              "share/trainscope/postprocess/trainscope_post/findings.toml",
+              "share/trainscope/postprocess/trainscope_jobs/schedulers/slurm.py"]:
         assert (p / f).is_file(), f
     for exe in ["bin/trainscope", "bin/trainscope-post", "bin/trainscope-study",
                 "share/trainscope/jobscripts/sweep", "share/trainscope/jobscripts/study"]:
