@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from trainscope_post import RunFile, schema
-from trainscope_post.launch import emulated_nodes_args, launch_env, mpirun_command
+from trainscope_jobs.launch import emulated_nodes_args, launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ROOT / "tests/multinode/netns_nodes.sh"

@@ -1,6 +1,6 @@
 """The studies' CV matrix on CPU ranks: median step and data-wait time relative to the baseline.
 
-Every point is a real trainscope run (launched by trainscope_post.launch, as scripts/mpirun) of inputs/cv/base.ini plus the matrix
+Every point is a real trainscope run (launched by trainscope_jobs.launch, as scripts/mpirun) of inputs/cv/base.ini plus the matrix
 files that define the point (inputs/cv/*.ini, stacked with --config), shortened to --iters
 iterations without evaluation. Points run in a rotating order over --repeats repeats; per point the
 median over repeats of /summary's median_step_s and median_data_s (per iteration the mean over
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from trainscope_post import RunFile
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_jobs.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CV = "inputs/cv"

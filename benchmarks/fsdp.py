@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 from llm_peft import long_preferences, long_texts  # the same no-padding samples as llm_peft
 from trainscope_post import RunFile, schema
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_jobs.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = Path(os.environ.get("BUILD_DIR", ROOT / "build"))

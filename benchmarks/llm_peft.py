@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from trainscope_post import RunFile, schema
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_jobs.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = Path(os.environ.get("BUILD_DIR", ROOT / "build"))

@@ -3,7 +3,7 @@
 Accounting + telemetry on vs off are profile.accounting and telemetry.enabled; the profiler window
 is profile.enabled.
 
-Each configuration is a full `mpirun -np N build/app/trainscope` run (trainscope_post.launch) of the quick-start
+Each configuration is a full `mpirun -np N build/app/trainscope` run (trainscope_jobs.launch) of the quick-start
 configuration for --iters iterations (no evaluation, no progress log). Configurations alternate
 within every repeat, and the order rotates between repeats, so slow drifts of the machine (other
 jobs, thermal state) hit all of them alike.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from trainscope_post import RunFile
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_jobs.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 

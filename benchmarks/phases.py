@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from trainscope_post import RunFile
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_jobs.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("data", "forward", "backward", "comm_wait", "control", "optimizer", "step")

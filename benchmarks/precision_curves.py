@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from trainscope_post import RunFile
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_jobs.launch import launch_env, mpirun_command
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ Fairness rules (both sides get the same work; the output repeats them):
             (lr 0.05, momentum 0.9, weight decay 4e-5, constant lr) + zero_grad
   threads   1 intra-op thread per rank (torch.set_num_threads(1) / --run.threads=1),
             1 inter-op thread, OMP_NUM_THREADS=1; both launched by the same mpirun command line
-            (trainscope_post.launch, as scripts/mpirun; Open MPI binds each rank to one core)
+            (trainscope_jobs.launch, as scripts/mpirun; Open MPI binds each rank to one core)
   ranks     PyTorch: torch.distributed gloo over mpirun (RANK/WORLD_SIZE from OMPI_COMM_WORLD_*),
             DistributedDataParallel with its defaults (bucket_cap_mb=25, broadcast_buffers=True),
             also on 1 rank (a world of 1) unless --pytorch-1rank=plain; trainscope: strategy ddp-ds,
@@ -55,7 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainscope_post.launch import launch_env, mpirun_command
+from trainscope_jobs.launch import launch_env, mpirun_command
 
 REPO = Path(__file__).resolve().parent.parent
 EXPECTED_PARAMETERS = 2_236_682  # MobileNetV2, width 1.0, 10 classes

@@ -1,8 +1,9 @@
 # Install rules (`cmake --install build --prefix P`), laid out as an HPC centre installs software:
 #   P/bin/trainscope                      the binary; RPATH $ORIGIN/../lib + its dependencies' dirs
 #   P/bin/trainscope-post, -study         wrappers that run the Python package below
-#   P/share/trainscope/{postprocess,jobscripts,inputs,docs}   the clone's layout, so that the
-#                                         package's TRAINSCOPE_ROOT lookups find them there
+#   P/share/trainscope/{postprocess,jobscripts,inputs,docs}   the clone's layout (postprocess/
+#                                         holds trainscope_post and trainscope_jobs), so that
+#                                         trainscope_jobs.paths finds the tree there
 #   P/share/modulefiles/trainscope/<version>   a Tcl modulefile (environment-modules, Lmod)
 # The prefix is relocatable: the modulefile and the wrappers derive it from their own place, the
 # binary finds its own parts relative to itself, and its external libraries (LibTorch, MPI, HDF5,
@@ -46,7 +47,7 @@ foreach(_ts_cmd IN ITEMS trainscope-post trainscope-study)
   if(_ts_cmd STREQUAL "trainscope-post")
     set(TRAINSCOPE_WRAPPER_MODULE trainscope_post)
   else()
-    set(TRAINSCOPE_WRAPPER_MODULE trainscope_post.study_cmd)
+    set(TRAINSCOPE_WRAPPER_MODULE trainscope_jobs.study_cmd)
   endif()
   set(TRAINSCOPE_WRAPPER_NAME ${_ts_cmd})
   configure_file(${PROJECT_SOURCE_DIR}/cmake/install/wrapper.sh.in

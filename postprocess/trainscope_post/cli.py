@@ -16,8 +16,8 @@ from pathlib import Path
 
 from . import plots
 from .report import text_table, write_report
-from .study import (Study, StudyError, comm_table, compare_table, imbalance_table, load,
-                    long_table, memory_table, phase_table, profile_table, scaling_table,
+from .study import (Study, StudyError, close_all, comm_table, compare_table, imbalance_table,
+                    load, long_table, memory_table, phase_table, profile_table, scaling_table,
                     summary_table)
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -617,6 +617,8 @@ def main(argv=None) -> int:
         print(f"trainscope-post {args.command}: the run files cannot be processed "
               f"({type(e).__name__}: {e}){where}; see docs/run_file_schema.md", file=sys.stderr)
         return 2
+    finally:
+        close_all()  # the run files the command's study kept open (study.Run.open)
 
 
 if __name__ == "__main__":

@@ -507,7 +507,11 @@ def write_report(study: Study, root: Path, out_html: Path, mode: str = "strong",
     files_dir.mkdir(parents=True, exist_ok=True)
     for old in files_dir.glob("*.png"):  # figures of an earlier report of this name
         old.unlink()
-    sections = build_sections(study, root, mode, include_incomplete, model_kw)
+    try:
+        # Every section reads the runs through the files load() left open: one open per file.
+        sections = build_sections(study, root, mode, include_incomplete, model_kw)
+    finally:
+        study.close()
     h = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>trainscope report</title>",
          "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#111}"
          "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}"

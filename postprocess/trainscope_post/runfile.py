@@ -54,8 +54,14 @@ _LAST_OPENED: list[Path] = []
 
 
 def last_opened() -> Path | None:
-    """The run file opened last (named in the CLI's message when a table fails on it)."""
+    """The run file opened (or taken up again from study.Run's open handle) last: named in the
+    CLI's message when a table fails on it."""
     return _LAST_OPENED[-1] if _LAST_OPENED else None
+
+
+def reading(path: Path) -> None:
+    """Records `path` as the run file being read now (last_opened)."""
+    _LAST_OPENED[:] = [Path(path)]
 
 
 # Names inside a per-rank series group that are not columns (docs/run_file_schema.md, issue 39
@@ -136,7 +142,7 @@ def reduce_over_ranks(values: np.ndarray, ranks: np.ndarray, field: str,
 class RunFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        _LAST_OPENED[:] = [self.path]
+        reading(self.path)
         try:
             self._h5 = h5py.File(self.path, "r")
         except OSError as e:

@@ -5,7 +5,10 @@ say what they hold."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from . import schema
-from .runfile import DamagedRunError, RunFile, SchemaError
+from .runfile import DamagedRunError, RunFile, SchemaError, reading
 
 PHASES = ["data", "h2d", "forward", "backward", "comm_wait", "optimizer", "control"]
 
@@ -70,9 +73,42 @@ class StudyError(ValueError):
     """A study cannot be processed as asked (no files, incompatible runs, ...)."""
 
 
-@dataclass
+# A run's file stays open between uses: a report reads each run in a dozen places (tables,
+# sections, findings, the model) and opens it once. At most MAX_OPEN stay open at a time (each
+# holds a file descriptor and HDF5's metadata cache, not data); past that the least recently used
+# one not being read is closed, and opened again when next needed. Study.close() (and the end of
+# write_report and of every trainscope-post command) closes them; a Run nobody holds any more
+# closes its file with it (the registry keeps weak references).
+MAX_OPEN = 256
+_OPEN: OrderedDict[int, weakref.ref] = OrderedDict()
+
+
+def _keep_open(run: "Run") -> None:
+    _OPEN[id(run)] = weakref.ref(run, lambda _, key=id(run): _OPEN.pop(key, None))
+    _OPEN.move_to_end(id(run))
+    for key, ref in list(_OPEN.items()):
+        if len(_OPEN) <= MAX_OPEN:
+            break
+        old = ref()
+        if old is None:
+            _OPEN.pop(key, None)
+        elif old is not run and not old._readers:
+            old.close()
+
+
+def close_all() -> None:
+    """Closes every run file kept open (the end of a trainscope-post command)."""
+    for ref in list(_OPEN.values()):
+        run = ref()
+        if run is not None:
+            run.close()
+    _OPEN.clear()
+
+
+@dataclass(eq=False)
 class Run:
-    """What the tables need of one file, read once (attributes only)."""
+    """What the tables need of one file, read once (attributes), and the file itself, kept open
+    for the readers that need its series (open())."""
 
     path: Path
     row: dict
@@ -80,6 +116,12 @@ class Run:
     summary: dict
     attrs: dict
     status: str
+    _rf: RunFile | None = field(default=None, repr=False)
+    _readers: int = field(default=0, repr=False)
+
+    def __post_init__(self):
+        if self._rf is not None:
+            _keep_open(self)
 
     @property
     def completed(self) -> bool:
@@ -97,8 +139,25 @@ class Run:
     def workload(self) -> str:
         return str(self.attrs.get("workload", ""))
 
-    def open(self) -> RunFile:
-        return RunFile(self.path)
+    @contextlib.contextmanager
+    def open(self):
+        """`with run.open() as rf:` the run's RunFile, opened on first use and left open for the
+        next one (close() or Study.close() ends it)."""
+        if self._rf is None:
+            self._rf = RunFile(self.path)
+        reading(self.path)
+        _keep_open(self)
+        self._readers += 1
+        try:
+            yield self._rf
+        finally:
+            self._readers -= 1
+
+    def close(self) -> None:
+        if self._rf is not None:
+            self._rf.close()
+            self._rf = None
+        _OPEN.pop(id(self), None)
 
 
 @dataclass
@@ -114,6 +173,17 @@ class Study:
 
     def excluded(self, include_incomplete: bool = False) -> list[Run]:
         return [] if include_incomplete else [r for r in self.runs if not r.completed]
+
+    def close(self) -> None:
+        """Closes the run files kept open (a later read opens the file again)."""
+        for r in self.runs:
+            r.close()
+
+    def __enter__(self) -> "Study":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def expand(paths) -> list[Path]:
@@ -132,7 +202,8 @@ def load(paths) -> Study:
     """Reads the attributes of every run file under `paths` (files or directories, recursively).
     Files that are not trainscope run files (not regular files, not HDF5, another schema, a
     structure that does not follow docs/run_file_schema.md) are reported in Study.errors, not
-    raised; a FIFO or device is never opened (h5py would block on it)."""
+    raised; a FIFO or device is never opened (h5py would block on it). The files of the runs
+    stay open for the tables and reports that read them next (Run.open, Study.close)."""
     files = expand(paths)
     if not files:
         raise StudyError("no run files (*.h5) found in: " + " ".join(map(str, paths)))
@@ -142,11 +213,14 @@ def load(paths) -> Study:
             study.errors.append(f"{f}: not a regular file (a FIFO, device or directory), "
                                 "not read")
             continue
+        rf = None
         try:
-            with RunFile(f) as rf:
-                study.runs.append(Run(f, rf.summary_row(), rf.config, rf.summary,
-                                      rf.attrs(schema.ROOT), rf.status))
+            rf = RunFile(f)
+            study.runs.append(Run(f, rf.summary_row(), rf.config, rf.summary,
+                                  rf.attrs(schema.ROOT), rf.status, rf))
         except (SchemaError, OSError, KeyError, ValueError, TypeError, IndexError) as e:
+            if rf is not None:
+                rf.close()
             msg = str(e)
             study.errors.append(msg if str(f) in msg else f"{f}: {type(e).__name__}: {msg}")
             if isinstance(e, DamagedRunError):

@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 
 from conftest import BINARY, ROOT
-from trainscope_post.coalloc import JobModel, load_plan, save_calibration
+from trainscope_jobs.coalloc import JobModel, load_plan, save_calibration
 
 PLAN = ROOT / "inputs" / "coalloc" / "arrival-cpu.toml"
 

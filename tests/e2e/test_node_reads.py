@@ -21,7 +21,7 @@ import subprocess
 import h5py
 import numpy as np
 import pytest
-from trainscope_post.launch import emulated_nodes_args, launch_env, mpirun_command
+from trainscope_jobs.launch import emulated_nodes_args, launch_env, mpirun_command
 
 from conftest import BINARY, ROOT
 

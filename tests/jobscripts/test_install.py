@@ -73,7 +73,8 @@ def test_layout(moved):
               f"share/modulefiles/trainscope/{VERSION}", "share/trainscope/README.md",
               "share/trainscope/inputs/quickstart.ini", "share/trainscope/jobscripts/sweep",
               "share/trainscope/jobscripts/slurm/train.sbatch", "share/trainscope/docs/install.md",
-              "share/trainscope/postprocess/trainscope_post/findings.toml"]:
+              "share/trainscope/postprocess/trainscope_post/findings.toml",
+              "share/trainscope/postprocess/trainscope_jobs/schedulers/slurm.py"]:
         assert (p / f).is_file(), f
     for exe in ["bin/trainscope", "bin/trainscope-post", "bin/trainscope-study",
                 "share/trainscope/jobscripts/sweep", "share/trainscope/jobscripts/study"]:
@@ -176,7 +177,7 @@ def test_wrappers_use_the_installed_package(moved, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     real = p.resolve()
     assert "args=-m trainscope_post summary x.h5" in proc.stdout
-    assert "args=-m trainscope_post.study_cmd --help" in proc.stdout
+    assert "args=-m trainscope_jobs.study_cmd --help" in proc.stdout
     assert f"PYTHONPATH={real}/share/trainscope/postprocess\n" in proc.stdout
     # The real interpreter: the study runner starts from the installed job-script templates.
     proc = module_shell("trainscope-study --help", p, tmp_path)

@@ -333,7 +333,7 @@ def test_real_slurm_signal_stops_requeues_and_afterok_waits(slurm, tmp_path, mon
     `trainscope-study`'s reading of the scheduler (ended_states: sacct, else scontrol show job)
     says how the job ended."""
     sys.path.insert(0, str(ROOT / "postprocess"))
-    from trainscope_post.study_runner import ended_states
+    from trainscope_jobs.study_runner import ended_states
     out, ckpt, marker = tmp_path / "study", tmp_path / "ckpt", tmp_path / "dependent-ran"
     sweep("--config", QUICK, "--scheduler", "slurm", "--ranks", "2", "--mode", "weak",
           "--batch-per-rank", "16", "--out", out, "--submit", "--time", "00:10:00",
@@ -429,7 +429,7 @@ def test_gpu_check_runs_up_to_the_gpu_and_says_what_it_skipped(tmp_path):
     assert proc.returncode == 2 and "unknown argument '--bogus'" in proc.stderr
 
 
-# --- co-allocation (trainscope_post/coalloc.py) through jobscripts/study coalloc ------------------
+# --- co-allocation (trainscope_jobs/coalloc.py) through jobscripts/study coalloc ------------------
 STUDY = ROOT / "jobscripts" / "study"
 COALLOC_PLAN = ROOT / "inputs" / "coalloc" / "arrival-cpu.toml"
 
@@ -462,7 +462,7 @@ def seed_coalloc_calibration(plan: Path, out: Path, launcher: str) -> None:
     units and launcher): the models of COALLOC_MODELS instead of measured ones."""
     if str(ROOT / "postprocess") not in sys.path:
         sys.path.insert(0, str(ROOT / "postprocess"))
-    from trainscope_post.coalloc import JobModel, load_plan, save_calibration
+    from trainscope_jobs.coalloc import JobModel, load_plan, save_calibration
     spec = load_plan(ROOT / plan)
     save_calibration(out, spec, launcher, [
         JobModel(j.name, j.iterations, j.arrive, sorted(COALLOC_MODELS[j.name][0]),
@@ -566,7 +566,7 @@ def test_coalloc_batch_scripts_render(tmp_path):
         assert check.returncode == 0, check.stderr + text
         for line in lines:
             assert line in text, (line, text)
-        assert f"-m trainscope_post.coalloc {COALLOC_PLAN} --out {out} --inside" in text, text
+        assert f"-m trainscope_jobs.coalloc {COALLOC_PLAN} --out {out} --inside" in text, text
         assert "--modes equal,dynamic --repeats 1" in text, text
         assert not (out / "job.id").exists()
         assert not list(out.glob("*.out")) and not (out / "results.json").exists()

@@ -131,7 +131,8 @@ def test_eb_dry_run(eb):
     assert f"trainscope-{VERSION}.tar.gz found at" in out
     assert "*** DRY RUN using 'CMakeNinja' easyblock" in out
     for path in ["bin/trainscope", f"share/modulefiles/trainscope/{VERSION}",
-                 "share/trainscope/postprocess/trainscope_post"]:
+                 "share/trainscope/postprocess/trainscope_post",
+                 "share/trainscope/postprocess/trainscope_jobs/schedulers"]:
         assert f"  * {path}\n" in out, path
     assert re.search(r"setenv\s+TRAINSCOPE_ROOT\s+\"\S+/software/trainscope/" + re.escape(VERSION)
                      + r"/share/trainscope\"", out), out

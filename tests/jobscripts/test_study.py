@@ -350,7 +350,7 @@ def test_status_says_how_scheduler_jobs_ended(tmp_path, monkeypatch):
     `interrupted` whose job exited 75 (or was pre-empted) is `interrupted`, not failed; where
     sacct has no accounting, scontrol show job answers; PBS's qstat -x gives the exit status."""
     sys.path.insert(0, str(ROOT / "postprocess"))
-    from trainscope_post import study_runner as sr
+    from trainscope_jobs import study_runner as sr
     stubs = tmp_path / "bin"
     stubs.mkdir()
     scripts = {

@@ -11,7 +11,7 @@ import subprocess
 import h5py
 import numpy as np
 import pytest
-from trainscope_post.launch import emulated_nodes_args, launch_env, mpirun_command
+from trainscope_jobs.launch import emulated_nodes_args, launch_env, mpirun_command
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 BUILD = __import__("pathlib").Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))

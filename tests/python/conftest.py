@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("TRAINSCOPE_BUILD_DIR", ROOT / "build"))
 BINARY = BUILD / "app" / "trainscope"
 sys.path.insert(0, str(ROOT / "postprocess"))  # ctest sets PYTHONPATH; a bare pytest does not
-from trainscope_post.launch import launch_env, mpirun_command  # noqa: E402
+from trainscope_jobs.launch import launch_env, mpirun_command  # noqa: E402
 
 
 def mpirun(np_, *args):

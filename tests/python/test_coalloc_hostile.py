@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import wait_until_gone
 
-from trainscope_post import coalloc
-from trainscope_post.coalloc import (DynamicPolicy, JobModel, best_static, load_plan, main,
+from trainscope_jobs import coalloc
+from trainscope_jobs.coalloc import (DynamicPolicy, JobModel, best_static, load_plan, main,
                                      predict, save_calibration, simulate, static_policy)
 from trainscope_post.study import StudyError
 
@@ -290,7 +290,7 @@ def test_a_fifo_in_out_is_refused_without_hanging(ws, name, args):
     (ws.out / name).unlink(missing_ok=True)
     os.mkfifo(ws.out / name)
     before = snapshot(ws.root, ws.out)
-    p = subprocess.run([sys.executable, "-m", "trainscope_post.coalloc", str(ws.plan), "--out",
+    p = subprocess.run([sys.executable, "-m", "trainscope_jobs.coalloc", str(ws.plan), "--out",
                         str(ws.out), *args], capture_output=True, text=True, timeout=60, env=ENV)
     refused(p.returncode, p.stdout, p.stderr, [f"{name} is a FIFO", "remove it"])
     assert snapshot(ws.root, ws.out) == before
@@ -327,7 +327,7 @@ def test_writes_replace_links_and_hard_links_instead_of_writing_through(ws, caps
 def test_nothing_is_deleted_or_written_through_a_link_placed_after_the_check(ws):
     """check_out refuses links before a run; a link placed while it runs (inside a directory the
     executor deletes and recreates, or where it writes a file) is not followed either."""
-    from trainscope_post.coalloc import _clean, _write
+    from trainscope_jobs.coalloc import _clean, _write
     ws.out.mkdir()
     ws.link("calibration", ws.victim / "sub")
     before = snapshot(ws.root, ws.out)
@@ -346,7 +346,7 @@ def test_a_second_executor_on_one_out_is_refused_naming_the_first(ws, capsys):
     second one on the same --out is refused naming the first's pid, and changes nothing."""
     pidfile = ws.root / "launch.pid"
     ws.fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\nexec sleep 120\n")
-    first = subprocess.Popen([sys.executable, "-m", "trainscope_post.coalloc", str(ws.plan),
+    first = subprocess.Popen([sys.executable, "-m", "trainscope_jobs.coalloc", str(ws.plan),
                               "--out", str(ws.out)], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=ENV)
     try:
@@ -356,7 +356,7 @@ def test_a_second_executor_on_one_out_is_refused_naming_the_first(ws, capsys):
             assert time.monotonic() < deadline, "the first executor never launched"
             time.sleep(0.05)
         before = snapshot(ws.root, ws.out / "calibration")
-        second = subprocess.run([sys.executable, "-m", "trainscope_post.coalloc", str(ws.plan),
+        second = subprocess.run([sys.executable, "-m", "trainscope_jobs.coalloc", str(ws.plan),
                                  "--out", str(ws.out), "--plan-only"], capture_output=True,
                                 text=True, timeout=60, env=ENV)
         rc, out, err = second.returncode, second.stdout, second.stderr
@@ -408,7 +408,7 @@ def test_every_signal_ends_every_launch(ws, signals):
     pidfile = ws.root / "launch.pid"
     ws.fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\ntrap 'sleep 2; exit 143' TERM\n"
                        "while :; do sleep 0.1; done\n")
-    proc = subprocess.Popen([sys.executable, "-m", "trainscope_post.coalloc", str(ws.plan),
+    proc = subprocess.Popen([sys.executable, "-m", "trainscope_jobs.coalloc", str(ws.plan),
                              "--out", str(ws.out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 60
@@ -615,7 +615,7 @@ def test_the_planner_api_refuses_before_enumerating():
 
 
 def test_counted_splits_are_the_enumerated_ones():
-    from trainscope_post.coalloc import _splits, count_splits, search_size
+    from trainscope_jobs.coalloc import _splits, count_splits, search_size
     ms = [model("a", 10, {1: 1, 2: 1, 4: 1}), model("b", 10, {1: 1, 3: 1}),
           model("c", 10, {1: 1, 2: 1, 5: 1}, arrive=3.0)]
     for units in (3, 4, 6, 9):

@@ -1,4 +1,4 @@
-"""The co-allocation planner (trainscope_post.coalloc) on jobs whose models are given, so every
+"""The co-allocation planner (trainscope_jobs.coalloc) on jobs whose models are given, so every
 predicted makespan can be worked out by hand; and plan files that must be refused by name.
 The executor itself runs real jobs in tests/e2e/test_coalloc.py and under Slurm in
 tests/jobscripts/test_jobscripts.py."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_until_gone
 
-from trainscope_post.coalloc import (JobModel, best_static, equal_split, load_plan, predict,
+from trainscope_jobs.coalloc import (JobModel, best_static, equal_split, load_plan, predict,
                                      simulate, static_policy, DynamicPolicy)
 from trainscope_post.study import StudyError
 
@@ -171,7 +171,7 @@ def test_gpu_units_under_mpirun_are_the_launch_s_visible_devices(tmp_path):
     """--gpus with mpirun (here, or inside a PBS chunk): unit u is GPU u, so two jobs launched on
     disjoint units never see the same GPU; the cores are bound the same way as without GPUs."""
     import os
-    from trainscope_post.coalloc import JobSpec, Launcher, _wait
+    from trainscope_jobs.coalloc import JobSpec, Launcher, _wait
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores")
     exe = tmp_path / "fake_trainscope"
@@ -188,7 +188,7 @@ def test_gpu_units_under_mpirun_are_the_launch_s_visible_devices(tmp_path):
 
 
 def test_out_holding_other_files_is_refused_and_left_alone(tmp_path, capsys):
-    from trainscope_post.coalloc import main
+    from trainscope_jobs.coalloc import main
     out = tmp_path / "home"
     out.mkdir()
     (out / "thesis.tex").write_text("keep me")

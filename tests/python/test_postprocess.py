@@ -568,3 +568,39 @@ def test_a_one_run_report_has_no_compression_section_and_does_not_open_with_not_
     comps = compression.comparisons(load([tmp_path / "one", tmp_path / "alone"]))
     assert len(comps) == 1 and list(comps[0].by_setting) == ["none", "fp16"]
     assert comps[0].by_setting["none"][0].ratio == 1.0
+
+
+def test_report_opens_each_run_file_once_and_closes_it(tmp_path, monkeypatch):
+    """`trainscope-post report` reads every section from the files load() opened: each run file
+    is opened (h5py.File) at most once for the whole report (it was 13 times per training run,
+    once per table, section and model), and none is left open after it (the study's files can be
+    rewritten at once)."""
+    import synthetic_runs as syn
+    root = syn.write_study(tmp_path / "s", {"cfg": (syn.Law(), {})}, ranks=(1, 2, 4),
+                           repeats=1, comm_ranks=((2, 1), (4, 1)))
+    files = sorted(root.rglob("*.h5"))
+    assert len(files) == 5
+    opens: dict[str, int] = {}
+    real = h5py.File
+
+    class Counted(real):
+        def __init__(self, name, *args, **kw):
+            if isinstance(name, (str, os.PathLike)):
+                key = str(Path(name).resolve())
+                opens[key] = opens.get(key, 0) + 1
+            super().__init__(name, *args, **kw)
+
+    monkeypatch.setattr(h5py, "File", Counted)
+    study = load([root])
+    html_out, _ = write_report(study, root, tmp_path / "report.html")
+    monkeypatch.undo()
+    assert "Scaling" in html_out.read_text()
+    assert {Path(p) for p in opens} == {f.resolve() for f in files}, opens
+    assert max(opens.values()) == 1, opens
+    for f in files:  # read-write needs every read-only handle of this process gone
+        with h5py.File(f, "r+") as h:
+            assert h.attrs["schema"]
+    # The study stays usable after the report: a later read opens the file again.
+    with study.runs[0].open() as rf:
+        assert rf.world_size >= 1
+    study.close()

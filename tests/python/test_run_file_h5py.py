@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainscope_post.launch import MPIRUN as MPIRUN_NAME, launch_env, mpirun_command
+from trainscope_jobs.launch import MPIRUN as MPIRUN_NAME, launch_env, mpirun_command
 
 h5py = pytest.importorskip("h5py")
 

@@ -42,12 +42,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import sweep
+from trainscope_post.study import StudyError
+
+from . import paths, schedulers, sweep
+from .errors import JobError
 from .launch import launch_env, mpirun_flags
-from .study import StudyError
+from .schedulers.slurm import Slurm
 from .study_runner import INTERRUPTED_EXIT
 
-ROOT = sweep.ROOT  # the clone, or TRAINSCOPE_ROOT (an installation's share/trainscope)
 MODES = ("equal", "static", "dynamic")
 LAUNCHERS = ("mpirun", "srun")
 # Names and option keys are checked with fullmatch: `$` would let a trailing line break pass.
@@ -143,14 +145,14 @@ def _resolve(path: Path, text) -> Path:
     if not isinstance(text, str) or not text or _CONTROL.search(text) or not text.isprintable():
         raise _bad(path, f"config {text!r}: give a file path as a one-line string")
     p = Path(text)
-    for base in ((path.parent, ROOT) if not p.is_absolute() else (Path("/"),)):
+    for base in ((path.parent, paths.root()) if not p.is_absolute() else (Path("/"),)):
         c = (base / p).resolve()
         if c.exists():
             if not c.is_file():
                 raise _bad(path, f"config {text}: {c} is not a regular file")
             return c
     raise _bad(path, f"config {text}: not found (relative paths are tried from the plan's "
-               f"directory, then from {ROOT})")
+               f"directory, then from {paths.root()})")
 
 
 def load_plan(path: Path) -> Plan:
@@ -209,10 +211,11 @@ def load_plan(path: Path) -> Plan:
     if twice:
         raise _bad(path, f"calibration.ranks {cal_ranks!r}: {', '.join(map(str, twice))} "
                    "given twice; give each rank count once")
-    binary = doc.get("binary", str(sweep.DEFAULT_BINARY))
-    if not isinstance(binary, str) or _CONTROL.search(binary) or not binary.isprintable():
+    binary = doc.get("binary")
+    if binary is not None and (not isinstance(binary, str) or _CONTROL.search(binary) or
+                               not binary.isprintable()):
         raise _bad(path, f"binary {binary!r}: a one-line path")
-    binary = Path(binary) if Path(binary).is_absolute() else (ROOT / binary)
+    binary = paths.default_binary() if binary is None else paths.under_root(binary)
     jobs = []
     for i, j in enumerate(raw):
         where = f"job {i + 1}"
@@ -371,10 +374,7 @@ class Launcher:
             return ([*["mpirun", *mpirun_flags(oversubscribe=False)], "--cpu-set",
                      ",".join(map(str, cores)), "--bind-to", "core", "-np", str(ranks), *args],
                     cores)
-        return (["srun", "--exclusive", "--exact", "-n", str(ranks), "--cpus-per-task=1",
-                 *(["--gpus-per-task=1"] if self.gpus else []),
-                 "--cpu-bind=cores", "--mpi=pmix", "--kill-on-bad-exit=1",
-                 f"--job-name={job.name}", *args], [])
+        return Slurm.step_command(ranks, self.gpus, job.name, args), []
 
     def start(self, job: JobSpec, index: int, ranks: int, units: list[int], iterations: int,
               jobdir: Path, resume: bool) -> Segment:
@@ -396,7 +396,7 @@ class Launcher:
             extra = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, units))} \
                 if self.gpus and self.kind == "mpirun" else {}
             with _signals_held():  # registered in _LIVE before an interrupt can leave it unknown
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT,
+                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=paths.root(),
                                         env=launch_env(OMP_NUM_THREADS="1", **extra),
                                         start_new_session=True)
                 seg = Segment(job.name, index, ranks, list(units), run_file, log, resume, t,
@@ -541,8 +541,8 @@ class JobModel:
 def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobModel]:
     """Each job alone at every calibration rank count, then one resize probe (smallest count,
     stopped half-way, resumed on the largest); fits the advisor's model to the runs."""
-    from .model import build_models
-    from .study import load
+    from trainscope_post.model import build_models
+    from trainscope_post.study import load
     models = []
     n = plan.calibration_iterations
     # One discarded launch first: the first launch on a machine (or the first job step of an
@@ -567,8 +567,8 @@ def calibrate(plan: Plan, out: Path, launcher: Launcher, log=print) -> list[JobM
             if seg.rc != 0 or seg.status != "completed":
                 raise _failed(seg, f"failed in calibration (exit {seg.rc}, {seg.status})")
             walls[r] = seg.t_end - seg.t_launch
-        study = load([base / f"n{r}" / "seg0.h5" for r in counts])
-        cms, _ = build_models(study, "strong")
+        with load([base / f"n{r}" / "seg0.h5" for r in counts]) as study:
+            cms, _ = build_models(study, "strong")
         if len(cms) != 1:
             raise StudyError(f"job {job.name}: calibration runs form {len(cms)} configurations, "
                              "expected one")
@@ -1340,7 +1340,7 @@ _BATCH_BODY = """
 set -euo pipefail
 cd {root}
 export PYTHONPATH={root}/postprocess${{PYTHONPATH:+:$PYTHONPATH}}
-exec {python} -m trainscope_post.coalloc {plan} --out {out} --inside --launcher {launcher} {args}
+exec {python} -m trainscope_jobs.coalloc {plan} --out {out} --inside --launcher {launcher} {args}
 """
 SLURM_TEMPLATE = """#!/bin/bash
 #SBATCH --job-name=coalloc-{name}
@@ -1367,13 +1367,13 @@ PBS_TEMPLATE = """#!/bin/bash
 def submit(plan: Plan, out: Path, scheduler: str, a, walltime: str, args: list[str]) -> int:
     """Renders the batch script (every value checked by _main) and submits it. `args`: the
     executor's options inside the job (--modes, --repeats, ... as checked)."""
-    prefix = "#SBATCH " if scheduler == "slurm" else "#PBS "
+    prefix = schedulers.get(scheduler).directive
     upn = plan.units_per_node
     layout = f"#SBATCH --nodes={plan.units // upn}\n#SBATCH --ntasks-per-node={upn}\n" \
         if upn else ""
     text = (SLURM_TEMPLATE if scheduler == "slurm" else PBS_TEMPLATE).format(
         name=plan.name, units=plan.units, time=walltime, out=shlex.quote(str(out)),
-        root=shlex.quote(str(ROOT)), python=shlex.quote(sys.executable),
+        root=shlex.quote(str(paths.root())), python=shlex.quote(sys.executable),
         plan=shlex.quote(str(plan.path)), args=shlex.join(args),
         extra="\n".join(prefix + d for d in a.directive), layout=layout,
         launcher="srun" if scheduler == "slurm" else "mpirun",
@@ -1383,19 +1383,9 @@ def submit(plan: Plan, out: Path, scheduler: str, a, walltime: str, args: list[s
     if a.dry_run:
         print(f"rendered {script}; nothing submitted (--dry-run)")
         return 0
-    cmd = ["sbatch", "--parsable", str(script)] if scheduler == "slurm" else ["qsub", str(script)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "postprocess") + os.pathsep +
+    env = dict(os.environ, PYTHONPATH=str(paths.root() / "postprocess") + os.pathsep +
                os.environ.get("PYTHONPATH", ""))
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    except FileNotFoundError:
-        raise StudyError(f"{cmd[0]} not found: is this a {scheduler} login node?") from None
-    except subprocess.TimeoutExpired:
-        raise StudyError(f"{cmd[0]} did not answer within 120 s; {script} was not submitted "
-                         "(or its job id was lost: check the queue)") from None
-    if p.returncode != 0:
-        raise StudyError(f"{cmd[0]} refused {script}: {p.stderr.strip()}")
-    job = p.stdout.strip().split(";")[0]
+    job = schedulers.get(scheduler).submit(script, env=env)
     _write(out / "job.id", f"{scheduler} {job}\n")
     print(f"submitted {scheduler} job {job}: {script}; results in {out}/results.json")
     return 0
@@ -1633,7 +1623,7 @@ def main(argv=None) -> int:
 def _main(a) -> int:
     try:
         return _checked_main(a)
-    except (StudyError, sweep.SweepError) as e:
+    except (StudyError, JobError) as e:
         _say(str(e))
         return 2
     except OSError as e:
@@ -1649,7 +1639,7 @@ def _checked_main(a) -> int:
     if a.out is not None and (_CONTROL.search(str(a.out)) or not str(a.out).isprintable()):
         raise StudyError(f"--out {str(a.out)!r}: a plain directory name, one line")
     plan = load_plan(a.plan)
-    out = (a.out or ROOT / "coalloc" / plan.name).resolve()
+    out = (a.out or paths.root() / "coalloc" / plan.name).resolve()
     modes = _modes(a.modes) if a.modes is not None else plan.modes
     repeats = _repeats(a.repeats) if a.repeats is not None else plan.repeats
     submitting = a.scheduler != "local" and not a.inside

@@ -26,27 +26,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-# The clone this package was installed from (scripts/setup installs it editable), or
-# TRAINSCOPE_ROOT: the templates and site files are its jobscripts/.
-ROOT = Path(os.environ.get("TRAINSCOPE_ROOT") or Path(__file__).resolve().parents[2])
-# The binary that job scripts run by default: TRAINSCOPE_BINARY (set by an installation's modulefile
-# and wrappers, docs/install.md), else this clone's build.
-DEFAULT_BINARY = Path(os.environ.get("TRAINSCOPE_BINARY") or ROOT / "build" / "app" / "trainscope")
-HERE = ROOT / "jobscripts"
-TEMPLATES = {"slurm": HERE / "slurm" / "train.sbatch", "pbs": HERE / "pbs" / "train.pbs",
-             "local": HERE / "local" / "run.sh"}
+from . import paths, schedulers
+from .errors import JobError
+
+# The job-script template of each scheduler, under paths.jobscripts(), and the name of the
+# rendered script in a point's directory.
+TEMPLATES = {"slurm": Path("slurm") / "train.sbatch", "pbs": Path("pbs") / "train.pbs",
+             "local": Path("local") / "run.sh"}
 SCRIPT_NAMES = {"slurm": "job.sbatch", "pbs": "job.pbs", "local": "job.sh"}
 
-
-class SweepError(Exception):
-    pass
+SweepError = JobError  # the sweep's checks raise the package's one error type
 
 
 def parse(argv=None):
@@ -54,7 +48,7 @@ def parse(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", required=True, type=Path,
                    help="trainscope INI file (repeatable: one study per config)")
-    p.add_argument("--scheduler", choices=["slurm", "pbs", "local"], required=True)
+    p.add_argument("--scheduler", choices=schedulers.NAMES, required=True)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--nodes", help="node counts, e.g. 1,2,4,8 (ranks = nodes x per node)")
     where.add_argument("--ranks", help="rank counts inside one node or across nodes, e.g. 1,2,4 "
@@ -74,7 +68,9 @@ def parse(argv=None):
     p.add_argument("--name", help="study name (default: the first config's file name)")
     p.add_argument("--time", default="00:30:00", help="walltime per job (HH:MM:SS)")
     p.add_argument("--site", default="default", help="jobscripts/site/<site>.env (or a path)")
-    p.add_argument("--binary", type=Path, default=DEFAULT_BINARY)
+    p.add_argument("--binary", type=Path, default=None,
+                   help="the trainscope binary the jobs run (default: $TRAINSCOPE_BINARY, else "
+                        "the tree's build/app/trainscope, else trainscope on PATH)")
     p.add_argument("--signal-secs", type=int, default=0,
                    help="Slurm: send SIGUSR1 this many seconds before the walltime (0 = off)")
     p.add_argument("--sbatch-arg", "--qsub-arg", dest="directives", action="append", default=[],
@@ -140,10 +136,10 @@ def batch_args(a, ranks: int) -> tuple[list[str], int]:
 def site_file(site: str) -> Path:
     p = Path(site)
     if not p.suffix:
-        p = HERE / "site" / f"{site}.env"
+        p = paths.jobscripts() / "site" / f"{site}.env"
     if not p.is_file():
         raise SweepError(f"--site {site}: {p} not found (sites: " + ", ".join(
-            sorted(f.stem for f in (HERE / "site").glob("*.env"))) + ")")
+            sorted(f.stem for f in (paths.jobscripts() / "site").glob("*.env"))) + ")")
     return p.resolve()
 
 
@@ -180,38 +176,9 @@ def render(template: str, fields: dict[str, str], gpus: bool, signal: bool) -> s
 
 
 def submit(scheduler: str, script: Path, after: str | None, array: str | None = None) -> str:
-    """Submit one job script; the job id (Slurm: with --parsable). --scheduler local runs the
-    script here, now, and records its pid (job.pid, while it runs) and exit code (job.exit)
-    beside it, which is how `jobscripts/study status` tells a running, killed or failed local
-    point from a completed one."""
-    if scheduler == "slurm":
-        cmd = ["sbatch", "--parsable"]
-        if after:
-            cmd.append(f"--dependency=afterany:{after}")
-        if array:
-            cmd.append(f"--array={array}")
-        cmd.append(str(script))
-    elif scheduler == "pbs":
-        cmd = ["qsub"]
-        if after:
-            cmd += ["-W", f"depend=afterany:{after}"]
-        cmd.append(str(script))
-    else:
-        run_dir = script.parent
-        (run_dir / "job.exit").unlink(missing_ok=True)
-        # The job's output (mpirun's binding report included) goes to job.log beside it, as a
-        # scheduler's would: the runner's own output stays one line per point.
-        with open(run_dir / "job.log", "wb") as log:
-            proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT)
-        (run_dir / "job.pid").write_text(f"{proc.pid}\n")
-        code = proc.wait()
-        (run_dir / "job.exit").write_text(f"{code}\n")
-        return f"local:{code}"
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        raise SweepError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout.strip().split(";")[0]
+    """Submit one job script through the registered scheduler (schedulers/); its job id.
+    --scheduler local runs it here, now (schedulers/local.py: job.pid, job.exit beside it)."""
+    return schedulers.get(scheduler).submit(script, after, array)
 
 
 def render_job(scheduler: str, run_dir: Path, *, job_name: str, nodes: int, ranks: int,
@@ -238,7 +205,8 @@ def render_job(scheduler: str, run_dir: Path, *, job_name: str, nodes: int, rank
         "EXTRA_DIRECTIVES": directive_lines(scheduler, directives),
     }
     script = run_dir / SCRIPT_NAMES[scheduler]
-    script.write_text(render(TEMPLATES[scheduler].read_text(), fields, gpus, signal_secs > 0))
+    template = (paths.jobscripts() / TEMPLATES[scheduler]).read_text()
+    script.write_text(render(template, fields, gpus, signal_secs > 0))
     script.chmod(0o755)
     return script
 
@@ -259,7 +227,7 @@ def directive_lines(scheduler: str, directives: list[str]) -> str:
     for d in directives:  # each its own line: a line break would add a directive
         script_value("directive", d, "partition, account, qos and extra directives must be "
                      "one line each")
-    return "\n".join(("#SBATCH " if scheduler == "slurm" else "#PBS ") + d for d in directives)
+    return "\n".join(schedulers.get(scheduler).directive + d for d in directives)
 
 
 # --- values rendered into a job script ------------------------------------------------------------
@@ -328,7 +296,7 @@ def main(argv=None) -> int:
         pts = points(a)
         name = a.name or a.config[0].stem
         out = (a.out or Path("studies") / name).resolve()  # in the working directory
-        binary = a.binary.resolve()
+        binary = (a.binary or paths.default_binary()).resolve()
         if a.submit and not binary.is_file():
             raise SweepError(f"--binary {binary}: not built (scripts/build)")
         # Every point is checked before anything is written or submitted.

@@ -27,19 +27,16 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from . import sweep
+from . import paths, schedulers, sweep
+from .errors import JobError
+from .schedulers.local import pid_alive
 
-ROOT = sweep.ROOT
-HERE = sweep.HERE
-
-
-StudyError = sweep.SweepError
+StudyError = JobError
 
 try:
     import tomllib
@@ -153,10 +150,11 @@ def _config_names(path: Path, where: str, value) -> list[str]:
 def resolve_config(path: Path, name: str) -> Path:
     """A config path: absolute, or beside the study file, or relative to the repository."""
     p = Path(name)
-    for cand in ([p] if p.is_absolute() else [path.parent / p, ROOT / p]):
+    for cand in ([p] if p.is_absolute() else [path.parent / p, paths.under_root(p)]):
         if cand.is_file():
             return cand.resolve()
-    raise _fail(path, f"config {name!r} not found (looked beside the study file and in {ROOT})")
+    raise _fail(path, f"config {name!r} not found (looked beside the study file and in "
+                      f"{paths.root()})")
 
 
 def load_study(path: Path) -> dict:
@@ -232,9 +230,9 @@ def load_study(path: Path) -> dict:
         study["site"] = sweep.site_file(site)
     except StudyError as e:
         raise _fail(path, f"[scheduler] site = {site!r}: {str(e).split(': ', 1)[-1]}")
-    binary = Path(os.path.expandvars(_typed(path, "[scheduler]", sched, "binary", str,
-                                            str(sweep.DEFAULT_BINARY))))
-    study["binary"] = (binary if binary.is_absolute() else ROOT / binary).resolve()
+    binary = _typed(path, "[scheduler]", sched, "binary", str, None)
+    study["binary"] = (paths.under_root(os.path.expandvars(binary)) if binary is not None
+                       else paths.default_binary()).resolve()
     _one_line(path, "[scheduler] binary", str(study["binary"]))
     extra = sched.get("extra", [])
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
@@ -385,12 +383,8 @@ def directives(study: dict, scheduler: str) -> list[str]:
     """Partition, account and QOS as the scheduler spells them, then the study's extra lines.
     PBS has queues (-q) and accounts (-A) but no QOS."""
     w = study["where"]
-    if scheduler == "pbs":
-        out = [f"-q {w['partition']}"] if "partition" in w else []
-        out += [f"-A {w['account']}"] if "account" in w else []
-    else:
-        out = [f"--{k}={w[k]}" for k in ("partition", "account", "qos") if k in w]
-    return out + study["extra"]
+    return schedulers.get(scheduler).where(w.get("partition"), w.get("account"),
+                                           w.get("qos")) + study["extra"]
 
 
 def render_point(study: dict, p: dict, scheduler: str) -> Path:
@@ -434,96 +428,25 @@ def completed_file(run_dir: Path) -> Path | None:
 
 
 def scheduler_states(jobs: dict[str, str]) -> dict[str, str]:
-    """Job id -> "pending" (queued) or "running", for the jobs the scheduler still knows; a job
-    it does not list has ended. {scheduler: id} pairs come from each point's job.id."""
+    """Job id -> "pending" (queued) or "running", for the jobs their schedulers still hold; a job
+    left out has ended. {id: scheduler} pairs come from each point's job.id."""
     found: dict[str, str] = {}
-    slurm = [j for j, s in jobs.items() if s == "slurm"]
-    if slurm:
-        try:
-            q = subprocess.run(["squeue", "-h", "-r", "-o", "%i %T"], capture_output=True,
-                               text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise StudyError(f"squeue failed ({e}): cannot tell queued from ended Slurm jobs")
-        if q.returncode != 0:
-            raise StudyError(f"squeue failed ({q.returncode}): {q.stderr.strip()}")
-        for line in q.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                found[parts[0]] = "running" if parts[1] in ("RUNNING", "COMPLETING") \
-                    else "pending"
-    for j in [j for j, s in jobs.items() if s == "pbs"]:
-        state, _ = _qstat(j)
-        if state and state not in ("F", "X"):
-            found[j] = "running" if state in ("R", "E", "B") else "pending"
+    for name in schedulers.NAMES:
+        ids = [j for j, s in jobs.items() if s == name]
+        if ids and name != "local":  # a local point's state is in its job.pid / job.exit
+            found.update(schedulers.get(name).states(ids))
     return found
 
 
-def _run_quiet(cmd: list[str]) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def _qstat(job: str) -> tuple[str | None, int | None]:
-    """(job_state letter, Exit_status) of a PBS job; qstat -x also lists ended jobs (PBS Pro,
-    OpenPBS with job history), plain qstat -f the others."""
-    for cmd in (["qstat", "-x", "-f", job], ["qstat", "-f", job]):
-        q = _run_quiet(cmd)
-        if q is None or q.returncode != 0:
-            continue
-        m = re.search(r"job_state = (\w)", q.stdout)
-        e = re.search(r"Exit_status = (-?\d+)", q.stdout)
-        if m:
-            return m.group(1), int(e.group(1)) if e else None
-    return None, None
-
-
-def _exit_code(text: str) -> int | None:
-    """Slurm's ExitCode "75:0" (code:signal) -> 75."""
-    m = re.match(r"(\d+):(\d+)", text.strip())
-    return int(m.group(1)) if m else None
-
-
 def ended_states(jobs: dict[str, str]) -> dict[str, tuple[str, int | None]]:
-    """Job id -> (how the scheduler says it ended, its exit code) for ended jobs: Slurm's state
-    from sacct (COMPLETED, FAILED, TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED, CANCELLED, ...),
-    or from `scontrol show job` where the cluster keeps no accounting (Slurm then remembers an
-    ended job for MinJobAge, 300 s by default); PBS's "exit N" from qstat -x. Jobs the scheduler
-    no longer knows are left out."""
+    """Job id -> (how its scheduler says it ended, its exit code) for ended jobs (Slurm: sacct,
+    else scontrol show job; PBS: qstat -x, "FINISHED"). Jobs no scheduler knows are left out."""
     out: dict[str, tuple[str, int | None]] = {}
-    slurm = [j for j, s in jobs.items() if s == "slurm"]
-    if slurm:
-        q = _run_quiet(["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode",
-                        "-j", ",".join(slurm)])
-        if q is not None and q.returncode == 0:
-            for line in q.stdout.splitlines():
-                parts = line.split("|")
-                if len(parts) == 3 and parts[0] in slurm and parts[1]:
-                    out[parts[0]] = (parts[1].split()[0], _exit_code(parts[2]))
-        for j in [j for j in slurm if j not in out]:
-            q = _run_quiet(["scontrol", "show", "job", "-o", j])
-            if q is None or q.returncode != 0:
-                continue
-            state = re.search(r"\bJobState=(\S+)", q.stdout)
-            code = re.search(r"\bExitCode=(\S+)", q.stdout)
-            if state:
-                out[j] = (state.group(1), _exit_code(code.group(1)) if code else None)
-    for j in [j for j, s in jobs.items() if s == "pbs"]:
-        state, code = _qstat(j)
-        if state in ("F", "X"):
-            out[j] = ("FINISHED", code)
+    for name in schedulers.NAMES:
+        ids = [j for j, s in jobs.items() if s == name]
+        if ids and name != "local":
+            out.update(schedulers.get(name).ended(ids))
     return out
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_small(f: Path) -> str:
@@ -641,7 +564,8 @@ def submit_array(study: dict, out: Path, group: list[dict], stamp: str, gi: int)
         "EXTRA_DIRECTIVES": sweep.directive_lines("slurm", directives(study, "slurm")),
     }
     script = arrays / f"{stamp}-{gi}.sbatch"
-    script.write_text(sweep.render((HERE / "slurm" / "array.sbatch").read_text(), fields,
+    template = (paths.jobscripts() / "slurm" / "array.sbatch").read_text()
+    script.write_text(sweep.render(template, fields,
                                    bool(p0["gpus_per_node"]), study["signal_secs"] > 0))
     script.chmod(0o755)
     return str(script)
@@ -836,7 +760,7 @@ def parse(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="render and submit the points that are missing or failed")
     r.add_argument("file", type=Path, help="study file (inputs/studies/*.toml)")
-    r.add_argument("--scheduler", choices=["slurm", "pbs", "local"], required=True)
+    r.add_argument("--scheduler", choices=schedulers.NAMES, required=True)
     r.add_argument("--out", type=Path,
                    help="study directory (default studies/<name> in the working directory)")
     r.add_argument("--dry-run", action="store_true", help="render only, submit nothing")
@@ -852,7 +776,7 @@ def parse(argv=None):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["coalloc"]:
-        # Jobs side by side on one set of units: trainscope_post/coalloc.py (docs/coalloc.md).
+        # Jobs side by side on one set of units: trainscope_jobs/coalloc.py (docs/coalloc.md).
         from .coalloc import main as coalloc_main
         return coalloc_main(argv[1:])
     a = parse(argv)
