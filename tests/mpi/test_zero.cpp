@@ -268,9 +268,14 @@ class FileShards final : public dist::ShardSource {
 
 TEST(Zero, CvStage1And2ReachDdpParameters) {
     // ZeRO's AdamW is torch's arithmetic on a shard, and its reduce-scatter sums what DDP's
-    // allreduce sums, so in fp64 only the order of the sums' roundings may differ (~1e-16
-    // relative per step); three steps of lr 1e-2 move the weights by > 1e-3, so 1e-10 separates
-    // "the same training" from any real difference by seven orders of magnitude.
+    // allreduce sums. On one or two ranks each element's sum is one addition whatever the
+    // collective, so in fp64 the runs agree to 1e-10 (measured: equal). On more ranks the two
+    // collectives may add in other orders (last-bit differences, ~1e-16 relative), and AdamW's
+    // m / sqrt(v) turns those of near-zero gradients (batch norm makes many) into larger ones:
+    // measured 8e-8 after three steps on 4 ranks, so 1e-6 there. Both stay far below what a wrong
+    // shard, a lost average or a skipped step gives: three steps of lr 1e-2 move the weights by
+    // more than 1e-3.
+    const double tolerance = trainscope::testing::world_size() <= 2 ? 1e-10 : 1e-6;
     const auto ddp = cv_train(dist::ZeroStage::None, 3);
     const auto fresh = small_mobilenet()->parameters();
     std::vector<torch::Tensor> initial;
@@ -280,7 +285,7 @@ TEST(Zero, CvStage1And2ReachDdpParameters) {
     for (auto zero : {dist::ZeroStage::OptimizerState, dist::ZeroStage::Gradients}) {
         const auto sharded = cv_train(zero, 3);
         ASSERT_EQ(sharded.size(), ddp.size());
-        EXPECT_LT(max_diff(sharded, ddp), 1e-10) << "dist.zero=" << dist::to_int(zero);
+        EXPECT_LT(max_diff(sharded, ddp), tolerance) << "dist.zero=" << dist::to_int(zero);
     }
 }
 
