@@ -1,6 +1,7 @@
-// Data parallelism as one component. A model's trainable tensors are parallelised once (train's
-// parallelize_llm picks the kind from the configuration) and the training step drives the result
-// through this interface without knowing which kind it is:
+// Data parallelism as one component, for both workloads. A model's trainable tensors are
+// parallelised once (train's make_data_parallelism picks DDP or ZeRO-1/2 from dist.zero for the CV
+// and LLM trainers, parallelize_llm adds FSDP) and the training step drives the result through
+// this interface without knowing which kind it is:
 //
 //   begin_iteration()                    before the first micro-batch
 //   per micro-batch: forward, before_last_backward() (last micro-batch only), backward,
@@ -8,7 +9,8 @@
 //   finish_gradients(scale)              gradients summed over ranks, / world, x scale
 //   [finite check: full_gradient_parameters() and gradient_shard_sums()]
 //   set_lr(lr), step(via) or skip_step()
-//   take_iteration_comm(), held_bytes()  accounting (durations resolved later)
+//   take_iteration_comm(), held_bytes()  accounting (one ParallelComm record, durations resolved
+//                                        later)
 //   save(), load()                       checkpoints (replicated parts on rank 0, shards per rank)
 //
 // Implementations: DDP (dist::DdpParallelism: bucketed allreduce overlapping backward, a local
