@@ -246,7 +246,11 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
         CheckpointShards shards(m, s.o.device, s.world, {s.rank, s.state_source_rank()});
         torch::serialize::InputArchive& from = shards.rank(s.state_source_rank());
         torch::serialize::InputArchive buffers, scaler;
-        from.read("buffers", buffers);
+        if (!from.try_read("buffers", buffers))
+            throw core::InputError("checkpoint " + m.path +
+                                   " holds no batch-norm buffers: it was written by a trainscope "
+                                   "before CV training went through dist::DataParallelism (its "
+                                   "state is one 'model' archive); start the run afresh");
         from.read("scaler", scaler);
         dist::load_tensors(buffers, s.buffer_names, s.buffers, m.path, /*buffers=*/true);
         s.scaler->load(scaler);
