@@ -336,7 +336,9 @@ ENTRIES = (
     {"kind": "attribute", "path": "/plan", "name": "macs_per_sample", "units": "", "type": "int",
      "when": "run.workload=cv", "meaning": "Forward multiply-accumulates per sample."},
     {"kind": "attribute", "path": "/plan", "name": "zero", "units": "", "type": "int",
-     "when": "run.workload=llm", "meaning": "`dist.zero`: the ZeRO stage, 0 to 3."},
+     "when": "run.workload=cv or llm", "meaning": "`dist.zero`: the ZeRO stage, 0 to 3 (CV: 0 "
+                                                  "to 2; absent in CV files of earlier "
+                                                  "revisions, which ran 0)."},
     {"kind": "attribute", "path": "/plan", "name": "compress", "units": "", "type": "str",
      "when": "run.workload=cv or llm", "meaning": "`dist.compress`: how gradients travel "
                                                   "between ranks, `none`, `fp16`, `bf16` or "

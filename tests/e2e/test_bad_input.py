@@ -331,6 +331,12 @@ CASES = [
          ("dist.powersgd_rank = '4'", "set dist.compress=powersgd"), ("--dist.powersgd_rank=4",)),
     Case("powersgd-with-loss-scaling", C, ("dist.compress=powersgd", "run.precision=fp16-mixed"),
          ("--dist.compress=powersgd", "--run.precision=fp16-mixed")),
+    # dist.zero on the CV workload (issue 40): ZeRO-1/2 under ddp/ddp-ds with AdamW only.
+    Case("cv-zero3", C, ("dist.zero=3", "use dist.zero=1 or 2"), ("--dist.zero=3",)),
+    Case("cv-zero-pipeline", C, ("dist.zero=1", "run.strategy=pipeline", "set dist.zero=0"),
+         ("--dist.zero=1", "--run.strategy=pipeline")),
+    Case("cv-zero-sgd", C, ("dist.zero=2", "train.optimizer=sgd", "set train.optimizer=adamw"),
+         ("--dist.zero=2", "--train.optimizer=sgd")),
     Case("bool-not-a-bool", C, ("train.nesterov = 'maybe'", "true or false"),
          ("--train.nesterov=maybe",)),
     Case("choice-unknown", C, ("run.strategy = 'zero3'", "one of ddp-ds, ddp"),

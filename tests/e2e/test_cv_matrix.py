@@ -2,6 +2,8 @@
 strategies and an image folder, each a short real run whose file is read back; and the
 combinations that cannot work, refused on every rank with the option named."""
 
+import shutil
+
 import numpy as np
 import h5py
 import pytest
@@ -137,8 +139,10 @@ def test_pipeline_two_stages_dry_run_and_run(run_ts, tmp_path):
 
 
 def test_pipeline_with_two_replicas(run_ts, tmp_path):
-    with short_run(run_ts, tmp_path, "pipe4", "--config", ROOT / "inputs/cv/strategy-pipeline.ini",
-                   "--train.batch_size=32", ranks=4, iters=4) as f:
+    pipe = ["--config", ROOT / "inputs/cv/strategy-pipeline.ini", "--train.batch_size=32",
+            "--run.deterministic=true", f"--checkpoint.dir={tmp_path}/ckpt", "--checkpoint.every=2"]
+    with short_run(run_ts, tmp_path, "pipe4", *pipe, ranks=4, iters=4) as f:
+        uninterrupted = f["iterations/loss"][...]
         assert int(f["plan"].attrs["pipeline_replicas"]) == 2
         assert int(f["plan"].attrs["global_batch"]) == 64
         stage_bytes = f["iterations/parameter_bytes"][:, 0]
@@ -146,3 +150,12 @@ def test_pipeline_with_two_replicas(run_ts, tmp_path):
         assert np.all(f["iterations/comm_bytes"][:, 0] == stage_bytes)
         assert stage_bytes[0] == stage_bytes[2] and stage_bytes[1] == stage_bytes[3]
         assert stage_bytes[0] + stage_bytes[1] == 4 * int(f["plan"].attrs["parameters"])
+    # Resumed from iteration 2: each stage's replica-0 rank wrote the stage's weights and
+    # optimizer (read back through its data-parallel group), every rank its RNG: the last two
+    # losses are the uninterrupted run's, bit for bit.
+    shutil.rmtree(tmp_path / "ckpt" / "ckpt-000000004")
+    proc = run_ts(4, *BASE, "--train.max_iters=4", f"--output.file={tmp_path}/pipe4.h5", *pipe,
+                  "--resume", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with h5py.File(tmp_path / "pipe4.resume1.h5", "r") as f:
+        assert np.array_equal(f["iterations/loss"][...], uninterrupted[:, 2:], equal_nan=True)

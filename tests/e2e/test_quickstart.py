@@ -210,6 +210,31 @@ def test_telemetry_and_accounting_in_the_file(profiled_file):
     assert f"summary over {ITERS - WARMUP} measured iterations" in proc.stdout
 
 
+def test_zero1_shards_the_optimizer_state(run_ts, tmp_path):
+    """dist.zero=1 on the quickstart (AdamW): ZeRO-1 over the 2 ranks trains, the plan records the
+    stage and the shards like the LLM's, and each rank holds half the AdamW moments of DDP."""
+    out = tmp_path / "zero1.h5"
+    proc = run_ts(2, "--config", ROOT / "inputs/quickstart.ini", f"--output.file={out}",
+                  "--train.max_iters=4", "--train.eval=false", "--dist.zero=1", "--log.every=0",
+                  "--telemetry.enabled=false", "--profile.warmup_iters=0", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] in ("completed", b"completed")
+        plan = f["plan"].attrs
+        assert int(plan["zero"]) == 1
+        assert int(plan["memory_plan_optimizer_state_shards"]) == 2
+        assert int(plan["memory_plan_gradient_shards"]) == 1
+        it = f["iterations"]
+        assert np.all(np.isfinite(it["loss"][...]))
+        weights = it["parameter_bytes"][...]
+        moments = it["optimizer_state_bytes"][...]
+        # AdamW's two moments of a padded half of the flat weights (float32) on each rank.
+        assert np.all(np.abs(moments - weights) <= 2 * 4), (moments, weights)
+        # The reduce-scatter of the gradients and the all-gather of the weights: 2 x the weights.
+        assert np.all(it["comm_bytes"][...] >= 2 * weights - 16)
+        assert "comm/buckets" not in f  # no DDP buckets under ZeRO
+
+
 def test_comm_workload(run_ts, tmp_path):
     out = tmp_path / "comm.h5"
     proc = run_ts(2, "--run.workload=comm", f"--output.file={out}", "--comm.max_bytes=65536",

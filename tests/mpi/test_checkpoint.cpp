@@ -176,6 +176,15 @@ TEST(Checkpoint, CudaSavedStateLoadsOntoTheRequestedDevice) {
     if (rank() == 0) fs::remove_all(dir);
 }
 
+// This job's layout for check_compatible: `c`'s strategy on `world` ranks with `global_batch`
+// samples per step (one replica of that batch: only the product is compared).
+tt::ParallelLayout layout_of(const core::Config& c, int world, std::int64_t global_batch) {
+    tt::ParallelLayout l = tt::ParallelLayout::kinds(c);
+    l.world_size = world;
+    l.batch_per_rank = global_batch;
+    return l;
+}
+
 TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
     const std::string dir = shared_dir("compat");
     const core::Config saved =
@@ -185,17 +194,16 @@ TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
     const tt::CheckpointManifest m = tt::Checkpointer::find_latest(dir, MPI_COMM_WORLD);
     EXPECT_EQ(m.global_batch, 8);
     // Output, logging and timeouts may change, and the batch options with the global batch kept.
-    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(m,
-                                                       config({{"checkpoint.dir", dir},
-                                                               {"train.lr", "0.01"},
-                                                               {"output.file", "b.h5"},
-                                                               {"train.batch_size", "3"},
-                                                               {"run.iteration_timeout", "60"}}),
-                                                       world(), 8));
+    const core::Config same = config({{"checkpoint.dir", dir},
+                                      {"train.lr", "0.01"},
+                                      {"output.file", "b.h5"},
+                                      {"train.batch_size", "3"},
+                                      {"run.iteration_timeout", "60"}});
+    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(m, same, layout_of(same, world(), 8)));
     try {
-        tt::Checkpointer::check_compatible(
-            m, config({{"checkpoint.dir", dir}, {"train.lr", "0.02"}, {"run.seed", "7"}}), world(),
-            8);
+        const core::Config changed =
+            config({{"checkpoint.dir", dir}, {"train.lr", "0.02"}, {"run.seed", "7"}});
+        tt::Checkpointer::check_compatible(m, changed, layout_of(changed, world(), 8));
         FAIL() << "a changed learning rate and seed were accepted";
     } catch (const core::ConfigError& e) {
         const std::string what = e.what();
@@ -203,9 +211,9 @@ TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
         EXPECT_NE(what.find("run.seed"), std::string::npos) << what;
     }
     // Another rank count keeping the global batch: an elastic resume (ddp-ds, the default).
-    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(m, saved, world() + 1, 8));
+    EXPECT_NO_THROW(tt::Checkpointer::check_compatible(m, saved, layout_of(saved, world() + 1, 8)));
     try {
-        tt::Checkpointer::check_compatible(m, saved, world() + 1, 16);
+        tt::Checkpointer::check_compatible(m, saved, layout_of(saved, world() + 1, 16));
         FAIL() << "another global batch was accepted";
     } catch (const core::ConfigError& e) {
         const std::string what = e.what();
@@ -217,7 +225,7 @@ TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
         core::Config other =
             config({{"checkpoint.dir", dir}, {"train.lr", "0.01"}, {"run.strategy", strategy}});
         try {
-            tt::Checkpointer::check_compatible(m, other, world() + 1, 8);
+            tt::Checkpointer::check_compatible(m, other, layout_of(other, world() + 1, 8));
             FAIL() << strategy << " on another rank count was accepted";
         } catch (const core::ConfigError& e) {
             const std::string what = e.what();
@@ -229,7 +237,8 @@ TEST(Checkpoint, ResumeNamesTheOptionsThatChangeTraining) {
     // A checkpoint without its global batch (older format) resumes only on its rank count.
     tt::CheckpointManifest old = m;
     old.global_batch = 0;
-    EXPECT_THROW(tt::Checkpointer::check_compatible(old, saved, world() + 1, 8), core::ConfigError);
+    EXPECT_THROW(tt::Checkpointer::check_compatible(old, saved, layout_of(saved, world() + 1, 8)),
+                 core::ConfigError);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank() == 0) fs::remove_all(dir);
 }

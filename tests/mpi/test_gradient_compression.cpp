@@ -166,7 +166,7 @@ TEST(GradientCompression, NoneIsThePlainBucketAverageBitForBit) {
         const std::vector<torch::Tensor> got = synchronized_gradients(model, sync, r, it);
         for (std::size_t i = 0; i < got.size(); ++i)
             EXPECT_TRUE(torch::equal(got[i], want[i])) << "parameter " << i << " iteration " << it;
-        const dist::IterationComm c = sync.last_iteration();
+        const dist::ParallelComm c = sync.last_iteration();
         EXPECT_EQ(c.bytes, static_cast<double>(sync.bytes_per_iteration()));
         EXPECT_EQ(c.uncompressed_bytes, c.bytes);
         EXPECT_TRUE(std::isnan(c.error_norm));
@@ -223,7 +223,7 @@ TEST(GradientCompression, Fp16AndBf16FollowPyTorchsCompressHooks) {
                 EXPECT_LE((got[i].to(torch::kFloat64) - mean).abs().max().item<double>(),
                           4.0 * w * u * mean.abs().max().item<double>() + 1e-6);
             }
-            const dist::IterationComm c = sync.last_iteration();
+            const dist::ParallelComm c = sync.last_iteration();
             if (w > 1) {
                 EXPECT_EQ(c.uncompressed_bytes, 2.0 * c.bytes); // float32 -> 16 bits
                 EXPECT_EQ(c.bytes, static_cast<double>(sync.bytes_per_iteration()));
@@ -322,7 +322,7 @@ TEST(GradientCompression, PowerSgdEqualsTheReferenceAlgorithm) {
             double norm2 = 0;
             for (const auto& [i, e] : error[r])
                 norm2 += e.square().sum().item<double>();
-            const dist::IterationComm got_comm = sync.last_iteration();
+            const dist::ParallelComm got_comm = sync.last_iteration();
             if (w == 1) {
                 EXPECT_EQ(got_comm.bytes, 0.0); // nothing communicated, nothing compressed
                 continue;

@@ -536,7 +536,7 @@ TEST(GradientSynchronizer, AccountsBytesCollectiveAndExposedTimePerIteration) {
         const double finish_wall =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-        const dist::IterationComm it = sync.last_iteration();
+        const dist::ParallelComm it = sync.last_iteration();
         EXPECT_EQ(it.exposed_s, waited);
         EXPECT_GE(it.exposed_s, 0.0);
         EXPECT_LE(it.exposed_s, finish_wall);
@@ -570,12 +570,12 @@ TEST(GradientSynchronizer, PendingIterationResolvesLaterToItsOwnFigures) {
     auto comm = mpi_communicator();
     Net model = make_net(11);
     dist::GradientSynchronizer sync(*comm, model->parameters(), 1024);
-    const dist::PendingIterationComm none = sync.last_iteration_pending();
-    EXPECT_EQ(none.works.size(), 3u); // one per bucket, none run yet
-    EXPECT_EQ(none.bytes(), 0.0);
+    const dist::PendingParallelComm none = sync.last_iteration_pending();
+    EXPECT_EQ(none.known.bucket_bytes.size(), 3u); // one per bucket, none run yet
+    EXPECT_EQ(none.known.bytes, 0.0);
     EXPECT_EQ(none.resolve().bucket_s, std::vector<double>(3, 0.0));
-    std::vector<dist::PendingIterationComm> pending;
-    std::vector<dist::IterationComm> at_once;
+    std::vector<dist::PendingParallelComm> pending;
+    std::vector<dist::ParallelComm> at_once;
     for (int step = 0; step < 2; ++step) {
         torch::manual_seed(step);
         auto x = torch::randn({4, 1, 8, 8}, torch::kFloat64) + r;
@@ -586,10 +586,10 @@ TEST(GradientSynchronizer, PendingIterationResolvesLaterToItsOwnFigures) {
         sync.finish();
         pending.push_back(sync.last_iteration_pending());
         at_once.push_back(sync.last_iteration());
-        EXPECT_EQ(pending.back().bytes(), at_once.back().bytes); // known without waiting
+        EXPECT_EQ(pending.back().known.bytes, at_once.back().bytes); // known without waiting
     }
     for (std::size_t k = 0; k < pending.size(); ++k) {
-        const dist::IterationComm later = pending[k].resolve();
+        const dist::ParallelComm later = pending[k].resolve();
         EXPECT_EQ(later.bucket_s, at_once[k].bucket_s) << "iteration " << k;
         EXPECT_EQ(later.bucket_bytes, at_once[k].bucket_bytes);
         EXPECT_EQ(later.collective_s, at_once[k].collective_s);

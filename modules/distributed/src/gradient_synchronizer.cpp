@@ -77,8 +77,8 @@ struct GradientSynchronizer::Impl {
     std::vector<std::shared_ptr<Work>> last_works; // per bucket; null when nothing ran
     double last_exposed = 0;
     torch::Tensor last_error; // powersgd: squared error-feedback norm (device), or undefined
-    mutable bool last_resolved = true;
-    mutable IterationComm last;
+    mutable bool last_resolved = false;
+    mutable ParallelComm last;
 
     void on_gradient_ready(std::size_t index);
     void launch_ready_buckets(bool from_hook);
@@ -434,57 +434,49 @@ double GradientSynchronizer::finish() {
     return waited;
 }
 
-double PendingIterationComm::bytes() const {
-    double total = 0;
-    for (double b : bucket_bytes)
-        total += b;
-    return total;
-}
-
-IterationComm PendingIterationComm::resolve() const {
-    IterationComm out;
-    out.exposed_s = exposed_s;
-    out.uncompressed_bytes = uncompressed_bytes;
-    if (powersgd)
-        out.error_norm = error_norm_squared.defined()
-                             ? std::sqrt(error_norm_squared.item<double>()) // after a synchronize
-                             : 0.0;
-    for (std::size_t i = 0; i < works.size(); ++i) {
-        const double seconds = works[i] ? works[i]->seconds() : 0.0;
-        out.bucket_bytes.push_back(bucket_bytes[i]);
-        out.bucket_s.push_back(seconds);
-        out.bytes += bucket_bytes[i];
-        out.collective_s += seconds;
-    }
-    return out;
-}
-
 namespace {
 // The last finished iteration's handles; the caller holds `last_mutex`.
-template <class Impl> PendingIterationComm pending_of(const Impl& s) {
-    PendingIterationComm p;
-    p.exposed_s = s.last_exposed;
-    p.works = s.last_works;
-    p.works.resize(s.buckets.size()); // before the first finish(): no work per bucket
+template <class Impl> PendingParallelComm pending_of(const Impl& s) {
+    std::vector<std::shared_ptr<Work>> works = s.last_works;
+    works.resize(s.buckets.size()); // before the first finish(): no work per bucket
+    PendingParallelComm p;
+    ParallelComm& k = p.known;
+    k.exposed_s = s.last_exposed;
     for (std::size_t i = 0; i < s.buckets.size(); ++i) {
-        p.bucket_bytes.push_back(p.works[i] ? static_cast<double>(s.buckets[i].sent) : 0.0);
-        if (p.works[i]) p.uncompressed_bytes += static_cast<double>(s.buckets[i].uncompressed);
+        const double sent = works[i] ? static_cast<double>(s.buckets[i].sent) : 0.0;
+        k.bucket_bytes.push_back(sent);
+        k.bytes += sent;
+        if (works[i]) k.uncompressed_bytes += static_cast<double>(s.buckets[i].uncompressed);
     }
-    p.powersgd = s.powersgd != nullptr;
-    p.error_norm_squared = s.last_error;
+    k.bucket_s.assign(s.buckets.size(), ParallelComm::kNaN);
+    const bool powersgd = s.powersgd != nullptr;
+    torch::Tensor error_norm_squared = s.last_error; // float64 device scalar; undefined: 0
+    p.resolve = [known = k, works = std::move(works), powersgd, error_norm_squared] {
+        ParallelComm out = known;
+        if (powersgd)
+            out.error_norm = error_norm_squared.defined()
+                                 ? std::sqrt(error_norm_squared.item<double>()) // synchronizes
+                                 : 0.0;
+        out.collective_s = 0;
+        for (std::size_t i = 0; i < works.size(); ++i) {
+            out.bucket_s[i] = works[i] ? works[i]->seconds() : 0.0;
+            out.collective_s += out.bucket_s[i];
+        }
+        return out;
+    };
     return p;
 }
 } // namespace
 
-PendingIterationComm GradientSynchronizer::last_iteration_pending() const {
+PendingParallelComm GradientSynchronizer::last_iteration_pending() const {
     std::lock_guard<std::mutex> lock(impl_->last_mutex);
     return pending_of(*impl_);
 }
 
-IterationComm GradientSynchronizer::last_iteration() const {
+ParallelComm GradientSynchronizer::last_iteration() const {
     const Impl& s = *impl_;
     std::lock_guard<std::mutex> lock(s.last_mutex);
-    if (!s.last_resolved || s.last.bucket_bytes.empty()) {
+    if (!s.last_resolved) {
         s.last = pending_of(s).resolve();
         s.last_resolved = true;
     }

@@ -45,7 +45,8 @@ void declare_options(core::OptionRegistry& registry) {
         "parameters); 2 = gradients sharded too; 3 = parameters sharded too (FSDP as "
         "torchtune's distributed recipes run it, every llm.method: one flat shard per "
         "decoder layer, the embedding and the head, all-gathered before a unit's forward "
-        "and backward, gradients reduce-scattered per unit)");
+        "and backward, gradients reduce-scattered per unit; LLM only). run.workload=cv: 1 "
+        "or 2 under run.strategy=ddp or ddp-ds with train.optimizer=adamw");
     registry.add_bool(
         "dist.reshard_after_forward", true,
         "dist.zero=3: free a unit's gathered parameters after its forward and all-gather "

@@ -42,22 +42,7 @@ class DdpParallelism final : public DataParallelism {
     }
     void skip_step() override { optimizer_->zero_grad(/*set_to_none=*/false); }
 
-    PendingParallelComm take_iteration_comm() override {
-        PendingParallelComm p;
-        auto pending = std::make_shared<PendingIterationComm>(sync_.last_iteration_pending());
-        p.known.bytes = pending->bytes();
-        p.known.uncompressed_bytes = pending->uncompressed_bytes;
-        p.known.bucket_s.assign(pending->works.size(), ParallelComm::kNaN);
-        p.resolve = [known = p.known, pending] {
-            ParallelComm c = known;
-            const IterationComm r = pending->resolve();
-            c.collective_s = r.collective_s;
-            c.bucket_s = r.bucket_s;
-            c.error_norm = r.error_norm;
-            return c;
-        };
-        return p;
-    }
+    PendingParallelComm take_iteration_comm() override { return sync_.last_iteration_pending(); }
     HeldBytes held_bytes() const override {
         HeldBytes h;
         for (const auto& t : t_.tensors) {

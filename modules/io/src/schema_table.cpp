@@ -229,8 +229,9 @@ const std::vector<Entry>& run_entries() {
          "`lora:12,nf4+lora:...`."},
         {Kind::attribute, kPlan, "macs_per_sample", "", "int", "run.workload=cv",
          "Forward multiply-accumulates per sample."},
-        {Kind::attribute, kPlan, "zero", "", "int", "run.workload=llm",
-         "`dist.zero`: the ZeRO stage, 0 to 3."},
+        {Kind::attribute, kPlan, "zero", "", "int", "run.workload=cv or llm",
+         "`dist.zero`: the ZeRO stage, 0 to 3 (CV: 0 to 2; absent in CV files of earlier "
+         "revisions, which ran 0)."},
         {Kind::attribute, kPlan, "compress", "", "str", "run.workload=cv or llm",
          "`dist.compress`: how gradients travel between ranks, `none`, `fp16`, `bf16` or "
          "`powersgd` (added in this revision; absent in older files, which sent them "

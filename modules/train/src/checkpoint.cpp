@@ -442,7 +442,9 @@ CheckpointManifest Checkpointer::find_latest(const std::string& dir, MPI_Comm wo
 }
 
 void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Config& config,
-                                    int world_size, std::int64_t global_batch) {
+                                    const ParallelLayout& layout) {
+    const int world_size = layout.world_size;
+    const std::int64_t global_batch = layout.global_batch();
     std::map<std::string, std::string> saved(m.config.begin(), m.config.end());
     std::string diffs;
     int count = 0;
@@ -457,22 +459,8 @@ void Checkpointer::check_compatible(const CheckpointManifest& m, const core::Con
                      (it == saved.end() ? std::string("<not set>") : it->second) + "', now '" + v +
                      "'";
     }
-    const Strategy strategy = parse_strategy(config.get_string("run.strategy"));
     if (m.world_size != world_size) {
-        // Elastic resume: the sample order and the optimizer's arithmetic depend only on the
-        // global batch where every rank reads a disjoint 1/N of the data (ddp-ds) and the state
-        // is either replicated or flat shards (ZeRO, FSDP) that can be cut again.
-        std::string why;
-        if (strategy == Strategy::Pipeline)
-            why = "run.strategy=pipeline keeps per-stage state and splits the ranks into "
-                  "pipeline.stages stages";
-        else if (strategy == Strategy::Ddp || strategy == Strategy::Dp)
-            why = "with run.strategy=" + std::string(to_string(strategy)) +
-                  " every rank walks the whole dataset, so the samples of a step depend on the "
-                  "rank count (run.strategy=ddp-ds does not)";
-        else if (!by_global_batch)
-            why = "the checkpoint does not record its global batch (written by an older "
-                  "trainscope)";
+        const std::string why = layout.elastic_refusal(m.world_size, by_global_batch);
         if (!why.empty())
             throw core::ConfigError("--resume: checkpoint " + m.path + " was written by " +
                                     std::to_string(m.world_size) + " ranks, this job has " +

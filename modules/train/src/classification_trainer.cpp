@@ -23,6 +23,7 @@
 #include "trainscope/distributed/mpi_runtime.hpp"
 #include "trainscope/prof/memory.hpp"
 #include "trainscope/prof/profiler_window.hpp"
+#include "trainscope/train/comm_accounting.hpp"
 #include "trainscope/train/host_sync.hpp"
 #include "trainscope/train/optimizer.hpp"
 
@@ -36,20 +37,26 @@
 namespace trainscope::train {
 namespace {
 
-// Bytes of the tensors that make up the training state: parameters, their gradients, and the
-// optimizer's per-parameter state (momentum buffers, Adam moments, step counters).
-struct StateBytes {
-    double parameters = 0, gradients = 0, optimizer = 0;
-};
-StateBytes state_bytes(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& opt) {
-    StateBytes b;
-    for (const auto& p : params) {
-        b.parameters += dist::bytes_of(p);
-        b.gradients += dist::bytes_of(p.grad());
+// The checkpoint's shards of this rank's data-parallel group, numbered by replica: under a
+// pipeline, replica r's archive is the file of rank r x stages + stage (ranks are stage-major);
+// otherwise replicas are ranks. Pipelines never resume on another rank count, so reshard (ZeRO's
+// elastic resume, ddp-ds only) is the checkpoint's own.
+class ReplicaShards final : public dist::ShardSource {
+  public:
+    ReplicaShards(dist::ShardSource& all, const ParallelLayout& layout, int rank)
+        : all_(all), stages_(layout.stages), stage_(layout.stage(rank)) {}
+    int saved_world() const override { return all_.saved_world() / stages_; }
+    const std::string& where() const override { return all_.where(); }
+    torch::serialize::InputArchive& rank(int r) override { return all_.rank(r * stages_ + stage_); }
+    torch::Tensor reshard(const std::string& sub, const std::string& name, std::int64_t numel,
+                          int new_rank, int new_world) override {
+        return all_.reshard(sub, name, numel, new_rank, new_world);
     }
-    b.optimizer = dist::optimizer_state_bytes(opt);
-    return b;
-}
+
+  private:
+    dist::ShardSource& all_;
+    int stages_, stage_;
+};
 
 using core::kNaN;
 
@@ -63,13 +70,15 @@ struct ClassificationTrainer::State {
     dist::Communicator& comm;
     MPI_Comm world;
     int rank = 0, size = 1;
-    std::unique_ptr<torch::optim::Optimizer> optimizer;
     std::unique_ptr<GradScaler> scaler;
     // How the model runs (run.strategy); gradients and batch-norm buffers are averaged over its
     // data_comm().
     std::unique_ptr<CvExecution> exec;
-    std::unique_ptr<dist::GradientSynchronizer> sync;
-    std::vector<torch::Tensor> params;
+    // The trained parameters' data parallelism over data_comm() (DDP or ZeRO-1/2, chosen once
+    // from dist.zero): it owns the optimizer; the step never asks which kind it is.
+    std::unique_ptr<dist::DataParallelism> parallel;
+    std::vector<std::string> buffer_names; // the trained module's buffers, for checkpoints
+    std::vector<torch::Tensor> buffers;
     std::vector<torch::Tensor> float_buffers; // batch-norm running statistics
     std::shared_ptr<const data::BatchSource> train_source, test_source;
     std::int64_t per_epoch = 0;
@@ -79,12 +88,12 @@ struct ClassificationTrainer::State {
     std::optional<data::Batch> batch;
     prof::PhasePeak peak{-1, false};
     torch::Tensor loss; // this iteration's (undefined on pipeline stages without a loss)
-    // Per recorded iteration, the bucket allreduces whose durations account() left open:
-    // resolved and dropped by resolve_accounting.
-    std::map<std::int64_t, dist::PendingIterationComm> deferred_comm;
+    // Per recorded iteration, the collectives whose durations account() left open: resolved
+    // and dropped by resolve_accounting.
+    DeferredComm deferred_comm;
 
-    // Replicated state (model, optimizer, scaler) lives in one rank's checkpoint file.
-    int state_source_rank() const { return exec->state_source_rank(); }
+    // Replicated state (weights, optimizer, buffers, scaler) lives in one rank's checkpoint file.
+    int state_source_rank() const { return o.layout.state_source_rank(rank); }
     int cuda_index() const { return o.device.is_cuda() ? o.device.index() : -1; }
 
     State(const TrainerOptions& opt, models::MobileNetV2 m, const data::DatasetSplits& d,
@@ -174,8 +183,11 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     s.peak = prof::PhasePeak(s.cuda_index(), s.o.accounting);
     s.exec = make_cv_execution(s.o, s.model, comm, s.rank, s.size);
     torch::nn::Module& trained = s.exec->trained();
-    for (auto& b : trained.buffers())
-        if (b.is_floating_point()) s.float_buffers.push_back(b);
+    for (auto& b : trained.named_buffers()) {
+        s.buffer_names.push_back(b.key());
+        s.buffers.push_back(b.value());
+        if (b.value().is_floating_point()) s.float_buffers.push_back(b.value());
+    }
     // Augmentation seeds (image folders): one stream per data shard, or per rank where ranks
     // read the same samples in their own order.
     const std::uint64_t aug_seed = s.exec->augmentation_seed(s.o.seed);
@@ -184,19 +196,20 @@ ClassificationTrainer::ClassificationTrainer(const TrainerOptions& options,
     s.test_source =
         data::make_batch_source(s.data, data::Split::Test, s.transform, s.o.preprocess, s.o.seed);
 
-    s.params = trained.parameters();
-    const std::vector<torch::Tensor>& params = s.params;
-    const OptimizerConfig& opt = s.o.optimizer;
-    s.optimizer = make_optimizer(opt, params, /*with_momentum=*/true);
-
     GradScaler::Options scaler_options;
     scaler_options.enabled = s.o.precision.loss_scaling;
     s.scaler = std::make_unique<GradScaler>(scaler_options, s.o.device);
 
-    s.sync = std::make_unique<dist::GradientSynchronizer>(
-        s.exec->data_comm(), params, static_cast<std::size_t>(s.o.bucket_bytes),
+    // Rank 0's parameters everywhere (the kinds broadcast them over the data-parallel group).
+    dist::TrainableSet trainable;
+    for (auto& p : trained.named_parameters()) {
+        trainable.names.push_back(p.key());
+        trainable.tensors.push_back(p.value());
+    }
+    s.parallel = make_data_parallelism(
+        s.o.layout.zero, s.o.optimizer, /*with_momentum=*/true, s.o.precision.loss_scaling,
+        s.exec->data_comm(), std::move(trainable), static_cast<std::size_t>(s.o.bucket_bytes),
         static_cast<std::size_t>(s.o.first_bucket_bytes), s.o.compression);
-    s.sync->broadcast_parameters(0);
     s.sync_buffers();
 
     s.per_epoch = static_cast<std::int64_t>(s.make_sampler().num_samples()) / s.o.batch_size;
@@ -210,15 +223,15 @@ std::string ClassificationTrainer::save_checkpoint(Checkpointer& checkpointer,
     State& s = *s_;
     return checkpointer.save(next_iteration, [&](torch::serialize::OutputArchive& out) {
         if (s.rank == s.state_source_rank()) {
-            torch::serialize::OutputArchive model, optimizer, scaler;
-            save_named_tensors(model, *s.model);
-            s.optimizer->save(optimizer);
+            torch::serialize::OutputArchive buffers, scaler;
+            dist::save_tensors(buffers, s.buffer_names, s.buffers, /*buffers=*/true);
             s.scaler->save(scaler);
-            out.write("model", model);
-            out.write("optimizer", optimizer);
+            out.write("buffers", buffers);
             out.write("scaler", scaler);
         }
-        s.sync->save_compression_state(out); // PowerSGD: every rank's error feedback
+        // Weights and optimizer from each stage's replica 0, ZeRO's shards and PowerSGD's error
+        // feedback from every rank.
+        s.parallel->save(out, s.o.layout.data_rank(s.rank));
         save_rng_state(out, s.cuda_index());
     });
 }
@@ -227,25 +240,25 @@ void ClassificationTrainer::restore(const CheckpointManifest& m) {
     State& s = *s_;
     dist::agree_on_errors(s.world, [&] {
         // An elastic resume (another rank count; ddp-ds only, checked before) reads the replicated
-        // state from the rank that wrote it; a rank the checkpoint did not have keeps its own RNG.
-        // The source's file is read once per node (CheckpointShards), this rank's own by itself.
-        const bool has_mine = s.rank < m.world_size;
+        // state from the rank that wrote it and cuts ZeRO's shards again; a rank the checkpoint
+        // did not have keeps its own RNG and starts with zero PowerSGD error feedback. The
+        // source's file is read once per node (CheckpointShards), this rank's own by itself.
         CheckpointShards shards(m, s.o.device, s.world, {s.rank, s.state_source_rank()});
-        torch::serialize::InputArchive* from = &shards.rank(s.state_source_rank());
-        torch::serialize::InputArchive model, optimizer, scaler;
-        from->read("model", model);
-        from->read("optimizer", optimizer);
-        from->read("scaler", scaler);
-        load_named_tensors(model, *s.model, m.path);
-        s.optimizer->load(optimizer);
+        torch::serialize::InputArchive& from = shards.rank(s.state_source_rank());
+        torch::serialize::InputArchive buffers, scaler;
+        if (!from.try_read("buffers", buffers))
+            throw core::InputError("checkpoint " + m.path +
+                                   " holds no batch-norm buffers: it was written by a trainscope "
+                                   "before CV training went through dist::DataParallelism (its "
+                                   "state is one 'model' archive); start the run afresh");
+        from.read("scaler", scaler);
+        dist::load_tensors(buffers, s.buffer_names, s.buffers, m.path, /*buffers=*/true);
         s.scaler->load(scaler);
-        if (has_mine) load_rng_state(shards.rank(s.rank), s.cuda_index());
-        // PowerSGD: Q and the iteration count replicated (the state source's), this rank's error
-        // feedback from its own file (zero for a rank the saved job did not have).
-        if (s.sync->has_compression_state())
-            s.sync->load_compression_state(*from, has_mine ? &shards.rank(s.rank) : nullptr,
-                                           m.path);
-        s.start_iteration = read_int(*from, "next_iteration");
+        ReplicaShards replicas(shards, s.o.layout, s.rank);
+        s.parallel->load(replicas, s.o.layout.data_rank(s.rank),
+                         /*elastic=*/m.world_size != s.size);
+        if (s.rank < m.world_size) load_rng_state(shards.rank(s.rank), s.cuda_index());
+        s.start_iteration = read_int(from, "next_iteration");
     });
     s.exec->after_update();
 }
@@ -258,8 +271,8 @@ std::int64_t ClassificationTrainer::start_iteration() const {
     return s_->start_iteration;
 }
 
-const dist::GradientSynchronizer& ClassificationTrainer::synchronizer() const {
-    return *s_->sync;
+const dist::GradientSynchronizer* ClassificationTrainer::synchronizer() const {
+    return s_->parallel->synchronizer();
 }
 
 bool ClassificationTrainer::evaluates() const {
@@ -289,14 +302,14 @@ bool ClassificationTrainer::next_batch() {
 }
 
 void ClassificationTrainer::set_lr(double lr) {
-    for (auto& group : s_->optimizer->param_groups())
-        group.options().set_lr(lr);
+    s_->parallel->set_lr(lr);
 }
 
 StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer& timer,
                                        RunControl* control) {
     State& s = *s_;
     StepResult r;
+    s.parallel->begin_iteration(); // ZeRO: the gradient buffer zeroed (stage 2: allocated)
     torch::Tensor x, y;
     {
         prof::PhaseScope p(timer, prof::Phase::H2D);
@@ -308,7 +321,7 @@ StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer&
                       s.peak,
                       r,
                       [&] { s.sync_buffers(); },
-                      [&] { s.sync->begin_iteration(); },
+                      [&] { s.parallel->before_last_backward(); },
                       [&](torch::Tensor& loss) {
                           if (control) inject_fault(*control, iteration, loss);
                       },
@@ -318,7 +331,7 @@ StepResult ClassificationTrainer::step(std::int64_t iteration, prof::PhaseTimer&
     // prepare_apply.
     {
         prof::PhaseScope p(timer, prof::Phase::CommWait);
-        s.sync->finish();
+        s.parallel->finish_gradients(/*grad_scale=*/1.0); // averaged over the replicas
     }
     s.loss = loss;
     // Pipeline: the loss exists on the last stage only.
@@ -334,14 +347,15 @@ torch::Tensor ClassificationTrainer::nonfinite_flag(const StepResult&) {
     State& s = *s_;
     // The loss scaler handles its own inf/NaN steps.
     if (s.scaler->enabled()) return {};
-    return train::nonfinite_flag(s.loss, s.params);
+    return train::nonfinite_flag(s.loss, s.parallel->full_gradient_parameters(),
+                                 s.parallel->gradient_shard_sums());
 }
 
 void ClassificationTrainer::prepare_apply(StepResult& r) {
     State& s = *s_;
     if (!s.scaler->enabled()) return;
     // fp16-mixed: the scaler's verdict, read once after a synchronize bounded by dist.timeout.
-    s.scaler->unscale_on_device(optimizer_parameters(*s.optimizer));
+    s.scaler->unscale_on_device(s.parallel->full_gradient_parameters());
     s.comm.synchronize("the loss scaler's inf/NaN check");
     r.loss_scale = s.scaler->check_step().scale;
 }
@@ -349,18 +363,21 @@ void ClassificationTrainer::prepare_apply(StepResult& r) {
 bool ClassificationTrainer::apply(bool skip, double& optimizer_peak) {
     State& s = *s_;
     s.peak.begin();
-    bool stepped = true;
-    if (skip) { // run.nonfinite=skip: no rank steps
-        stepped = false;
-    } else if (s.scaler->enabled()) {
-        // Gradients are averaged across ranks first, so an inf/NaN on any rank reaches all of
-        // them and every rank skips the same steps.
-        stepped = s.scaler->step(*s.optimizer);
-        s.scaler->update();
-    } else {
-        s.optimizer->step();
-    }
-    s.optimizer->zero_grad(/*set_to_none=*/false);
+    bool stepped = false;
+    if (skip) // run.nonfinite=skip: no rank steps
+        s.parallel->skip_step();
+    else
+        // fp16-mixed (DDP only: ZeRO refuses it): gradients are averaged across ranks first, so an
+        // inf/NaN on any rank reaches all of them and every rank skips the same steps.
+        stepped = s.parallel->step([&](torch::optim::Optimizer& optimizer) {
+            if (!s.scaler->enabled()) {
+                optimizer.step();
+                return true;
+            }
+            const bool taken = s.scaler->step(optimizer);
+            s.scaler->update();
+            return taken;
+        });
     s.exec->after_update();
     s.peak.end(optimizer_peak);
     s.loss = torch::Tensor();
@@ -371,29 +388,18 @@ void ClassificationTrainer::account(IterationValues& v) {
     State& s = *s_;
     // Bytes now; the durations stay NaN until resolve_accounting (reading them here would wait
     // for the collectives' end events on NCCL).
-    dist::PendingIterationComm pending = s.sync->last_iteration_pending();
-    v.comm_bytes = pending.bytes();
-    v.comm_uncompressed_bytes = pending.uncompressed_bytes;
-    v.comm_collective_s = kNaN;
-    v.bucket_s.assign(pending.works.size(), kNaN);
-    s.deferred_comm[v.iteration] = std::move(pending);
+    put_comm(s.deferred_comm.take(*s.parallel, v.iteration), v);
     v.memory = prof::sample_memory(s.cuda_index());
-    const StateBytes sb = state_bytes(s.params, *s.optimizer);
-    v.parameter_bytes = sb.parameters;
-    v.gradient_bytes = sb.gradients;
-    v.optimizer_state_bytes = sb.optimizer;
+    // Parameters, their gradients (ZeRO-2: the shard) and the optimizer's state (ZeRO: the shard).
+    const dist::HeldBytes held = s.parallel->held_bytes();
+    v.parameter_bytes = held.trainable;
+    v.gradient_bytes = held.gradients;
+    v.optimizer_state_bytes = held.optimizer_state;
 }
 
 void ClassificationTrainer::resolve_accounting(std::int64_t iteration, IterationValues& v) {
     State& s = *s_;
-    const auto it = s.deferred_comm.find(iteration);
-    if (it == s.deferred_comm.end()) return;
-    const dist::IterationComm c = it->second.resolve();
-    v.comm_collective_s = c.collective_s;
-    v.comm_error_norm = c.error_norm;
-    v.bucket_s = c.bucket_s;
-    // Older entries belong to iterations the recorder no longer holds: their handles go too.
-    s.deferred_comm.erase(s.deferred_comm.begin(), std::next(it));
+    if (const auto c = s.deferred_comm.resolve(iteration)) put_comm(*c, v);
 }
 
 void ClassificationTrainer::resolve(std::vector<DeferredStep>& steps) {

@@ -124,7 +124,7 @@ class PipelineExecution final : public CvExecution {
                                    CvStepHooks& h) override {
         // The data-parallel allreduce starts only once every point-to-point operation of the
         // step was issued (one order of the two communicators on every rank, see pipeline.cpp):
-        // the synchronizer is armed after the step and finish() launches all buckets.
+        // DDP's buckets are armed after the step and finish_gradients launches them all.
         h.before_forward();
         h.timer.start(prof::Phase::Forward);
         bool in_backward = false;
@@ -150,8 +150,6 @@ class PipelineExecution final : public CvExecution {
         groups_.pipe->synchronize("the pipeline's shared-loss broadcast");
         return read_to_host(shared);
     }
-    // Ranks are stage-major: this stage's rank in replica 0 wrote the stage's state.
-    int state_source_rank() const override { return groups_.stage; }
 
   private:
     models::MobileNetV2 model_;
@@ -164,7 +162,7 @@ class PipelineExecution final : public CvExecution {
 
 std::unique_ptr<CvExecution> make_cv_execution(const TrainerOptions& o, models::MobileNetV2 model,
                                                dist::Communicator& comm, int rank, int size) {
-    switch (o.strategy) {
+    switch (o.layout.strategy) {
     case Strategy::Pipeline:
         if (!o.pipeline)
             throw core::InternalError("ClassificationTrainer: pipeline without its groups");
@@ -180,10 +178,10 @@ std::unique_ptr<CvExecution> make_cv_execution(const TrainerOptions& o, models::
     default:
         break;
     }
-    return std::make_unique<LocalExecution>(std::move(model), comm, rank, size,
-                                            /*shard=*/o.strategy == Strategy::DdpDs,
-                                            /*rank_augmentation=*/o.strategy == Strategy::Ddp,
-                                            o.precision, o.device);
+    return std::make_unique<LocalExecution>(
+        std::move(model), comm, rank, size,
+        /*shard=*/o.layout.sharded_data,
+        /*rank_augmentation=*/o.layout.strategy == Strategy::Ddp, o.precision, o.device);
 }
 
 } // namespace trainscope::train

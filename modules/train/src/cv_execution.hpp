@@ -5,7 +5,7 @@
 //                all of it in its own order);
 //   dp           replicas of the model on several devices of one process (DataParallel);
 //   pipeline     this rank's stage of a GPipe schedule, data sharded over the pipeline replicas.
-// Gradients are averaged by the trainer's GradientSynchronizer over data_comm() in every case.
+// Gradients are averaged by the trainer's dist::DataParallelism over data_comm() in every case.
 #pragma once
 
 #include <torch/torch.h>
@@ -28,7 +28,7 @@ struct CvStepHooks {
     prof::PhasePeak& peak;
     StepResult& result;                                        // forward/backward peaks
     std::function<void()> before_forward;                      // rank 0's batch-norm buffers
-    std::function<void()> arm_gradients;                       // the synchronizer's hooks
+    std::function<void()> arm_gradients;                       // before_last_backward
     std::function<void(torch::Tensor&)> fault;                 // TRAINSCOPE_FAULT (forward)
     std::function<torch::Tensor(const torch::Tensor&)> scaled; // the loss scaler's loss
 };
@@ -61,8 +61,6 @@ class CvExecution {
         (void)losses;
         return {};
     }
-    // The rank whose checkpoint file holds this rank's replicated state (model, optimizer).
-    virtual int state_source_rank() const { return 0; }
 };
 
 // `model` is on its device in its final dtype and layout.

@@ -38,7 +38,7 @@ class CvWorkload final : public Workload {
   public:
     explicit CvWorkload(const RunEnvironment& env) : Workload(env) {
         const core::Config& c = env.cfg;
-        if (env.strategy == Strategy::Pipeline) {
+        if (env.layout.strategy == Strategy::Pipeline) {
             pipeline_ = PipelineOptions::from_config(c);
             const std::string precision = c.get_string("run.precision");
             if (precision == "fp16-mixed" || precision == "bf16-mixed")
@@ -47,35 +47,72 @@ class CvWorkload final : public Workload {
                     " is not supported with run.strategy=pipeline (autocast and loss scaling "
                     "live in the single-model step): use fp32, tf32, bf16 or fp64");
         }
-        if (c.get_bool("cv.sync_bn") && env.strategy != Strategy::Ddp &&
-            env.strategy != Strategy::DdpDs)
+        if (c.get_bool("cv.sync_bn") && env.layout.strategy != Strategy::Ddp &&
+            env.layout.strategy != Strategy::DdpDs)
             throw core::ConfigError("cv.sync_bn=true needs run.strategy=ddp or ddp-ds (it "
                                     "synchronises batch statistics across data-parallel ranks), "
                                     "not run.strategy=" +
-                                    std::string(to_string(env.strategy)) +
+                                    std::string(to_string(env.layout.strategy)) +
                                     ": set cv.sync_bn=false");
+        check_zero(env);
         data_options_ = data::data_options(c);
         channels_ = data_options_.channels;
     }
 
+    // dist.zero for CV: ZeRO-1/2 (dist::make_zero) over the ranks of ddp or ddp-ds, which step
+    // AdamW on their shard without a loss scaler, on contiguous flat weights.
+    static void check_zero(const RunEnvironment& env) {
+        const core::Config& c = env.cfg;
+        const int zero = dist::to_int(env.layout.zero);
+        if (zero == 0) return;
+        const std::string set =
+            "dist.zero=" + std::to_string(zero) + " (set at " + c.origin("dist.zero") + ")";
+        const Strategy strategy = env.layout.strategy;
+        if (zero == 3)
+            throw core::ConfigError(set + " is FSDP, which shards LLM fine-tuning units; "
+                                          "run.workload=cv shards the optimizer state and "
+                                          "gradients only: use dist.zero=1 or 2 (or 0)");
+        if (strategy != Strategy::Ddp && strategy != Strategy::DdpDs)
+            throw core::ConfigError(
+                set +
+                " shards the optimizer state over the ranks of run.strategy=ddp or ddp-ds, "
+                "not run.strategy=" +
+                std::string(to_string(strategy)) +
+                (strategy == Strategy::Dp ? " (one process, nothing to shard over)"
+                                          : " (each stage's state lives on its own ranks)") +
+                ": set dist.zero=0, or run.strategy=ddp-ds");
+        if (c.get_string("train.optimizer") != "adamw")
+            throw core::ConfigError(
+                set + " implements AdamW, not train.optimizer=" + c.get_string("train.optimizer") +
+                ": set train.optimizer=adamw, or dist.zero=0");
+        if (c.get_string("run.precision") == "fp16-mixed")
+            throw core::ConfigError(set + " has no loss scaler for run.precision=fp16-mixed: use "
+                                          "bf16-mixed or fp32, or dist.zero=0");
+        if (c.get_bool("cv.channels_last"))
+            throw core::ConfigError(set + " keeps the weights in one contiguous flat buffer, so "
+                                          "cv.channels_last=true cannot lay them out NHWC: set "
+                                          "cv.channels_last=false, or dist.zero=0");
+    }
+
     WorkloadKind kind() const override { return WorkloadKind::Cv; }
     int pipeline_stages() const override {
-        return env_.strategy == Strategy::Pipeline ? pipeline_.stages : 1;
+        return env_.layout.strategy == Strategy::Pipeline ? pipeline_.stages : 1;
     }
     bool sharded_data() const override {
-        return env_.strategy == Strategy::DdpDs || env_.strategy == Strategy::Pipeline;
+        return env_.layout.strategy == Strategy::DdpDs ||
+               env_.layout.strategy == Strategy::Pipeline;
     }
 
     void check(const RunEnvironment& env) override {
         const core::Config& c = env.cfg;
-        if (env.strategy == Strategy::Dp && env.topo.world_size > 1)
+        if (env.layout.strategy == Strategy::Dp && env.topo.world_size > 1)
             throw core::ConfigError(
                 "run.strategy=dp is single-process data parallelism (one process drives all of "
                 "its devices) but " +
                 std::to_string(env.topo.world_size) +
                 " ranks were launched: launch 1 rank (mpirun -np 1), or use run.strategy=ddp or "
                 "ddp-ds for several ranks");
-        if (env.strategy != Strategy::Dp) return;
+        if (env.layout.strategy != Strategy::Dp) return;
         const std::int64_t want = c.get_int("dp.devices");
         if (env.device.device.is_cuda()) {
             const int gpus = dist::cuda_device_count();
@@ -96,13 +133,15 @@ class CvWorkload final : public Workload {
 
     void build() override;
     std::string plan_text() const override;
+    std::string gradients_text() const; // the plan's gradients line
     std::vector<io::Attribute> plan_attributes() const override;
 
   protected:
     TrainStep* train_step() override { return trainer_.get(); }
     dist::Communicator* communicator() override { return comm_.get(); }
     std::vector<std::size_t> bucket_bytes() const override {
-        return trainer_->synchronizer().bucket_bytes();
+        const dist::GradientSynchronizer* sync = trainer_->synchronizer();
+        return sync ? sync->bucket_bytes() : std::vector<std::size_t>{};
     }
     void describe_run(Recorder::RunInfo& info) const override {
         info.global_batch = static_cast<double>(env_.layout.global_batch());
@@ -133,12 +172,12 @@ class CvWorkload final : public Workload {
 
 void CvWorkload::build() {
     const core::Config& c = env_.cfg;
-    const BatchLayout& layout = env_.layout;
+    const ParallelLayout& layout = env_.layout;
     dist::agree_on_errors(env_.world, [&] { data_ = data::open_dataset(c); });
     num_classes_ = data_.num_classes();
 
     TrainerOptions& t = t_;
-    t.strategy = env_.strategy;
+    t.layout = env_.layout;
     t.precision = env_.policy;
     t.dtype = env_.policy.param_dtype;
     t.channels_last = c.get_bool("cv.channels_last");
@@ -170,7 +209,7 @@ void CvWorkload::build() {
                 "the training set has " + std::to_string(train_samples) + " sample" +
                 (train_samples == 1 ? "" : "s") + " but " + std::to_string(layout.replicas) +
                 " data-parallel " + layout.shard_unit() +
-                " (run.strategy=" + to_string(env_.strategy) +
+                " (run.strategy=" + to_string(env_.layout.strategy) +
                 ") each need at least one of their own: launch at most " +
                 std::to_string(train_samples) + " " + layout.shard_unit() +
                 ", use more data, or run.strategy=ddp (every rank the whole set)");
@@ -179,13 +218,14 @@ void CvWorkload::build() {
                                     " is larger than the " + std::to_string(samples_per_shard_) +
                                     " training samples each rank gets per epoch (" +
                                     std::to_string(train_samples) + " samples, strategy " +
-                                    to_string(env_.strategy) + ", " +
+                                    to_string(env_.layout.strategy) + ", " +
                                     std::to_string(layout.world_size) +
                                     " ranks): use a smaller batch or data.drop_last=false");
         comm_ = dist::make_communicator(env_.dist.backend, env_.world, env_.device.device,
                                         env_.dist.timeout_s, {env_.dist.allreduce});
     });
-    if (env_.strategy == Strategy::Pipeline) // collective: splits the world into pipe and dp groups
+    if (env_.layout.strategy ==
+        Strategy::Pipeline) // collective: splits the world into pipe and dp groups
         t.pipeline = std::shared_ptr<PipelineGroups>(new PipelineGroups(
             make_pipeline_groups(env_.world, layout.stages, env_.dist.backend, env_.device.device,
                                  env_.dist.timeout_s, {env_.dist.allreduce})));
@@ -200,7 +240,7 @@ void CvWorkload::build() {
             comm->allreduce(x, dist::ReduceOp::Sum);
         };
     }
-    if (env_.strategy == Strategy::Pipeline) {
+    if (env_.layout.strategy == Strategy::Pipeline) {
         dist::agree_on_errors(env_.world, [&] {
             t.pipeline_plan = plan_pipeline(mopt, image_size, pipeline_.stages, pipeline_.balance,
                                             pipeline_.cuts);
@@ -220,6 +260,13 @@ void CvWorkload::build() {
     memory_.weight_bytes = static_cast<double>(parameters_) * elem;
     memory_.gradient_bytes = memory_.weight_bytes;
     memory_.optimizer_state_bytes = opt_states * memory_.weight_bytes;
+    // ZeRO (dist::ZeroOptimizer): the moments of this rank's shard; ZeRO-1 keeps the full flat
+    // gradients beside the reduced shard, ZeRO-2 only the shard between iterations.
+    const double replicas = static_cast<double>(layout.replicas);
+    if (layout.zero != dist::ZeroStage::None) memory_.optimizer_state_bytes /= replicas;
+    if (layout.zero == dist::ZeroStage::OptimizerState)
+        memory_.gradient_bytes *= 1.0 + 1.0 / replicas;
+    if (layout.zero == dist::ZeroStage::Gradients) memory_.gradient_bytes /= replicas;
     // Activations in the compute dtype (under autocast the convolutions' outputs are in it), the
     // input batch in the parameter dtype.
     const double act_elem = static_cast<double>(
@@ -239,12 +286,12 @@ void CvWorkload::build() {
 }
 
 std::string CvWorkload::plan_text() const {
-    const BatchLayout& l = env_.layout;
-    const bool pipe = env_.strategy == Strategy::Pipeline;
+    const ParallelLayout& l = env_.layout;
+    const bool pipe = env_.layout.strategy == Strategy::Pipeline;
     const std::int64_t image_size = data_options_.image_size;
     std::ostringstream o;
     o << "trainscope plan (dry run: nothing is trained or written)\n"
-      << "  workload      cv, strategy " << to_string(env_.strategy) << ", precision "
+      << "  workload      cv, strategy " << to_string(env_.layout.strategy) << ", precision "
       << env_.precision << "\n"
       << ranks_text();
     o << "  data          " << data_.description << "; network input " << channels_ << "x"
@@ -257,11 +304,7 @@ std::string CvWorkload::plan_text() const {
       << "  model         MobileNetV2, " << num_classes_ << " classes, " << parameters_
       << " parameters, " << std::fixed << std::setprecision(1) << macs_per_sample_ / 1e6
       << " MMAC per sample (forward)\n"
-      << "  gradients     buckets of " << env_.dist.bucket_mb << " MiB (the first "
-      << std::min(env_.dist.first_bucket_mb, env_.dist.bucket_mb) << " MiB), allreduce of "
-      << mib(static_cast<double>(parameters_) *
-             static_cast<double>(c10::elementSize(env_.policy.param_dtype)))
-      << " per iteration, " << compression_text() << "\n"
+      << "  gradients     " << gradients_text() << ", " << compression_text() << "\n"
       << "  memory/rank   ~" << mib(memory_.total_bytes()) << " (estimate): weights "
       << mib(memory_.weight_bytes) << ", gradients " << mib(memory_.gradient_bytes)
       << ", optimizer state " << mib(memory_.optimizer_state_bytes) << ", activations "
@@ -273,10 +316,26 @@ std::string CvWorkload::plan_text() const {
     return o.str();
 }
 
+std::string CvWorkload::gradients_text() const {
+    const std::string weights = mib(static_cast<double>(parameters_) *
+                                    static_cast<double>(c10::elementSize(env_.policy.param_dtype)));
+    std::ostringstream o;
+    if (env_.layout.zero == dist::ZeroStage::None) {
+        o << "buckets of " << env_.dist.bucket_mb << " MiB (the first "
+          << std::min(env_.dist.first_bucket_mb, env_.dist.bucket_mb) << " MiB), allreduce of "
+          << weights << " per iteration";
+        return o.str();
+    }
+    o << "ZeRO-" << dist::to_int(env_.layout.zero) << " (dist.zero): reduce-scatter of " << weights
+      << " and all-gather of the updated weights per iteration, AdamW state sharded over "
+      << env_.layout.replicas << " rank(s)";
+    return o.str();
+}
+
 std::vector<io::Attribute> CvWorkload::plan_attributes() const {
-    const BatchLayout& l = env_.layout;
+    const ParallelLayout& l = env_.layout;
     std::vector<io::Attribute> a = {
-        {"strategy", std::string(to_string(env_.strategy))},
+        {"strategy", std::string(to_string(env_.layout.strategy))},
         {"precision", env_.precision},
         {"device", env_.device.device.str()},
         {"backend", env_.dist.backend},
@@ -298,14 +357,16 @@ std::vector<io::Attribute> CvWorkload::plan_attributes() const {
         {"memory_plan_gradient_bytes", memory_.gradient_bytes},
         {"memory_plan_optimizer_state_bytes", memory_.optimizer_state_bytes},
         {"memory_plan_activation_bytes", memory_.activation_bytes},
-        // Every rank of the data-parallel group holds the whole state (the CV workload has no
-        // ZeRO); recorded like the LLM's so readers scale both the same way.
-        {"memory_plan_weight_shards", std::int64_t{1}},
-        {"memory_plan_gradient_shards", std::int64_t{1}},
-        {"memory_plan_optimizer_state_shards", std::int64_t{1}}};
+        {"zero", std::int64_t{dist::to_int(l.zero)}}};
+    // Over how many ranks each part of the state is divided (dist.zero), recorded like the
+    // LLM's so readers scale both the same way.
+    const dist::StateShards shards = dist::state_shards(l.zero, l.replicas);
+    a.insert(a.end(), {{"memory_plan_weight_shards", shards.weight},
+                       {"memory_plan_gradient_shards", shards.gradient},
+                       {"memory_plan_optimizer_state_shards", shards.optimizer_state}});
     const std::vector<io::Attribute> compression = compression_attributes();
     a.insert(a.end(), compression.begin(), compression.end());
-    if (env_.strategy == Strategy::Pipeline) {
+    if (env_.layout.strategy == Strategy::Pipeline) {
         std::string cuts;
         for (const auto& st : t_.pipeline_plan.stages)
             cuts += (cuts.empty() ? "" : ",") + std::to_string(st.first_unit);

@@ -186,24 +186,15 @@ std::unique_ptr<dist::DataParallelism>
 parallelize_llm(const LlmOptions& o, const OptimizerConfig& opt, bool loss_scaling,
                 dist::Communicator& comm, LlmModel& m, std::size_t bucket_bytes,
                 std::size_t first_bucket_bytes, const dist::CompressionOptions& compression) {
-    dist::TrainableSet trainable{m.trainable_names, m.trainable};
     const dist::ZeroStage zero = o.sharding.zero;
-    if (zero == dist::ZeroStage::None) {
-        std::unique_ptr<torch::optim::Optimizer> optimizer =
-            make_optimizer(opt, m.trainable, /*with_momentum=*/false);
-        return dist::make_ddp(comm, std::move(trainable), std::move(optimizer), bucket_bytes,
-                              first_bucket_bytes, compression);
-    }
+    if (zero != dist::ZeroStage::Parameters)
+        return make_data_parallelism(zero, opt, /*with_momentum=*/false, loss_scaling, comm,
+                                     {m.trainable_names, m.trainable}, bucket_bytes,
+                                     first_bucket_bytes, compression);
     // LlmOptions::from_config refused other optimizers and fp16-mixed's loss scaling.
     if (opt.kind != "adamw" || loss_scaling)
-        throw core::InternalError("dist.zero > 0 without AdamW or with loss scaling");
-    dist::ZeroAdamW h;
-    h.lr = opt.lr;
-    h.weight_decay = opt.weight_decay;
-    h.fused = opt.fused;
-    if (zero != dist::ZeroStage::Parameters)
-        return dist::make_zero(comm, std::move(trainable), dist::to_int(zero), h,
-                               dist::compressed_dtype(compression.kind));
+        throw core::InternalError("dist.zero=3 without AdamW or with loss scaling");
+    const dist::ZeroAdamW h = zero_adamw(opt);
     dist::FsdpOptions fo;
     fo.reshard_after_forward = o.sharding.reshard_after_forward;
     fo.prefetch = o.sharding.prefetch;

@@ -317,13 +317,10 @@ bool LlmTrainer::apply(bool skip, double& optimizer_peak) {
 
 namespace {
 
-// The iteration's communication into its columns (durations NaN until resolved).
-void put_comm(const dist::ParallelComm& c, IterationValues& v) {
-    v.comm_bytes = c.bytes;
-    v.comm_collective_s = c.collective_s;
-    v.comm_uncompressed_bytes = c.uncompressed_bytes;
-    v.comm_error_norm = c.error_norm;
-    v.bucket_s = c.bucket_s;
+// The iteration's communication into its columns (durations NaN until resolved): the common
+// ones, and the sharded kinds' all-gathers and reduce-scatters.
+void put_llm_comm(const dist::ParallelComm& c, IterationValues& v) {
+    put_comm(c, v);
     v.extra[kAllgatherBytes] = c.allgather_bytes;
     v.extra[kAllgatherS] = c.allgather_s;
     v.extra[kAllgatherExposedS] = c.allgather_exposed_s;
@@ -338,8 +335,7 @@ void LlmTrainer::account(IterationValues& v) {
     State& s = *s_;
     // Bytes now; the collectives' durations stay NaN until resolve_accounting, from the handles
     // kept here.
-    dist::PendingParallelComm d = s.parallel->take_iteration_comm();
-    put_comm(d.known, v);
+    put_llm_comm(s.deferred_comm.take(*s.parallel, v.iteration), v);
     v.memory = prof::sample_memory(s.cuda_index());
     const dist::HeldBytes held = s.parallel->held_bytes();
     v.extra[kGatheredWeightBytes] = held.gathered;
@@ -349,16 +345,11 @@ void LlmTrainer::account(IterationValues& v) {
     v.extra[kFrozenWeightBytes] = s.frozen_bytes;
     v.extra[kNf4WeightBytes] = s.nf4_bytes;
     v.extra[kTrainableWeightBytes] = held.trainable;
-    if (d.resolve) s.deferred_comm[v.iteration] = std::move(d);
 }
 
 void LlmTrainer::resolve_accounting(std::int64_t iteration, IterationValues& v) {
     State& s = *s_;
-    const auto it = s.deferred_comm.find(iteration);
-    if (it == s.deferred_comm.end()) return;
-    put_comm(it->second.resolve(), v);
-    // Older entries belong to iterations the recorder no longer holds: their handles go too.
-    s.deferred_comm.erase(s.deferred_comm.begin(), std::next(it));
+    if (const auto c = s.deferred_comm.resolve(iteration)) put_llm_comm(*c, v);
 }
 
 std::string LlmTrainer::save_checkpoint(Checkpointer& checkpointer, std::int64_t next_iteration) {

@@ -14,6 +14,7 @@
 #include "trainscope/data/prefetcher.hpp"
 #include "trainscope/distributed/parallelism.hpp"
 #include "trainscope/prof/memory.hpp"
+#include "trainscope/train/comm_accounting.hpp"
 #include "trainscope/train/llm_trainer.hpp"
 
 namespace trainscope::train {
@@ -74,7 +75,7 @@ struct LlmTrainer::State {
     torch::Tensor loss_acc; // this iteration's, on the device
     // Per recorded iteration, the collectives whose durations account() left open (reading them
     // there would wait for the device on NCCL): resolved and dropped by resolve_accounting.
-    std::map<std::int64_t, dist::PendingParallelComm> deferred_comm;
+    DeferredComm deferred_comm;
     int cuda_index() const { return o.device.is_cuda() ? o.device.index() : -1; }
 
     std::size_t num_items() const {

@@ -36,8 +36,8 @@ class LlmWorkload final : public Workload {
   public:
     explicit LlmWorkload(const RunEnvironment& env)
         : Workload(env), l_(LlmOptions::from_config(env.cfg, env.train)) {
-        if (env.strategy != Strategy::DdpDs)
-            throw core::ConfigError("run.strategy=" + std::string(to_string(env.strategy)) +
+        if (env.layout.strategy != Strategy::DdpDs)
+            throw core::ConfigError("run.strategy=" + std::string(to_string(env.layout.strategy)) +
                                     " is for run.workload=cv; LLM fine-tuning is data "
                                     "parallel over ranks (each rank its own shard, "
                                     "optionally dist.zero): set run.strategy=ddp-ds");
@@ -215,7 +215,7 @@ void LlmWorkload::check_trained_tokens() const {
 
 void LlmWorkload::build() {
     const core::Config& c = env_.cfg;
-    const BatchLayout& layout = env_.layout;
+    const ParallelLayout& layout = env_.layout;
     const PrecisionPolicy& policy = env_.policy;
     dist::agree_on_errors(env_.world, [&] {
         tokenizer_ = data::load_tokenizer(l_.tokenizer);
@@ -383,7 +383,7 @@ void LlmWorkload::build() {
 }
 
 std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
-    const BatchLayout& layout = env_.layout;
+    const ParallelLayout& layout = env_.layout;
     std::vector<io::Attribute> a = {
         {"workload", std::string(to_string(kind()))},
         {"method", std::string(to_string(l_.method))},

@@ -89,12 +89,12 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         if (s.resume && env.dry_run)
             throw core::ConfigError("--resume and --dry-run together: a dry run trains nothing; "
                                     "drop one of them");
-        env.strategy = parse_strategy(c.get_string("run.strategy"));
+        env.layout = ParallelLayout::kinds(c); // the workloads check the kinds
         env.train = read_train_config(c);
         s.workload = make_workload(env);
-        env.layout =
-            BatchLayout::resolve(c, topo.world_size, s.workload->pipeline_stages(),
-                                 s.workload->sharded_data(), s.workload->gradient_accumulation());
+        env.layout = ParallelLayout::resolve(c, topo.world_size, s.workload->pipeline_stages(),
+                                             s.workload->sharded_data(),
+                                             s.workload->gradient_accumulation());
         env.threads_per_rank = threads_per_rank(c.get_int("run.threads"), topo.local_size);
         const int gpus = dist::cuda_device_count();
         env.dist = dist::resolve_options(c, gpus, gpus > 0 ? "" : dist::cuda_unavailable_reason(),
@@ -119,7 +119,7 @@ Session::Session(const core::CommandLine& cli, const dist::Topology& topo, MPI_C
         if (core::log::rank() == 0) {
             if (!env.device.shared.empty()) core::log::warn() << env.device.shared;
             // run.strategy=dp drives every GPU it sees from one rank: none is idle.
-            if (!env.device.idle.empty() && env.strategy != Strategy::Dp)
+            if (!env.device.idle.empty() && env.layout.strategy != Strategy::Dp)
                 core::log::warn() << env.device.idle;
             if (c.get_bool("data.pin_memory") && !env.device.device.is_cuda())
                 core::log::warn() << "data.pin_memory=true is dropped: run.device resolved to "
@@ -205,10 +205,8 @@ void Session::open_run_file() {
         // The newest complete checkpoint, checked against this configuration on every rank.
         s.env.resumed =
             Checkpointer::find_latest(c.get_string("checkpoint.dir"), world, s.env.dist.timeout_s);
-        dist::agree_on_errors(world, [&] {
-            Checkpointer::check_compatible(*s.env.resumed, c, topo.world_size,
-                                           s.env.layout.global_batch());
-        });
+        dist::agree_on_errors(
+            world, [&] { Checkpointer::check_compatible(*s.env.resumed, c, s.env.layout); });
         restart_index = s.env.resumed->restart_index + 1;
         // The continuation gets its own file beside the interrupted one (which stays as it was
         // left, plus a continued_in attribute): <stem>.resume<k><ext>.

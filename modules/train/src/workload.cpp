@@ -28,15 +28,6 @@ WorkloadKind parse_workload(const std::string& name) {
                             "' is invalid: expected cv, llm or comm");
 }
 
-Strategy parse_strategy(const std::string& name) {
-    if (name == "dp") return Strategy::Dp;
-    if (name == "ddp") return Strategy::Ddp;
-    if (name == "ddp-ds") return Strategy::DdpDs;
-    if (name == "pipeline") return Strategy::Pipeline;
-    throw core::ConfigError("option run.strategy = '" + name +
-                            "' is invalid: expected ddp-ds, ddp, dp or pipeline");
-}
-
 const char* to_string(WorkloadKind k) {
     switch (k) {
     case WorkloadKind::Cv:
@@ -45,20 +36,6 @@ const char* to_string(WorkloadKind k) {
         return "llm";
     case WorkloadKind::Comm:
         return "comm";
-    }
-    return "?";
-}
-
-const char* to_string(Strategy s) {
-    switch (s) {
-    case Strategy::Dp:
-        return "dp";
-    case Strategy::Ddp:
-        return "ddp";
-    case Strategy::DdpDs:
-        return "ddp-ds";
-    case Strategy::Pipeline:
-        return "pipeline";
     }
     return "?";
 }
@@ -126,11 +103,13 @@ std::string Workload::precision() const {
 
 std::unique_ptr<Workload> make_workload(const RunEnvironment& env) {
     const WorkloadKind kind = parse_workload(env.cfg.get_string("run.workload"));
-    // The sharding options exist for LLM fine-tuning only: changed elsewhere they would be
-    // ignored, so they are refused.
+    // The sharding options exist for LLM fine-tuning (and dist.zero=1/2 for CV, which the CV
+    // workload checks): changed elsewhere they would be ignored, so they are refused.
     if (kind != WorkloadKind::Llm) {
         const auto& c = env.cfg;
-        if (const char* changed = dist::read_sharding(c).changed_key())
+        dist::ShardingOptions sharding = dist::read_sharding(c);
+        if (kind == WorkloadKind::Cv) sharding.zero = dist::ZeroStage::None;
+        if (const char* changed = sharding.changed_key())
             throw core::ConfigError(std::string(changed) + " (set at " + c.origin(changed) +
                                     ") shards LLM fine-tuning (ZeRO / FSDP) and has no effect on "
                                     "run.workload=" +
@@ -158,7 +137,7 @@ void check_compression(const RunEnvironment& env, WorkloadKind kind) {
         throw core::ConfigError(set + " compresses training gradients and has no effect on "
                                       "run.workload=comm (the benchmark measures comm.dtype): "
                                       "remove it");
-    if (kind == WorkloadKind::Cv && env.strategy == Strategy::Dp)
+    if (kind == WorkloadKind::Cv && env.layout.strategy == Strategy::Dp)
         throw core::ConfigError(set + " compresses gradients between ranks, but run.strategy=dp "
                                       "is one process whose replicas never send them: remove "
                                       "dist.compress, or use run.strategy=ddp or ddp-ds");

@@ -11,13 +11,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "trainscope/distributed/communicator.hpp"
 #include "trainscope/distributed/options.hpp"
+#include "trainscope/distributed/parallel_comm.hpp"
 
 namespace trainscope::dist {
 
@@ -51,36 +51,6 @@ namespace trainscope::dist {
 // PowerSgd (powersgd.hpp) after start_iter plain iterations: the uncompressed members' and P's
 // allreduces start when the bucket is ready, Q's in finish(). none is the plain allreduce above,
 // unchanged. Nothing is compressed at world size 1 (nothing is communicated).
-
-// Communication of one iteration, as this rank saw it. Bytes are payload bytes allreduced (the
-// bucket buffers); bus bandwidth = bytes / collective time x 2(n-1)/n (distributed/bandwidth.hpp).
-struct IterationComm {
-    double bytes = 0; // sum of bucket_bytes; 0 at world size 1 (nothing is communicated)
-    // What the buckets would have sent without compression (= bytes under dist.compress=none).
-    double uncompressed_bytes = 0;
-    // dist.compress=powersgd: L2 norm of this rank's error feedback after the iteration (0 in the
-    // plain iterations before start_iter); NaN for the other modes.
-    double error_norm = std::numeric_limits<double>::quiet_NaN();
-    double collective_s = 0; // sum of bucket_s: time inside the collectives, where they ran
-    double exposed_s = 0;    // what finish() waited for them: communication backward did not hide
-    std::vector<double> bucket_bytes; // per bucket, launch order (all 0 at world size 1)
-    std::vector<double> bucket_s;     // per bucket: the allreduce's own duration (Work::seconds)
-};
-
-// The bucket allreduces of one finished iteration, not yet resolved: what is known at once (bytes,
-// the host wait) and the handles whose durations resolve() reads. Holding it keeps the handles
-// (on NCCL their CUDA events) alive; resolve() blocks until the collectives finished where they
-// ran, so call it late: the training loop does at its resolution point, where that costs nothing.
-struct PendingIterationComm {
-    std::vector<std::shared_ptr<Work>> works; // per bucket, launch order; null: nothing ran
-    std::vector<double> bucket_bytes;         // per bucket: payload, 0 where nothing ran
-    double uncompressed_bytes = 0;            // without compression
-    double exposed_s = 0;
-    bool powersgd = false;            // error_norm_squared is meaningful
-    torch::Tensor error_norm_squared; // float64 device scalar, read by resolve(); undefined: 0
-    double bytes() const;             // sum of bucket_bytes: known without waiting
-    IterationComm resolve() const;
-};
 
 class GradientSynchronizer {
   public:
@@ -130,16 +100,19 @@ class GradientSynchronizer {
     // Of the last finished iteration: buckets launched from hooks during backward vs in finish().
     std::size_t buckets_launched_in_backward() const;
     std::size_t buckets_launched_in_finish() const;
-    // Of the last finished iteration (all zeros before the first finish()). bucket_s is measured
-    // where the collective ran: on the MPI backend's progress thread from start to end (so it
-    // excludes time queued behind earlier buckets); on NCCL between CUDA events on the
-    // communicator's stream, resolved here, which blocks until the GPU finished the last bucket:
-    // read it late, or take last_iteration_pending() and resolve it later. Results are cached; a
-    // later finish() replaces them.
-    IterationComm last_iteration() const;
-    // The last finished iteration's handles, without waiting for anything (one entry per bucket,
-    // no work before the first finish()).
-    PendingIterationComm last_iteration_pending() const;
+    // Of the last finished iteration, as ParallelComm (parallel_comm.hpp): bytes, uncompressed
+    // bytes, exposed_s (what finish() waited), bucket_bytes, bucket_s and collective_s (their
+    // sum), error_norm (powersgd); all zeros, one entry per bucket, before the first finish().
+    // bucket_s is measured where the collective ran: on the MPI backend's progress thread from
+    // start to end (so it excludes time queued behind earlier buckets); on NCCL between CUDA
+    // events on the communicator's stream, resolved here, which blocks until the GPU finished the
+    // last bucket: read it late, or take last_iteration_pending() and resolve it later. Results
+    // are cached; a later finish() replaces them.
+    ParallelComm last_iteration() const;
+    // The last finished iteration without waiting for anything: `known` holds the bytes, the
+    // exposed wait and one NaN duration per bucket; resolve() gives last_iteration()'s figures of
+    // that iteration, however many iterations later it is called.
+    PendingParallelComm last_iteration_pending() const;
 
     const CompressionOptions& compression() const;
     // Iterations finished so far (with the count a checkpoint carried); powersgd starts at

@@ -1,6 +1,7 @@
-// Data parallelism as one component. A model's trainable tensors are parallelised once (train's
-// parallelize_llm picks the kind from the configuration) and the training step drives the result
-// through this interface without knowing which kind it is:
+// Data parallelism as one component, for both workloads. A model's trainable tensors are
+// parallelised once (train's make_data_parallelism picks DDP or ZeRO-1/2 from dist.zero for the CV
+// and LLM trainers, parallelize_llm adds FSDP) and the training step drives the result through
+// this interface without knowing which kind it is:
 //
 //   begin_iteration()                    before the first micro-batch
 //   per micro-batch: forward, before_last_backward() (last micro-batch only), backward,
@@ -8,7 +9,8 @@
 //   finish_gradients(scale)              gradients summed over ranks, / world, x scale
 //   [finite check: full_gradient_parameters() and gradient_shard_sums()]
 //   set_lr(lr), step(via) or skip_step()
-//   take_iteration_comm(), held_bytes()  accounting (durations resolved later)
+//   take_iteration_comm(), held_bytes()  accounting (one ParallelComm record, durations resolved
+//                                        later)
 //   save(), load()                       checkpoints (replicated parts on rank 0, shards per rank)
 //
 // Implementations: DDP (dist::DdpParallelism: bucketed allreduce overlapping backward, a local
@@ -20,13 +22,13 @@
 
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "trainscope/distributed/options.hpp"
+#include "trainscope/distributed/parallel_comm.hpp"
 
 namespace trainscope::dist {
 
@@ -45,30 +47,6 @@ class ShardSource {
     // `sub`, assembled from the saved ranks' shards: [ceil(numel / new_world)], zero-padded.
     virtual torch::Tensor reshard(const std::string& sub, const std::string& name,
                                   std::int64_t numel, int new_rank, int new_world) = 0;
-};
-
-// One iteration's communication. NaN: not known yet (durations before resolution) or not a
-// quantity of this kind (all-gathers under DDP).
-struct ParallelComm {
-    static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-    double bytes = 0; // sent (compressed, under dist.compress)
-    // What the same collectives would send without compression (= bytes under none).
-    double uncompressed_bytes = 0;
-    // dist.compress=powersgd: L2 norm of this rank's error feedback (0 before start_iter); NaN
-    // otherwise. Read when resolved (it is on the device).
-    double error_norm = kNaN;
-    double collective_s = kNaN;
-    std::vector<double> bucket_s; // DDP: per bucket allreduce
-    double allgather_bytes = kNaN, allgather_s = kNaN, allgather_exposed_s = kNaN;
-    double reduce_scatter_bytes = kNaN, reduce_scatter_s = kNaN, reduce_scatter_exposed_s = kNaN;
-};
-
-// `known` at once (bytes; durations NaN); resolve() reads the collectives' durations, which
-// blocks until they finished on the device (NCCL): call it late. Null resolve: nothing to wait
-// for (known is final).
-struct PendingParallelComm {
-    ParallelComm known;
-    std::function<ParallelComm()> resolve;
 };
 
 // Bytes this rank holds for the trainable tensors (parameters, gradients, optimizer state), and

@@ -26,6 +26,7 @@
 
 #include "trainscope/core/config.hpp"
 #include "trainscope/distributed/parallelism.hpp"
+#include "trainscope/train/parallel_layout.hpp"
 
 namespace trainscope::train {
 
@@ -82,11 +83,12 @@ class Checkpointer {
     // Collective: a ConfigError naming every option that differs unless the configuration
     // resumes what the checkpoint saved. The batch options are compared through the global batch,
     // which must be the checkpoint's. Another rank count (an elastic resume) is allowed where the
-    // training trajectory does not depend on it: run.strategy=ddp-ds with or without dist.zero
-    // (the optimizer and FSDP shards are resharded on load); pipeline and ddp/dp runs, and
-    // checkpoints that did not record their global batch, are refused naming why.
+    // training trajectory does not depend on it (ParallelLayout::elastic_refusal):
+    // run.strategy=ddp-ds with or without dist.zero (the optimizer and FSDP shards are resharded
+    // on load); pipeline and ddp/dp runs, and checkpoints that did not record their global
+    // batch, are refused naming why. `layout`: this job's (world size, global batch, strategy).
     static void check_compatible(const CheckpointManifest& m, const core::Config& config,
-                                 int world_size, std::int64_t global_batch);
+                                 const ParallelLayout& layout);
     // Local: rank `rank`'s archive of checkpoint m, every tensor mapped onto `device` (the
     // loading rank's own device). Without the mapping a tensor comes back on the device it was
     // saved from: every rank of a multi-GPU job would allocate on cuda:0 (rank 0's optimizer

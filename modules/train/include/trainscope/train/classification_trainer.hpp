@@ -1,7 +1,9 @@
 // Image-classification training step (MobileNetV2 on IDX, image folders or synthetic images) under
 // the dp, ddp, ddp-ds and pipeline strategies: h2d → forward → backward (bucketed allreduce
 // overlapping it) → comm_wait, then the optimizer; the TrainingLoop drives it and times the data
-// and control phases. Test-set loss and accuracy each epoch, reduced across ranks.
+// and control phases. Test-set loss and accuracy each epoch, reduced across ranks. Gradients and
+// the optimizer go through one dist::DataParallelism (DDP, or ZeRO-1/2 with dist.zero=1|2),
+// built once from the configuration, like the LLM trainer's.
 #pragma once
 
 #include <mpi.h>
@@ -15,9 +17,11 @@
 #include "trainscope/data/datasets.hpp"
 #include "trainscope/distributed/communicator.hpp"
 #include "trainscope/distributed/gradient_synchronizer.hpp"
+#include "trainscope/distributed/parallelism.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/options.hpp"
+#include "trainscope/train/parallel_layout.hpp"
 #include "trainscope/train/pipeline.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
@@ -28,7 +32,9 @@
 namespace trainscope::train {
 
 struct TrainerOptions {
-    Strategy strategy = Strategy::DdpDs;  // ddp-ds: sharded sampler; ddp: every rank reads all
+    // The parallel plan: run.strategy (ddp-ds: sharded sampler; ddp: every rank reads all),
+    // dist.zero, pipeline stages, each rank's replica and state source.
+    ParallelLayout layout;
     torch::Dtype dtype = torch::kFloat32; // parameters (and inputs): precision.param_dtype
     PrecisionPolicy precision;            // autocast and loss scaling (fp16-mixed)
     bool channels_last = false;           // NHWC parameters and inputs
@@ -54,7 +60,7 @@ struct TrainerOptions {
     int workers = 1, prefetch = 2;
     double bucket_bytes = 25.0 * 1024 * 1024;
     double first_bucket_bytes = 1.0 * 1024 * 1024;
-    dist::CompressionOptions compression; // dist.compress: the synchronizer's buckets
+    dist::CompressionOptions compression; // dist.compress: DDP's buckets, ZeRO's reduce dtype
 };
 
 class ClassificationTrainer final : public TrainStep {
@@ -63,8 +69,10 @@ class ClassificationTrainer final : public TrainStep {
                           const data::DatasetSplits& data, data::AdaptedTransform transform,
                           dist::Communicator& comm, MPI_Comm world);
     ~ClassificationTrainer() override;
-    const dist::GradientSynchronizer& synchronizer() const;
-    // Collective: loads checkpoint m (model, optimizer, loss scaler, RNG); the loop then starts at
+    const dist::GradientSynchronizer* synchronizer() const; // DDP's buckets; null under ZeRO
+    // Collective: loads checkpoint m (weights and optimizer through the DataParallelism, batch-norm
+    // buffers, loss scaler, RNG; under ZeRO at another rank count the shards are cut again: an
+    // elastic resume of ddp-ds); the loop then starts at
     // its next_iteration, at the same place in the same epoch's sample order.
     void restore(const CheckpointManifest& m);
 

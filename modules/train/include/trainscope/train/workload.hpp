@@ -18,9 +18,9 @@
 #include "trainscope/distributed/options.hpp"
 #include "trainscope/distributed/topology.hpp"
 #include "trainscope/io/run_file.hpp"
-#include "trainscope/train/batch_layout.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/options.hpp"
+#include "trainscope/train/parallel_layout.hpp"
 #include "trainscope/train/precision.hpp"
 #include "trainscope/train/recorder.hpp"
 #include "trainscope/train/run_control.hpp"
@@ -34,11 +34,8 @@ namespace trainscope::train {
 class TrainStep;
 
 enum class WorkloadKind { Cv, Llm, Comm };
-enum class Strategy { Dp, Ddp, DdpDs, Pipeline };
 WorkloadKind parse_workload(const std::string& name); // ConfigError for anything else
-Strategy parse_strategy(const std::string& name);
 const char* to_string(WorkloadKind k);
-const char* to_string(Strategy s);
 
 // What the Session resolved before a workload is built, the same for every workload. Owned by the
 // Session; workloads keep a reference.
@@ -46,9 +43,8 @@ struct RunEnvironment {
     core::Config cfg;
     dist::Topology topo;
     MPI_Comm world = MPI_COMM_NULL;
-    Strategy strategy = Strategy::DdpDs;
-    TrainConfig train; // train.*, run.seed, profile.accounting, read once
-    BatchLayout layout;
+    TrainConfig train;     // train.*, run.seed, profile.accounting, read once
+    ParallelLayout layout; // strategy, dist.zero, stages, replicas, batch: read it, never cfg
     dist::DistOptions dist;
     dist::DeviceBinding device;
     std::string precision; // the run.precision name the policy was resolved from

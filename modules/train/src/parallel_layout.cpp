@@ -1,5 +1,6 @@
-// BatchLayout (see batch_layout.hpp): run.scaling, train.global_batch_size and the shard split.
-#include "trainscope/train/batch_layout.hpp"
+// ParallelLayout (see parallel_layout.hpp): run.strategy, dist.zero, run.scaling,
+// train.global_batch_size, the shard split and what elastic resume allows.
+#include "trainscope/train/parallel_layout.hpp"
 
 #include "trainscope/core/error.hpp"
 #include "trainscope/train/pipeline.hpp"
@@ -60,14 +61,58 @@ void apply_scaling(core::Config& c, int shards, const std::string& unit) {
 
 } // namespace
 
-std::int64_t BatchLayout::samples_per_shard(std::int64_t samples, bool drop_last) const {
+Strategy parse_strategy(const std::string& name) {
+    if (name == "dp") return Strategy::Dp;
+    if (name == "ddp") return Strategy::Ddp;
+    if (name == "ddp-ds") return Strategy::DdpDs;
+    if (name == "pipeline") return Strategy::Pipeline;
+    throw core::ConfigError("option run.strategy = '" + name +
+                            "' is invalid: expected ddp-ds, ddp, dp or pipeline");
+}
+
+const char* to_string(Strategy s) {
+    switch (s) {
+    case Strategy::Dp:
+        return "dp";
+    case Strategy::Ddp:
+        return "ddp";
+    case Strategy::DdpDs:
+        return "ddp-ds";
+    case Strategy::Pipeline:
+        return "pipeline";
+    }
+    return "?";
+}
+
+std::string ParallelLayout::elastic_refusal(int saved_world, bool by_global_batch) const {
+    if (saved_world == world_size) return "";
+    if (strategy == Strategy::Pipeline)
+        return "run.strategy=pipeline keeps per-stage state and splits the ranks into "
+               "pipeline.stages stages";
+    if (strategy == Strategy::Ddp || strategy == Strategy::Dp)
+        return "with run.strategy=" + std::string(to_string(strategy)) +
+               " every rank walks the whole dataset, so the samples of a step depend on the rank "
+               "count (run.strategy=ddp-ds does not)";
+    if (!by_global_batch)
+        return "the checkpoint does not record its global batch (written by an older trainscope)";
+    return "";
+}
+
+std::int64_t ParallelLayout::samples_per_shard(std::int64_t samples, bool drop_last) const {
     if (!sharded_data) return samples;
     return drop_last ? samples / replicas : (samples + replicas - 1) / replicas;
 }
 
-BatchLayout BatchLayout::resolve(core::Config& c, int world_size, int stages, bool sharded_data,
-                                 std::int64_t gradient_accumulation) {
-    BatchLayout l;
+ParallelLayout ParallelLayout::kinds(const core::Config& c) {
+    ParallelLayout l;
+    l.strategy = parse_strategy(c.get_string("run.strategy"));
+    l.zero = dist::read_sharding(c).zero;
+    return l;
+}
+
+ParallelLayout ParallelLayout::resolve(core::Config& c, int world_size, int stages,
+                                       bool sharded_data, std::int64_t gradient_accumulation) {
+    ParallelLayout l = kinds(c);
     l.world_size = world_size;
     l.stages = std::max(1, stages);
     l.sharded_data = sharded_data;
