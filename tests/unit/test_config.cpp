@@ -188,7 +188,7 @@ TEST_F(ConfigTest, InputPathsInAFileAreRelativeToThatFile) {
     // Relative to the file's directory, absolute and normalised, whatever the working directory.
     EXPECT_EQ(cl.config.get_string("llm.tokenizer"),
               (fs::absolute(dir) / "cfg" / "data" / "tok.model").lexically_normal().string());
-    EXPECT_EQ(cl.config.get_string("llm.model"), "tiny"); // a preset's name, not a path
+    EXPECT_EQ(cl.config.get_string("llm.model"), "tiny");         // a preset's name, not a path
     EXPECT_EQ(cl.config.get_string("output.file"), "out/run.h5"); // outputs: the working dir's
     EXPECT_EQ(cl.config.origin("llm.tokenizer"), f + ":2");
     // --print-config shows the resolved path, and it parses back to the same value from anywhere.
@@ -200,8 +200,9 @@ TEST_F(ConfigTest, InputPathsInAFileAreRelativeToThatFile) {
               cl.config.items());
     // Absolute paths, a model directory and the command line: as given (the command line is
     // relative to the working directory, as a shell's arguments are).
-    auto abs = parse(r, {"--config", write("cfg/abs.ini", "[llm]\ntokenizer = /opt/t.model\n"
-                                                          "model = models/llama\n"),
+    auto abs = parse(r, {"--config",
+                         write("cfg/abs.ini", "[llm]\ntokenizer = /opt/t.model\n"
+                                              "model = models/llama\n"),
                          "--llm.tokenizer=rel/t.model"});
     EXPECT_EQ(abs.config.get_string("llm.tokenizer"), "rel/t.model");
     EXPECT_EQ(abs.config.get_string("llm.model"),

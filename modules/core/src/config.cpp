@@ -186,7 +186,6 @@ std::vector<IniEntry> read_ini_file(const std::string& file) {
     return entries;
 }
 
-
 // An INI file's relative input path, as an absolute path from the file's directory: the same
 // configuration then reads the same files from any working directory (a job script's, a
 // scheduler's). Empty values, absolute paths and names listed in not_paths are kept as given.

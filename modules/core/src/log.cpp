@@ -36,8 +36,8 @@ struct Sinks {
     Sinks()
         : out(std::make_shared<spdlog::logger>("trainscope.out",
                                                std::make_shared<spdlog::sinks::stdout_sink_mt>())),
-          err(std::make_shared<spdlog::logger>(
-              "trainscope.err", std::make_shared<spdlog::sinks::stderr_sink_mt>())) {
+          err(std::make_shared<spdlog::logger>("trainscope.err",
+                                               std::make_shared<spdlog::sinks::stderr_sink_mt>())) {
         for (auto* l : {&out, &err}) {
             (*l)->set_level(spdlog::level::trace);
             (*l)->flush_on(spdlog::level::trace);
@@ -46,7 +46,8 @@ struct Sinks {
     }
     void set_prefix(std::string prefix) {
         std::string escaped; // the pattern treats '%' as a flag
-        for (char c : prefix) escaped += c == '%' ? std::string("%%") : std::string(1, c);
+        for (char c : prefix)
+            escaped += c == '%' ? std::string("%%") : std::string(1, c);
         const std::string pattern = escaped + "%Y-%m-%dT%H:%M:%S.%eZ %v";
         out->set_pattern(pattern, spdlog::pattern_time_type::utc);
         err->set_pattern(pattern, spdlog::pattern_time_type::utc);
