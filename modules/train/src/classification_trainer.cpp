@@ -369,15 +369,7 @@ bool ClassificationTrainer::apply(bool skip, double& optimizer_peak) {
     else
         // fp16-mixed (DDP only: ZeRO refuses it): gradients are averaged across ranks first, so an
         // inf/NaN on any rank reaches all of them and every rank skips the same steps.
-        stepped = s.parallel->step([&](torch::optim::Optimizer& optimizer) {
-            if (!s.scaler->enabled()) {
-                optimizer.step();
-                return true;
-            }
-            const bool taken = s.scaler->step(optimizer);
-            s.scaler->update();
-            return taken;
-        });
+        stepped = s.parallel->step(scaled_step(*s.scaler));
     s.exec->after_update();
     s.peak.end(optimizer_peak);
     s.loss = torch::Tensor();

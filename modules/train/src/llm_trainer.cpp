@@ -302,15 +302,7 @@ bool LlmTrainer::apply(bool skip, double& optimizer_peak) {
     if (skip) // run.nonfinite=skip: no rank steps
         s.parallel->skip_step();
     else
-        stepped = s.parallel->step([&](torch::optim::Optimizer& optimizer) {
-            if (!s.scaler->enabled()) {
-                optimizer.step();
-                return true;
-            }
-            const bool taken = s.scaler->step(optimizer);
-            s.scaler->update();
-            return taken;
-        });
+        stepped = s.parallel->step(scaled_step(*s.scaler));
     s.peak.end(optimizer_peak);
     return stepped;
 }

@@ -281,6 +281,18 @@ void GradScaler::update() {
     checked_ = false;
 }
 
+std::function<bool(torch::optim::Optimizer&)> scaled_step(GradScaler& scaler) {
+    return [&scaler](torch::optim::Optimizer& optimizer) {
+        if (!scaler.enabled()) {
+            optimizer.step();
+            return true;
+        }
+        const bool taken = scaler.step(optimizer);
+        scaler.update();
+        return taken;
+    };
+}
+
 double GradScaler::scale_value() const {
     return options_.enabled ? read_scalar(scale_) : 1.0;
 }

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -157,6 +158,11 @@ class GradScaler {
     StepCheck check_;
     std::int64_t skipped_steps_ = 0;
 };
+
+// The optimizer step of a training step through the loss scaler, as DataParallelism::step's
+// `via` (both trainers): a plain step without loss scaling, else the scaler's step (skipped on
+// inf/NaN) and its update. Returns whether the optimizer stepped.
+std::function<bool(torch::optim::Optimizer&)> scaled_step(GradScaler& scaler);
 
 // The parameters of `optimizer` (all its groups), e.g. for GradScaler::unscale.
 std::vector<torch::Tensor> optimizer_parameters(const torch::optim::Optimizer& optimizer);
