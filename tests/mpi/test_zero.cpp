@@ -184,8 +184,9 @@ namespace {
 
 namespace dist = trainscope::dist;
 
-tm_::MobileNetV2 small_mobilenet() {
-    torch::manual_seed(7);
+// A small fp64 MobileNetV2, initialised from `seed`.
+tm_::MobileNetV2 small_mobilenet(std::uint64_t seed = 7) {
+    torch::manual_seed(seed);
     tm_::MobileNetV2Options o;
     o.num_classes = 10;
     o.width_mult = 0.25;
@@ -317,13 +318,8 @@ TEST(Zero, CvCheckpointRoundTripContinuesTheSameTraining) {
             out.save_to(dir + "/rank" + std::to_string(r) + ".pt");
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        torch::manual_seed(99); // another initialisation: everything must come from the files
-        tm_::MobileNetV2Options o;
-        o.num_classes = 10;
-        o.width_mult = 0.25;
-        o.dropout = 0.0;
-        tm_::MobileNetV2 m(o);
-        m->to(torch::kFloat64);
+        // another initialisation: everything must come from the files
+        tm_::MobileNetV2 m = small_mobilenet(99);
         auto parallel = cv_parallelism(*comm, m, zero);
         FileShards shards(dir, w);
         parallel->load(shards, r, /*elastic=*/false);
