@@ -112,12 +112,13 @@ ENTRIES = (
                             "every row recorded before it. Ranks buffer rows in memory and "
                             "write them in a collective flush every `output.flush_every` "
                             "iterations and when the run ends (also when it ends with an error "
-                            "all ranks agreed on), every rank its own with independent I/O. "
-                            "HDF5's metadata reaches the disk (an fsync on every rank) at a "
-                            "flush when `output.sync_every_s` seconds have passed since the "
-                            "last sync (0: at every flush) and at every status change, so a "
-                            "killed job's file holds the rows of its last sync: at most "
-                            "`output.sync_every_s` old."},
+                            "all ranks agreed on): rank 0 the aggregates at every flush, each "
+                            "rank that keeps per-rank rows its own with independent I/O once "
+                            "512 are pending and at every sync. HDF5's metadata reaches the "
+                            "disk (an fsync on every rank) at a flush when "
+                            "`output.sync_every_s` seconds have passed since the last sync (0: "
+                            "at every flush) and at every status change, so a killed job's file "
+                            "holds the rows of its last sync: at most `output.sync_every_s` old."},
     {"kind": "attribute", "path": "/", "name": "finished_utc", "units": "", "type": "str",
      "when": "status is not running", "meaning": "When a final status (`completed`, `failed` or "
                                                  "`interrupted`) was written; absent while "
@@ -586,10 +587,11 @@ ENTRIES = (
      "when": "", "meaning": "Per-row statistics over **every** rank, whatever `output.per_rank` "
                             "keeps per rank: one compound dataset per column of the series, "
                             "reduced to rank 0 (one MPI_Ireduce for all columns, posted at a "
-                            "flush and completed at the next, or at once at a sync or status "
-                            "change; rank 0 writes it then). A row is aggregated once every "
-                            "rank has it; a status change aggregates the rest (a rank without "
-                            "that row is left out: see `count`)."},
+                            "flush and completed at a later one without waiting, at most 4 in "
+                            "flight, or at once at a sync or status change; rank 0 writes it "
+                            "then). A row is aggregated once every rank has it; a status change "
+                            "aggregates the rest (a rank without that row is left out: see "
+                            "`count`)."},
     {"kind": "attribute", "path": "/iterations/aggregate", "name": "rows", "units": "", "type": "int",
      "when": "", "meaning": "Rows aggregated as of the last file sync (a sync completes the "
                             "flush's reduction). While the run writes, the datasets' extent may "
@@ -891,10 +893,11 @@ ENTRIES = (
      "when": "", "meaning": "Per-row statistics over **every** rank, whatever `output.per_rank` "
                             "keeps per rank: one compound dataset per column of the series, "
                             "reduced to rank 0 (one MPI_Ireduce for all columns, posted at a "
-                            "flush and completed at the next, or at once at a sync or status "
-                            "change; rank 0 writes it then). A row is aggregated once every "
-                            "rank has it; a status change aggregates the rest (a rank without "
-                            "that row is left out: see `count`)."},
+                            "flush and completed at a later one without waiting, at most 4 in "
+                            "flight, or at once at a sync or status change; rank 0 writes it "
+                            "then). A row is aggregated once every rank has it; a status change "
+                            "aggregates the rest (a rank without that row is left out: see "
+                            "`count`)."},
     {"kind": "attribute", "path": "/epochs/aggregate", "name": "rows", "units": "", "type": "int",
      "when": "", "meaning": "Rows aggregated as of the last file sync (a sync completes the "
                             "flush's reduction). While the run writes, the datasets' extent may "
@@ -1097,6 +1100,13 @@ ENTRIES = (
      "when": "", "meaning": "The longest single flush's own work on any rank."},
     {"kind": "attribute", "path": "/summary", "name": "flush_mean_s", "units": "", "type": "float",
      "when": "", "meaning": "`flush_total_s` ÷ `flushes`."},
+    {"kind": "attribute", "path": "/summary", "name": "flush_sync_total_s", "units": "", "type": "float",
+     "when": "", "meaning": "Of `flush_total_s`'s kind, the flushes that synced the file (an "
+                            "fsync on every rank, HDF5's metadata writes, agreements: once per "
+                            "`output.sync_every_s`, at the start and at status changes), "
+                            "summed: the largest over ranks. The others' mean is "
+                            "(`flush_total_s` − this) ÷ (`flushes` − `flush_syncs`) on that "
+                            "rank."},
     {"kind": "attribute", "path": "/summary", "name": "flush_wait_total_s", "units": "", "type": "float",
      "when": "", "meaning": "Time ranks spent in the flushes waiting for the other ranks to "
                             "arrive (skew from the iterations before them, which lock-step "
@@ -1915,6 +1925,7 @@ ATTRIBUTES = {
         "flush_total_s": "float",
         "flush_max_s": "float",
         "flush_mean_s": "float",
+        "flush_sync_total_s": "float",
         "flush_wait_total_s": "float",
         "nonfinite_skipped_steps": "int",
         "host_syncs_per_iteration": "float",

@@ -135,6 +135,14 @@ def test_epochs_and_summary(quickstart_file):
         assert s["median_slowest_rank_step_s"] == pytest.approx(np.median(step.max(axis=0)))
         assert s["throughput_samples_per_s"] == pytest.approx(128 / s["median_step_s"])
         assert 0 <= s["rank_step_imbalance"] < 1
+        # The tool's own cost: the preamble's sync (the first flush always syncs) is part of
+        # flush_total_s and of flush_sync_total_s; the flushes at iterations (flush_s, in the
+        # row after each) are part of flush_total_s.
+        assert s["flush_syncs"] >= 1 and s["flushes"] > s["flush_syncs"]
+        assert 0 < s["flush_sync_total_s"] < s["flush_total_s"]
+        at_iterations = f["iterations/flush_s"][...]
+        assert np.all(at_iterations.sum(axis=1) <= s["flush_total_s"] + 1e-9)
+        assert np.count_nonzero(at_iterations[0]) >= ITERS // 4 - 1
 
 
 def test_model_matches_torchvision(quickstart_file):

@@ -548,12 +548,12 @@ std::map<std::string, hssize_t> attribute_sizes(hid_t file) {
 // from every second rank only (output.per_rank=every:2) and aggregates of /iterations and
 // /epochs over all ranks. Measured: one MPI_Allreduce (the extents; a write error of the previous
 // flush) and one MPI_Ireduce (the aggregates and the uneven row counts, completed at the next
-// flush) per flush; the first update
-// of an object after a file sync reads its object header again (HDF5's collective metadata reads: a
-// broadcast from rank 0 each), so the flush after the preamble's sync may cost more. The status
-// change at the end must sync, which shows the counter sees HDF5's MPI-IO calls. No attribute has
-// more than one element. The aggregates are checked against every rank's known values: min, mean,
-// max, argmax, count (NaN left out) and the slowest rank's row.
+// flush) per flush, also where the extents grow after a sync (flushes 1 and 8; the group's `rows`
+// is written at syncs only, and HDF5's dirty-metadata threshold is raised so that its metadata
+// writes come at the syncs). The timed sync (flush 6) and the status change at the end must sync,
+// which shows the counter sees HDF5's MPI-IO calls. No attribute has more than one element. The
+// aggregates are checked against every rank's known values: min, mean, max, argmax, count (NaN left
+// out) and the slowest rank's row.
 TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
     namespace pmpi = trainscope::testing::pmpi;
     const std::string path = dir_ + "/collectives.h5";
@@ -561,8 +561,9 @@ TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
     std::vector<io::Column> columns;
     for (int c = 0; c < 80; ++c)
         columns.push_back({"c" + std::to_string(c), "1"});
-    constexpr int kFlushes = 12, kRowsPerFlush = 5;
+    constexpr int kFlushes = 12, kRowsPerFlush = 5, kSyncAt = 6;
     std::vector<std::map<std::string, long>> counts;
+    std::vector<std::int64_t> written; // this rank's rows in the file after each flush
     {
         auto file = io::RunFile::create(MPI_COMM_WORLD, path, false, {}, io::SchemaCheck::off);
         file.set_sync_interval(3600);
@@ -591,32 +592,50 @@ TEST_F(RunFileTest, FlushCostsAtMostFiveGlobalCollectivesAndNoSync) {
                             {static_cast<double>(f / 4), r % 2 ? std::nan("") : 1.0 / (f + 1) + r});
             for (int i = 0; i < 1 + (r + f) % 3; ++i) // uneven between ranks
                 file.append("telemetry", {row + 0.1 * i, 50.0 + r});
+            // Flush 6 syncs (an interval of 0 s), as output.sync_every_s does in a run: flush 8
+            // is the first after it to grow the extents.
+            if (f == kSyncAt) file.set_sync_interval(0);
             pmpi::reset();
             file.flush();
             pmpi::stop();
+            if (f == kSyncAt) file.set_sync_interval(3600);
             counts.push_back(pmpi::global_counts());
+            written.push_back(file.flush_stats().rows_written);
         }
         EXPECT_EQ(file.flush_stats().flushes, kFlushes + 1);
-        EXPECT_EQ(file.flush_stats().syncs, 1); // the 3600 s interval never passed
+        EXPECT_EQ(file.flush_stats().syncs, 2); // the preamble's and flush 6's
         EXPECT_GT(file.flush_stats().total_s, 0.0);
         pmpi::reset();
         file.set_status("completed");
         pmpi::stop();
         EXPECT_GE(pmpi::global_counts()["MPI_File_sync"], 1)
             << pmpi::describe(pmpi::global_counts());
-        EXPECT_EQ(file.flush_stats().syncs, 2);
+        EXPECT_EQ(file.flush_stats().syncs, 3);
+        // A rank keeps its per-rank rows until 512 of a series are pending or a sync: none are
+        // written before flush 6, every row so far at it, the rest at the status change.
+        if (r % 2 == 0) {
+            for (int f = 0; f < kFlushes; ++f)
+                EXPECT_EQ(written[f], f < kSyncAt ? 0 : written[kSyncAt]) << "flush " << f;
+            EXPECT_GE(written[kSyncAt], (kSyncAt + 1) * kRowsPerFlush);
+            EXPECT_GT(file.flush_stats().rows_written, written[kSyncAt]);
+        }
     }
+    EXPECT_GE(counts[kSyncAt]["MPI_File_sync"], 1) << pmpi::describe(counts[kSyncAt]);
     for (int f = 0; f < kFlushes; ++f) {
+        if (f == kSyncAt) continue; // a timed sync: an fsync and HDF5's metadata writes
         long total = 0;
         for (const auto& [name, count] : counts[f])
             total += count;
-        // The rows of flush 0 fit the chunk allocated at declaration; flush 1 is the first to
-        // grow the extents after the preamble's sync (HDF5 allocates, then re-reads the object
-        // headers: a barrier and broadcasts), which happens once per chunk of rows.
-        EXPECT_LE(total, f == 1 ? 12 : 5) << "flush " << f << ": " << pmpi::describe(counts[f]);
+        // The rows of flush 0 fit the chunk allocated at declaration; flushes 1, 3, 4, 8, 9 and
+        // 11 grow the extents (1 and 8 the first after a sync), which with HDF5's default
+        // dirty-metadata threshold ran a metadata sync point (a barrier and broadcasts).
+        EXPECT_LE(total, 5) << "flush " << f << ": " << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f]["MPI_Allreduce"], 1) << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f]["MPI_Ireduce"], 1) << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f].count("MPI_Gather"), 0u) << pmpi::describe(counts[f]);
+        // No metadata sync point (barrier) and no re-read object header (broadcast).
+        EXPECT_EQ(counts[f].count("MPI_Barrier"), 0u) << pmpi::describe(counts[f]);
+        EXPECT_EQ(counts[f].count("MPI_Bcast"), 0u) << pmpi::describe(counts[f]);
         EXPECT_EQ(counts[f].count("MPI_File_sync"), 0u) << pmpi::describe(counts[f]);
     }
     if (r == 0) {

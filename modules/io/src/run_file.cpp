@@ -111,6 +111,18 @@ RunFile RunFile::create(MPI_Comm comm, const std::string& path, bool overwrite,
         // later cache miss into a broadcast the other ranks never joined (MPI_ERR_TRUNCATE).
         H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, 1), path, "file access list");
         H5_CHECK(H5Pset_coll_metadata_write(fapl, 1), path, "file access list");
+        // HDF5's metadata cache runs a sync point (a barrier, a broadcast of the entries to
+        // write, collective writes) whenever 256 KiB of metadata has been dirtied since the last
+        // one. Growing the extents of a run's ~170 datasets dirties ~0.3-0.5 MiB (their headers
+        // and chunk indexes), so with that default an extent growth after a sync cost a flush 4
+        // more collectives. With 4 MiB, metadata reaches the file at the timed syncs
+        // (output.sync_every_s) and status changes, like the rows: every rank holds at most that
+        // much dirty metadata (docs/scaling.md's memory model counts it).
+        H5AC_cache_config_t cache{};
+        cache.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+        H5_CHECK(H5Pget_mdc_config(fapl, &cache), path, "file access list");
+        cache.dirty_bytes_threshold = kDirtyMetadataBytes;
+        H5_CHECK(H5Pset_mdc_config(fapl, &cache), path, "file access list");
         // EXCL when not overwriting: a file appearing since rank 0's check is not clobbered.
         impl->file = H5_CHECK(
             H5Fcreate(path.c_str(), overwrite ? H5F_ACC_TRUNC : H5F_ACC_EXCL, H5P_DEFAULT, fapl),
@@ -472,6 +484,8 @@ void RunFile::declare_series(std::string_view group, const std::vector<Column>& 
     // every column's extent (and finding its chunks' addresses) is the flush's costliest
     // collective metadata work, done again only every chunk_rows rows.
     m.resize_rows(s, s.chunk_rows);
+    m.write_attribute(s.handle, name, Attribute{"rows", static_cast<std::int64_t>(s.extent)});
+    s.rows_attribute = s.extent;
     if (s.aggregating()) m.resize_aggregates(s, s.chunk_rows);
     m.series_index[name] = m.series.size();
     m.series.push_back(std::move(s));
@@ -509,8 +523,8 @@ MPI_Comm RunFile::comm() const {
 
 void RunFile::flush() {
     Impl& m = checked("flush");
-    m.write_pending(/*force_sync=*/false);
-    m.stats.record(MPI_Wtime() - m.arrived, m.arrival_wait);
+    const bool synced = m.write_pending(/*force_sync=*/false);
+    m.stats.record(MPI_Wtime() - m.arrived, m.arrival_wait, synced);
 }
 
 void RunFile::set_status(const std::string& status) {
@@ -527,7 +541,7 @@ void RunFile::set_status(const std::string& status) {
     const double before = MPI_Wtime();
     m.write_pending(/*force_sync=*/true, /*exact=*/true);
     // The status attributes' broadcast and writes before it count as the flush's work.
-    m.stats.record(MPI_Wtime() - m.arrived + (before - start), m.arrival_wait);
+    m.stats.record(MPI_Wtime() - m.arrived + (before - start), m.arrival_wait, /*synced=*/true);
 }
 
 void RunFile::set_sync_interval(double seconds) {

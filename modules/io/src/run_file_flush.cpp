@@ -1,5 +1,5 @@
 // RunFile's flush (run_file_impl.hpp): the agreement and extent growth of write_pending, the
-// aggregates' MPI_Ireduce (posted at one flush, completed at the next), and the rows and
+// aggregates' MPI_Ireduce (posted at one flush, completed at a later one), and the rows and
 // aggregates written with pwrite at chunk addresses every rank looked up together.
 #include "run_file_impl.hpp"
 
@@ -66,6 +66,7 @@ void reduce_aggregate_rows(void* in_v, void* inout_v, int* len, MPI_Datatype* ty
 
 bool RunFile::Impl::write_pending(bool force_sync, bool exact) {
     const double entered = MPI_Wtime();
+    ++flush_serial;
     const std::size_t groups = series.size();
     std::vector<double> reduced(2 * groups + 4);
     for (std::size_t g = 0; g < groups; ++g) {
@@ -117,12 +118,16 @@ bool RunFile::Impl::write_pending(bool force_sync, bool exact) {
     std::vector<hsize_t> aggregate_to(groups);
     for (std::size_t g = 0; g < groups; ++g)
         aggregate_to[g] = static_cast<hsize_t>(exact ? reduced[g] : -reduced[groups + g]);
-    // The previous flush's reduction completes (long done, while training went on), this
-    // flush's is posted; a status change or a sync completes it at once (what a sync makes
-    // durable is every row up to it: a killed run's file holds them).
-    const Reduced previous = complete_reduce();
+    // Earlier flushes' reductions that have completed meanwhile (while training went on) are
+    // collected without waiting (MPI_Test), the oldest waited for only beyond kMaxInFlight;
+    // this flush's is posted; a status change or a sync completes every one at once (what a
+    // sync makes durable is every row up to it: a killed run's file holds them). So an
+    // ordinary flush never waits for another rank after its MPI_Allreduce.
+    std::vector<Reduced> done = complete_reductions(/*all=*/false);
     post_reduce(aggregate_to, gather);
-    const Reduced current = exact || sync ? complete_reduce() : Reduced{};
+    if (exact || sync)
+        for (Reduced& r : complete_reductions(/*all=*/true))
+            done.push_back(std::move(r));
 
     // Extents: metadata, the same calls on every rank. An extent grows before the writes;
     // one that shrinks (to the exact rows at a status change) shrinks after them: HDF5 then
@@ -142,14 +147,14 @@ bool RunFile::Impl::write_pending(bool force_sync, bool exact) {
     // raises the same error together (below, or at the next flush), rather than the others
     // going on into a collective the failed rank never reaches.
     try {
-        write_rows();
+        write_rows(/*all=*/exact || sync);
         for (Series& s : series)
             if (rank == 0 && s.aggregating() && s.agg_padded < s.agg_extent) {
                 write_empty_aggregates(s, s.agg_padded, s.agg_extent);
                 s.agg_padded = s.agg_extent;
             }
-        write_reduced(previous);
-        write_reduced(current);
+        for (const Reduced& r : done)
+            write_reduced(r);
         for (std::size_t g = 0; g < groups; ++g) {
             Series& s = series[g];
             const auto longest = static_cast<std::int64_t>(reduced[g]);
@@ -164,6 +169,7 @@ bool RunFile::Impl::write_pending(bool force_sync, bool exact) {
                 pwrite_all(reinterpret_cast<const char*>(rank_rows.data()),
                            rank_rows.size() * sizeof(std::int64_t), s.rank_rows_addr,
                            s.group + "/rank_rows");
+                s.rank_rows_flush = flush_serial; // older counts still in flight are stale
             }
             s.min_rows = shortest;
             s.max_rows = longest;
@@ -185,6 +191,14 @@ bool RunFile::Impl::write_pending(bool force_sync, bool exact) {
     if (sync) {
         write_root_attribute(
             Attribute{"flushed_utc", utc_iso8601(static_cast<std::time_t>(reduced[2 * groups]))});
+        // `rows` (the extent) changes with the metadata that a sync makes durable: an attribute
+        // written at each growth would be one more object-header update between syncs.
+        for (Series& s : series)
+            if (s.rows_attribute != s.extent) {
+                write_attribute(s.handle, s.group,
+                                Attribute{"rows", static_cast<std::int64_t>(s.extent)});
+                s.rows_attribute = s.extent;
+            }
         for (std::size_t g = 0; g < groups; ++g)
             if (series[g].aggregating())
                 write_attribute(series[g].aggregate_group, series[g].group + "/aggregate",
@@ -228,8 +242,7 @@ void RunFile::Impl::resize_rows(Series& s, hsize_t extent) {
         if (per_rank_count > 0)
             refresh_chunks(s.datasets[c], 2, extent, s.chunk_rows, s.chunk_addr[c], object);
     }
-    write_attribute(s.handle, s.group, Attribute{"rows", static_cast<std::int64_t>(extent)});
-    s.extent = extent;
+    s.extent = extent; // the group's `rows` follows at the next sync (write_pending)
 }
 
 void RunFile::Impl::resize_aggregates(Series& s, hsize_t extent) {
@@ -242,7 +255,7 @@ void RunFile::Impl::resize_aggregates(Series& s, hsize_t extent) {
 }
 
 hsize_t RunFile::Impl::written_rows(std::size_t g) const {
-    return inflight.request != MPI_REQUEST_NULL ? inflight.from[g] : series[g].aggregated;
+    return inflight.empty() ? series[g].aggregated : inflight.front().from[g];
 }
 
 hsize_t RunFile::Impl::grown_extent(hsize_t extent, hsize_t rows, hsize_t chunk_rows, bool exact) {
@@ -265,10 +278,11 @@ void RunFile::Impl::post_reduce(const std::vector<hsize_t>& to, bool counts) {
         payload += rows[g] * row_width(s.columns.size());
     }
     if (payload == 0) return;
-    InFlight& f = inflight;
+    InFlight& f = inflight.emplace_back();
     f.header = 2 + 2 * groups;
     f.count_slots = count_slots;
     f.send.assign(f.header + payload, 0.0);
+    f.flush = flush_serial;
     f.send[0] = static_cast<double>(groups);
     f.send[1] = static_cast<double>(count_slots);
     f.from.assign(groups, 0);
@@ -333,18 +347,34 @@ void RunFile::Impl::post_reduce(const std::vector<hsize_t>& to, bool counts) {
               "MPI_Ireduce");
 }
 
-RunFile::Impl::Reduced RunFile::Impl::complete_reduce() {
+std::vector<RunFile::Impl::Reduced> RunFile::Impl::complete_reductions(bool all) {
+    std::vector<Reduced> out;
+    while (!inflight.empty()) {
+        InFlight& f = inflight.front();
+        int rc = MPI_SUCCESS;
+        if (all || inflight.size() >= kMaxInFlight) {
+            rc = MPI_Wait(&f.request, MPI_STATUS_IGNORE);
+        } else {
+            int complete = 0;
+            rc = MPI_Test(&f.request, &complete, MPI_STATUS_IGNORE);
+            if (rc == MPI_SUCCESS && !complete) break; // the later ones are no further along
+        }
+        MPI_Type_free(&f.element);
+        mpi_check(rc, "completing the aggregates' MPI_Ireduce");
+        out.push_back(reduced_rows(f));
+        inflight.pop_front();
+    }
+    return out;
+}
+
+RunFile::Impl::Reduced RunFile::Impl::reduced_rows(const InFlight& f) const {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     Reduced out;
-    InFlight& f = inflight;
-    if (f.request == MPI_REQUEST_NULL) return out;
-    const int rc = MPI_Wait(&f.request, MPI_STATUS_IGNORE);
-    MPI_Type_free(&f.element);
-    mpi_check(rc, "MPI_Wait (the aggregates' MPI_Ireduce)");
     out.from = f.from;
     out.to = f.to;
     out.rows.resize(series.size());
     out.has_counts = f.count_slots > 0;
+    out.flush = f.flush;
     if (rank == 0) {
         const double* q = f.result.data() + f.header;
         out.counts.assign(q, q + f.count_slots);
@@ -369,7 +399,6 @@ RunFile::Impl::Reduced RunFile::Impl::complete_reduce() {
             }
         }
     }
-    f = InFlight{};
     return out;
 }
 
@@ -380,7 +409,8 @@ void RunFile::Impl::write_reduced(const Reduced& red) {
         if (s.aggregating() && red.to[g] > red.from[g]) {
             write_aggregates(s, red.rows[g], red.from[g], red.to[g]);
         }
-        if (red.has_counts && per_rank_count > 0) {
+        if (red.has_counts && per_rank_count > 0 && red.flush > s.rank_rows_flush) {
+            s.rank_rows_flush = red.flush;
             std::vector<std::int64_t> rank_rows(per_rank_count);
             for (hsize_t j = 0; j < per_rank_count; ++j)
                 rank_rows[j] = static_cast<std::int64_t>(red.counts[j * series.size() + g]);
@@ -487,12 +517,13 @@ hid_t RunFile::Impl::aggregate_memory_type() {
     return type;
 }
 
-void RunFile::Impl::write_rows() {
+void RunFile::Impl::write_rows(bool all) {
     if (!per_rank) return;
     const double nan = std::numeric_limits<double>::quiet_NaN();
     for (std::size_t g = 0; g < series.size(); ++g) {
         Series& s = series[g];
         const hsize_t n = s.pending[0].size();
+        if (!all && n < kRowBatch) continue; // kept for a larger write, or the next sync
         hsize_t to = std::min(s.written + n, s.extent);
         if (s.padded < s.extent) to = s.extent; // slots an extent added: rows, then NaN
         if (to > s.written) {

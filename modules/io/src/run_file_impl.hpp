@@ -12,6 +12,7 @@
 #include <sys/statvfs.h>
 
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -30,6 +31,18 @@ namespace fs = std::filesystem;
 // same OutputError) instead of letting HDF5 fail a sync on some ranks only.
 inline constexpr long long kFlushReserveBytes = 1024 * 1024;
 
+// HDF5's metadata cache writes metadata (a sync point: barrier, broadcast, collective writes) once
+// this much has been dirtied since the last write or at H5Fflush (RunFile's syncs), whichever
+// comes first (H5AC_cache_config_t::dirty_bytes_threshold; HDF5's default is 256 KiB).
+inline constexpr std::size_t kDirtyMetadataBytes = 4 * 1024 * 1024;
+
+// A rank's per-rank rows of a series are written (one pwrite per column and chunk) once this many
+// are pending, else at the next sync or status change. Row by row, 32 ranks' 8-byte writes to one
+// file at every iteration's flush contend for its lock (each stalled write a flush of tens of ms
+// on 64 oversubscribed ranks; on Lustre, extent locks moving between clients); 512 rows make each
+// write 4 KiB. The rows reach the disk at syncs either way (fdatasync there).
+inline constexpr std::size_t kRowBatch = 512;
+
 struct Series {
     std::string group; // normalized, e.g. "/iterations"
     std::vector<Column> columns;
@@ -41,6 +54,7 @@ struct Series {
     std::int64_t appended = 0;                // this rank's rows so far
     hsize_t written = 0;                      // this rank's rows already in the file
     hsize_t extent = 0;                       // n of every dataset (identical on all ranks)
+    hsize_t rows_attribute = 0;               // the group's `rows` as last written (at a sync)
     hsize_t chunk_rows = 1;                   // extents grow in steps of this many rows
     std::int64_t min_rows = 0;                // the fewest rows any rank has (as of the flush)
     std::int64_t max_rows = 0;                // the most rows any rank has (as of the flush)
@@ -58,6 +72,7 @@ struct Series {
     // rows and aggregates are written to them with pwrite, outside HDF5 (RunFile::Impl::raw_fd).
     std::vector<std::vector<haddr_t>> chunk_addr, agg_chunk_addr;
     haddr_t rank_rows_addr = HADDR_UNDEF; // rank_rows' storage (contiguous)
+    std::int64_t rank_rows_flush = 0;     // rank 0: the flush whose counts rank_rows holds
     bool aggregating() const { return key != std::string::npos; }
 };
 
@@ -253,7 +268,8 @@ struct RunFile::Impl {
     // (every series' longest and shortest rank, rank 0's clock, its decision to sync, a write
     // error left by the previous flush), one MPI_Ireduce to rank 0 of the aggregates when there
     // are rows to aggregate and of the row counts while ranks hold different counts (completed
-    // at the next flush, so that none waits for it; at once at a status change); at a sync
+    // at a later flush by MPI_Test, so that none waits for it; at once at a sync or status
+    // change); HDF5's metadata goes to the file at syncs only (kDirtyMetadataBytes); at a sync
     // or status change also one MPI_Allreduce agreeing on a write error (core::first_failure)
     // and H5Fflush's own. A rank writes its own rows with one pwrite per column and chunk
     // (write_raw: no MPI-IO collective, no HDF5 call on some ranks only); rank 0 writes the
@@ -267,16 +283,16 @@ struct RunFile::Impl {
     void set_extents(const std::vector<hsize_t>& extent, const std::vector<hsize_t>& agg_extent,
                      bool grow);
 
-    // Collective: the per-rank datasets of `s` to `extent` rows (attribute `rows` with them),
-    // their chunks' addresses looked up.
+    // Collective: the per-rank datasets of `s` to `extent` rows, their chunks' addresses looked
+    // up (the group's attribute `rows` follows at the next sync).
     void resize_rows(Series& s, hsize_t extent);
 
     // Collective: the aggregate datasets of `s` to `extent` rows, their chunks' addresses looked
     // up.
     void resize_aggregates(Series& s, hsize_t extent);
 
-    // Local, the same on every rank: the aggregate rows in the file, those of the reductions
-    // completed so far (the rows of one in flight come at the next flush).
+    // Local: the aggregate rows in the file, those of the reductions completed so far (the same
+    // on every rank at a sync, where every reduction has completed).
     hsize_t written_rows(std::size_t g) const;
 
     // An extent that holds `rows`: exactly (status changes), else grown in steps of chunk_rows.
@@ -287,26 +303,38 @@ struct RunFile::Impl {
         std::vector<hsize_t> from, to;               // per series: the rows reduced
         std::vector<std::int64_t> counts;            // [R x series]: rows of each per-rank row
         bool has_counts = false;
+        std::int64_t flush = 0; // the flush that posted it (flush_serial)
     };
-    // The reduction posted at a flush and completed at the next (or at once at a status
-    // change), so that no flush waits for it: rank 0 writes a flush's aggregates one flush later.
+    // The reductions posted at flushes and completed at later ones (MPI_Test), oldest first, or
+    // all at once at a status change or a sync, so that no ordinary flush waits for them: rank 0
+    // writes a flush's aggregates once its reduction has completed.
     struct InFlight {
         MPI_Request request = MPI_REQUEST_NULL;
         MPI_Datatype element = MPI_DATATYPE_NULL;
         std::vector<double> send, result;
         std::vector<hsize_t> from, to;
         std::size_t header = 0, count_slots = 0;
-    } inflight;
+        std::int64_t flush = 0; // flush_serial when posted
+    };
+    std::int64_t flush_serial = 0; // write_pending calls so far, this one included
+    std::deque<InFlight> inflight;
+    // At most this many reductions in flight: a flush waits for the oldest beyond it (memory:
+    // each holds its send buffer, and on rank 0 its result).
+    static constexpr std::size_t kMaxInFlight = 4;
 
     // Collective when any series has rows to aggregate or `counts` (every rank knows the same
     // arguments): posts one MPI_Ireduce to rank 0 of rows [aggregated, to) of every aggregating
     // series and, with `counts`, of every series' row count of each per-rank row
-    // (complete_reduce waits for it). Each rank drops the rows it posted.
+    // (complete_reductions completes it). Each rank drops the rows it posted.
     void post_reduce(const std::vector<hsize_t>& to, bool counts);
 
-    // Collective (every rank has the same reduction in flight, or none): waits for the posted
-    // reduction and returns its rows (rank 0) and what they cover; empty when none was posted.
-    Reduced complete_reduce();
+    // Local, oldest first: the reductions in flight that have completed (MPI_Test), waiting for
+    // the oldest only while kMaxInFlight or more are in flight; every one with `all` (which every
+    // rank asks at the same flush). Returns their rows (rank 0) and what they cover.
+    std::vector<Reduced> complete_reductions(bool all);
+
+    // Local: a completed reduction's rows (rank 0; the range on every rank).
+    Reduced reduced_rows(const InFlight& f) const;
 
     // Rank 0: what a completed reduction gives, into the file: its aggregate rows, and the
     // per-rank rows' counts when it carried them.
@@ -345,8 +373,9 @@ struct RunFile::Impl {
     // slots that a grown extent added beyond them (the datasets have no fill values: the MPI-IO
     // driver would write them with collective writes whenever an extent grows). One pwrite per
     // column and chunk (write_raw); nothing on a rank that does not write per-rank rows
-    // (select_per_rank).
-    void write_rows();
+    // (select_per_rank). A series' rows are written once kRowBatch of them are pending, or
+    // every pending row with `all` (a sync or status change: what a sync makes durable).
+    void write_rows(bool all);
 
     // Collective: one root attribute, the same value on every rank (no broadcast).
     void write_root_attribute(const Attribute& a) {

@@ -52,8 +52,10 @@ const std::vector<Entry>& run_entries() {
          "The last sync of the file to disk (rank 0's clock): the file holds every row recorded "
          "before it. Ranks buffer rows in memory and write them in a collective flush every "
          "`output.flush_every` iterations and when the run ends (also when it ends with an error "
-         "all ranks agreed on), every rank its own with independent I/O. HDF5's metadata "
-         "reaches the disk (an fsync on every rank) at a flush when `output.sync_every_s` "
+         "all ranks agreed on): rank 0 the aggregates at every flush, each rank that keeps "
+         "per-rank rows its own with independent I/O once 512 are pending and at every sync. "
+         "HDF5's metadata reaches the disk (an fsync on every rank) at a flush when "
+         "`output.sync_every_s` "
          "seconds have passed since the last sync (0: at every flush) and "
          "at every status change, so a killed job's file holds the rows of its last sync: at "
          "most `output.sync_every_s` old."},

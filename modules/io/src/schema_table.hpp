@@ -34,8 +34,8 @@ inline constexpr std::string_view kRanksMeaning =
 inline constexpr std::string_view kAggregateGroupMeaning =
     "Per-row statistics over **every** rank, whatever `output.per_rank` keeps per rank: one "
     "compound dataset per column of the series, reduced to rank 0 (one MPI_Ireduce for all "
-    "columns, posted at a flush and completed at the next, or at once at a sync or status "
-    "change; rank 0 writes it then). A row is "
+    "columns, posted at a flush and completed at a later one without waiting, at most 4 in "
+    "flight, or at once at a sync or status change; rank 0 writes it then). A row is "
     "aggregated once every rank has it; a status change aggregates the rest (a rank without that "
     "row is left out: see `count`).";
 inline constexpr std::string_view kAggregateRowsMeaning =

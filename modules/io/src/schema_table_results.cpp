@@ -127,6 +127,11 @@ const std::vector<Entry>& result_entries() {
          "The longest single flush's own work on any rank."},
         {Kind::attribute, kSummary, "flush_mean_s", "", "float", "",
          "`flush_total_s` ÷ `flushes`."},
+        {Kind::attribute, kSummary, "flush_sync_total_s", "", "float", "",
+         "Of `flush_total_s`'s kind, the flushes that synced the file (an fsync on every rank, "
+         "HDF5's metadata writes, agreements: once per `output.sync_every_s`, at the start and "
+         "at status changes), summed: the largest over ranks. The others' mean is "
+         "(`flush_total_s` − this) ÷ (`flushes` − `flush_syncs`) on that rank."},
         {Kind::attribute, kSummary, "flush_wait_total_s", "", "float", "",
          "Time ranks spent in the flushes waiting for the other ranks to arrive (skew from the "
          "iterations before them, which lock-step training would otherwise absorb in its next "

@@ -439,14 +439,16 @@ void Recorder::finish(const RunInfo& info) {
     s.push_back({"nonfinite_skipped_steps", static_cast<std::int64_t>(nonfinite_skipped_)});
     // The tool's own cost: the run file's flushes on the rank that spent longest in them.
     const io::FlushStats& fs = file_.flush_stats();
-    double flush[4] = {fs.total_s, fs.max_s, static_cast<double>(fs.syncs), fs.wait_total_s};
-    MPI_Allreduce(MPI_IN_PLACE, flush, 4, MPI_DOUBLE, MPI_MAX, comm_);
+    double flush[5] = {fs.total_s, fs.max_s, static_cast<double>(fs.syncs), fs.wait_total_s,
+                       fs.sync_total_s};
+    MPI_Allreduce(MPI_IN_PLACE, flush, 5, MPI_DOUBLE, MPI_MAX, comm_);
     s.push_back({"flushes", static_cast<std::int64_t>(fs.flushes)});
     s.push_back({"flush_syncs", static_cast<std::int64_t>(flush[2])});
     s.push_back({"flush_total_s", flush[0]});
     s.push_back({"flush_max_s", flush[1]});
     s.push_back(
         {"flush_mean_s", fs.flushes > 0 ? flush[0] / static_cast<double>(fs.flushes) : kNaN});
+    s.push_back({"flush_sync_total_s", flush[4]});
     s.push_back({"flush_wait_total_s", flush[3]});
     // The harness's device->host reads per measured iteration, the largest over ranks.
     const auto measured = static_cast<double>(step_seconds_.size());

@@ -61,9 +61,11 @@ struct FlushStats {
     double last_s = 0;
     double wait_total_s = 0; // waiting for the other ranks to arrive
     double last_wait_s = 0;
-    void record(double work_seconds, double wait_seconds) {
+    double sync_total_s = 0; // of total_s, the flushes that synced the file
+    void record(double work_seconds, double wait_seconds, bool synced) {
         ++flushes;
         total_s += work_seconds;
+        if (synced) sync_total_s += work_seconds;
         max_s = work_seconds > max_s ? work_seconds : max_s;
         last_s = work_seconds;
         wait_total_s += wait_seconds;
