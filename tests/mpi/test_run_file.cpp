@@ -547,7 +547,7 @@ std::map<std::string, hssize_t> attribute_sizes(hid_t file) {
 // telemetry rows that differ between ranks, so the row counts are gathered), with per-rank rows
 // from every second rank only (output.per_rank=every:2) and aggregates of /iterations and
 // /epochs over all ranks. Measured: one MPI_Allreduce (the extents; a write error of the previous
-// flush) and one MPI_Ireduce (the aggregates and the uneven row counts, completed at the next
+// flush) and one MPI_Ireduce (the aggregates and the uneven row counts, completed at a later
 // flush) per flush, also where the extents grow after a sync (flushes 1 and 8; the group's `rows`
 // is written at syncs only, and HDF5's dirty-metadata threshold is raised so that its metadata
 // writes come at the syncs). The timed sync (flush 6) and the status change at the end must sync,
