@@ -618,6 +618,10 @@ class RunFile:
                     "peak_rss_MiB": s.get("peak_host_rss_bytes", nan) / 2**20,
                     "energy_per_sample_j": s.get("energy_per_sample_j", nan),
                     "wall_s": s.get("wall_s", nan),
+                    # The tool's own cost: its run-file flushes (syncs included), the largest
+                    # rank's, against the training wall time (which includes them).
+                    "flush_pct": 100.0 * s.get("flush_total_s", nan) / s.get("wall_s", nan)
+                    if s.get("wall_s", 0) else nan,
                 }
             )
             if row["workload"] == "llm":  # the last measured iteration's mean over ranks

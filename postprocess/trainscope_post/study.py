@@ -244,6 +244,7 @@ SUMMARY_COLUMNS = [
     ("tokens_per_s", "throughput [tokens/s]"), ("val_accuracy", "val accuracy [%]"),
     ("train_loss", "train loss"), ("peak_mem_MiB", "peak memory [MiB]"),
     ("peak_rss_MiB", "peak RSS [MiB]"), ("energy_per_sample_j", "energy [J/sample]"),
+    ("flush_pct", "run-file I/O [% of wall]"),
 ]
 
 

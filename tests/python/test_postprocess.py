@@ -50,6 +50,10 @@ def test_summary_lists_every_run_with_its_status(study):
     assert row["median step [s]"] == pytest.approx(float(a["median_step_s"]))
     assert row["throughput [samples/s]"] == pytest.approx(float(a["throughput_samples_per_s"]))
     assert row["ranks"] == 2 and row["dataset"] == "fashion-mnist"
+    # The tool's own cost (issue 39): the largest rank's flush time against the wall time.
+    io_pct = row["run-file I/O [% of wall]"]
+    assert 0 < io_pct < 100
+    assert io_pct == pytest.approx(100 * float(a["flush_total_s"]) / float(a["wall_s"]))
     llm = df[df["file"].str.endswith("lora.h5")].iloc[0]
     assert llm["method"] == "lora" and llm["dataset"] == "instruct"
     assert llm["throughput [tokens/s]"] == pytest.approx(
