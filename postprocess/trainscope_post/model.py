@@ -62,7 +62,8 @@ from .study import (Run, Study, StudyError, describe_group, group_by_config, poi
 
 COMPUTE_PHASES = ["data", "h2d", "forward", "backward", "optimizer"]
 MEMORY_CATEGORIES = ["weight", "gradient", "optimizer_state", "activation", "logits",
-                     "gathered_weight", "unit_gradient", "workspace"]  # workspace: cuBLAS, GPU
+                     "gathered_weight", "unit_gradient", "workspace",  # workspace: cuBLAS, GPU
+                     "comm_buffer"]  # DDP's synchronizer buffers: none at one rank
 SCHEMA = "trainscope-model/1"
 # Relative sigma added per doubling of the rank count beyond the measured range: the model form
 # itself is uncertain there (two or three points cannot tell p^-1 from p^-1/2 or a log term).
@@ -535,6 +536,8 @@ class ConfigModel:
         for c, n in state_shards(plan, ref.zero, ref.ranks).items():
             if n > 1:
                 cats[c] *= n / ranks
+        if ranks == 1:  # one rank sends nothing: no synchronizer buffers
+            cats["comm_buffer"] = 0.0
         if self.mode == "strong":
             b0 = float(plan.get("batch_per_rank", 0) or 0)
             g = float(plan.get("global_batch", 0) or 0)

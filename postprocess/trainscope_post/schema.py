@@ -456,6 +456,18 @@ ENTRIES = (
                                             "(`CUBLAS_WORKSPACE_CONFIG`, else 32 MiB from "
                                             "Hopper on), one for the step's thread and one for "
                                             "autograd's device thread; 0 on the CPU."},
+    {"kind": "attribute", "path": "/plan", "name": "memory_plan_comm_buffer_bytes", "units": "", "type": "float",
+     "when": "run.workload=cv or llm", "meaning": "Memory plan: under `dist.zero=0` at more "
+                                                  "than one rank (DDP), what the gradient "
+                                                  "synchronizer keeps beside the gradients: on "
+                                                  "the MPI backend a float32 copy of 16-bit "
+                                                  "gradients (what the allreduce runs on), with "
+                                                  "`dist.compress=fp16/bf16` a 16-bit copy, "
+                                                  "with `dist.compress=powersgd` the "
+                                                  "uncompressed tensors, the error feedback and "
+                                                  "P and Q (one element per gradient element, "
+                                                  "plus P and Q); 0 otherwise (CV: also under "
+                                                  "`run.strategy=dp` and `pipeline`)."},
     {"kind": "attribute", "path": "/plan", "name": "memory_plan_weight_shards", "units": "", "type": "int",
      "when": "run.workload=cv or llm", "meaning": "Over how many ranks the memory plan divides "
                                                   "the weights (1: every rank holds all of "
@@ -1857,6 +1869,7 @@ ATTRIBUTES = {
         "memory_plan_gathered_weight_bytes": "float",
         "memory_plan_unit_gradient_bytes": "float",
         "memory_plan_workspace_bytes": "float",
+        "memory_plan_comm_buffer_bytes": "float",
         "memory_plan_weight_shards": "int",
         "memory_plan_gradient_shards": "int",
         "memory_plan_optimizer_state_shards": "int",

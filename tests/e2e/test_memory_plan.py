@@ -216,7 +216,7 @@ PARAMS = V * H + L * LAYER + HEAD
 ADAPTERS = L * 8 * ((H + H) + (H + KV) + (H + H) + 3 * (H + F))  # rank 8 on q, v, o, MLP
 METHODS = ("full", "lora", "qlora", "dpo", "qat")
 COLUMNS = ("trainable_parameters", "frozen", "nf4", "trainable", "grads", "optim", "activ",
-           "logits", "gathered", "unitgrad", "cublas", "total")
+           "logits", "gathered", "unitgrad", "cublas", "comm", "total")
 GIB = 2**30
 
 

@@ -14,6 +14,7 @@
 #include "trainscope/core/error.hpp"
 #include "trainscope/distributed/communicator.hpp"
 #include "trainscope/distributed/gradient_synchronizer.hpp"
+#include "trainscope/prof/memory.hpp"
 
 namespace dist = trainscope::dist;
 namespace core = trainscope::core;
@@ -414,6 +415,39 @@ TEST(GradientSynchronizer, SixteenBitBucketsAreViewsAndAveraged) {
         // 1, 1.5 and 2.5 are exact in bfloat16.
         EXPECT_TRUE(torch::equal(h.grad(), torch::full({8}, (w + 1) / 2.0, torch::kBFloat16)));
         EXPECT_TRUE(torch::equal(f.grad(), torch::full({4}, double(w + 1), torch::kFloat32)));
+    }
+}
+
+TEST(GradientSynchronizer, BuffersBesideTheGradientsAreWhatMemoryPlansCount) {
+    // dist::synchronizer_buffer_bytes, the memory plans' term for the synchronizer, against the
+    // host tensor counter: constructing a synchronizer allocates its buckets (the gradients) and
+    // exactly that much more. Matrices PowerSGD compresses ([64, 32], a convolution's
+    // [8, 4, 3, 3]) and ones it leaves whole ([48, 2] at rank 2, a vector).
+    trainscope::prof::install_host_tensor_counter();
+    const int w = world_size();
+    auto comm = mpi_communicator();
+    const std::vector<std::vector<std::int64_t>> sizes = {{64, 32}, {8, 4, 3, 3}, {16}, {48, 2}};
+    using K = dist::CompressionKind;
+    const std::vector<std::pair<torch::ScalarType, K>> cases = {
+        {torch::kFloat32, K::None}, {torch::kBFloat16, K::None}, {torch::kFloat32, K::Fp16},
+        {torch::kFloat32, K::Bf16}, {torch::kBFloat16, K::Bf16}, {torch::kFloat32, K::PowerSgd}};
+    for (const auto& [dtype, kind] : cases) {
+        std::vector<torch::Tensor> params;
+        double numel = 0;
+        for (const auto& s : sizes) {
+            params.push_back(torch::zeros(s, torch::TensorOptions().dtype(dtype)).requires_grad_());
+            numel += static_cast<double>(params.back().numel());
+        }
+        dist::CompressionOptions o;
+        o.kind = kind;
+        const double before = trainscope::prof::host_tensor_bytes().current;
+        dist::GradientSynchronizer sync(*comm, params, 1 << 20, 1 << 20, o);
+        const double grown = trainscope::prof::host_tensor_bytes().current - before;
+        const double extra = dist::synchronizer_buffer_bytes(sizes, dtype, comm->backend(), w, o);
+        EXPECT_EQ(grown, numel * static_cast<double>(c10::elementSize(dtype)) + extra)
+            << c10::toString(dtype) << " " << dist::to_string(kind);
+        if (w > 1 && (kind != K::None || dtype != torch::kFloat32))
+            EXPECT_GT(extra, 0.0) << c10::toString(dtype) << " " << dist::to_string(kind);
     }
 }
 

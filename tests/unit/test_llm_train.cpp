@@ -22,6 +22,7 @@
 #include "trainscope/train/llm_trainer.hpp"
 
 namespace tt = trainscope::train;
+namespace dist = trainscope::dist;
 
 namespace {
 
@@ -288,6 +289,51 @@ TEST(LlmLoss, ChunkedHeadLowersThePeakByThePlannedLogits) {
     EXPECT_GT(planned_saving, 0.5 * peak[0]); // the logits are most of this step
     EXPECT_NEAR(measured_saving, planned_saving, 0.02 * planned_saving)
         << "peak unchunked " << peak[0] / 1e6 << " MB, chunked " << peak[1] / 1e6 << " MB";
+}
+
+TEST(LlmMemoryPlan, CountsTheGradientSynchronizersBuffersUnderDdp) {
+    // dist::synchronizer_buffer_bytes over the plan's trainable sizes (the allocation itself is
+    // held against the host tensor counter in tests/mpi/test_gradient_synchronizer.cpp): a
+    // 16-bit copy is 2 bytes per trainable parameter, so the sizes sum to the parameter count.
+    tt::LlmMemoryInputs in; // Llama-3-8B
+    in.world_size = 2;
+    in.lora.targets.push_back("lm_head");
+    for (tt::LlmMethod m : {tt::LlmMethod::Full, tt::LlmMethod::Lora}) {
+        in.method = m;
+        in.param_dtype = in.compute_dtype = torch::kFloat32;
+        in.compression = {};
+        in.backend = "nccl";
+        const tt::LlmMemoryPlan plain = tt::plan_llm_memory(in);
+        const double t = static_cast<double>(plain.trainable_parameters);
+        EXPECT_EQ(plain.comm_buffer_bytes, 0.0);
+        in.compression.kind = dist::CompressionKind::Fp16;
+        const tt::LlmMemoryPlan fp16 = tt::plan_llm_memory(in);
+        EXPECT_DOUBLE_EQ(fp16.comm_buffer_bytes, 2.0 * t);
+        EXPECT_DOUBLE_EQ(fp16.total_bytes() - plain.total_bytes(), 2.0 * t);
+        // PowerSGD: the error feedback and the uncompressed tensors (4 bytes per parameter in
+        // fp32) plus P and Q of rank 2: (n + m) x 2 elements per n x m matrix. Full: under 1 %
+        // more. LoRA's [8, in] and [out, 8]: 2 (8 + in) per 8 in, a quarter more, + 32 elements
+        // per adapter pair (32 layers x 7 targets).
+        in.compression.kind = dist::CompressionKind::PowerSgd;
+        const double psgd = tt::plan_llm_memory(in).comm_buffer_bytes;
+        if (m == tt::LlmMethod::Full) {
+            EXPECT_GT(psgd, 4.0 * t);
+            EXPECT_LT(psgd, 4.0 * t * 1.01);
+        } else {
+            EXPECT_NEAR(psgd, 4.0 * 1.25 * t + 4.0 * 32.0 * (32 * 6 + 1), 1.0);
+        }
+        // MPI widens 16-bit gradients to float32 on the wire: 4 bytes per bf16 parameter.
+        in.compression = {};
+        in.backend = "mpi";
+        in.param_dtype = in.compute_dtype = torch::kBFloat16;
+        EXPECT_DOUBLE_EQ(tt::plan_llm_memory(in).comm_buffer_bytes, 4.0 * t);
+        in.world_size = 1; // nothing travels
+        EXPECT_EQ(tt::plan_llm_memory(in).comm_buffer_bytes, 0.0);
+        in.world_size = 2;
+        in.zero = 1; // ZeRO has no synchronizer
+        EXPECT_EQ(tt::plan_llm_memory(in).comm_buffer_bytes, 0.0);
+        in.zero = 0;
+    }
 }
 
 TEST(LlmMemoryPlan, Llama3_8BFiguresFollowTheParameterArithmetic) {

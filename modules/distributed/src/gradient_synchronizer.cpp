@@ -567,4 +567,30 @@ void GradientSynchronizer::load_compression_state(torch::serialize::InputArchive
     s.powersgd->load(shared, have_own ? &mine : nullptr, where);
 }
 
+double synchronizer_buffer_bytes(const std::vector<std::vector<std::int64_t>>& sizes,
+                                 torch::ScalarType dtype, const std::string& backend, int world,
+                                 const CompressionOptions& compression) {
+    if (world <= 1) return 0.0; // as the constructor: nothing communicates, nothing is allocated
+    const double e = static_cast<double>(c10::elementSize(dtype));
+    double numel = 0, low_rank = 0; // gradient elements; PowerSGD's P and Q elements
+    for (const auto& s : sizes) {
+        double n = 1;
+        for (std::int64_t d : s)
+            n *= static_cast<double>(d);
+        numel += n;
+        std::int64_t r = 0;
+        if (compression.kind == CompressionKind::PowerSgd && !s.empty() &&
+            powersgd_compresses(s, compression.powersgd_rank, compression.min_compression_rate, &r))
+            low_rank += static_cast<double>(s[0]) * static_cast<double>(r) +
+                        n / static_cast<double>(s[0]) * static_cast<double>(r);
+    }
+    double bytes = 0;
+    const bool narrow = dtype == torch::kHalf || dtype == torch::kBFloat16;
+    if (backend == "mpi" && narrow) bytes += 4.0 * numel; // the float32 wire buffer
+    if (const auto sixteen = compressed_dtype(compression.kind))
+        bytes += static_cast<double>(c10::elementSize(*sixteen)) * numel;
+    if (compression.kind == CompressionKind::PowerSgd) bytes += e * (numel + low_rank);
+    return bytes;
+}
+
 } // namespace trainscope::dist

@@ -314,6 +314,14 @@ const std::vector<Entry>& run_entries() {
          "counts: two of `at::cuda::getChosenWorkspaceSize()` (`CUBLAS_WORKSPACE_CONFIG`, else "
          "32 MiB from Hopper on), one for the step's thread and one for autograd's device "
          "thread; 0 on the CPU."},
+        {Kind::attribute, kPlan, "memory_plan_comm_buffer_bytes", "", "float",
+         "run.workload=cv or llm",
+         "Memory plan: under `dist.zero=0` at more than one rank (DDP), what the gradient "
+         "synchronizer keeps beside the gradients: on the MPI backend a float32 copy of 16-bit "
+         "gradients (what the allreduce runs on), with `dist.compress=fp16/bf16` a 16-bit copy, "
+         "with `dist.compress=powersgd` the uncompressed tensors, the error feedback and P and Q "
+         "(one element per gradient element, plus P and Q); 0 otherwise (CV: also under "
+         "`run.strategy=dp` and `pipeline`)."},
         {Kind::attribute, kPlan, "memory_plan_weight_shards", "", "int", "run.workload=cv or llm",
          "Over how many ranks the memory plan divides the weights (1: every rank holds all of "
          "them): `dist.zero=3` (FSDP) divides them over the data-parallel ranks; always 1 for CV, "

@@ -11,6 +11,7 @@
 #include "trainscope/data/options.hpp"
 #include "trainscope/distributed/communicator.hpp"
 #include "trainscope/distributed/device.hpp"
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 #include "trainscope/distributed/mpi_runtime.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/classification_trainer.hpp"
@@ -29,8 +30,12 @@ struct CvMemoryPlan {
     double gradient_bytes = 0;
     double optimizer_state_bytes = 0; // SGD momentum (1 per weight) or AdamW moments (2)
     double activation_bytes = 0;      // the input batch and what autograd keeps for backward
+    // DDP (dist.zero=0) over more than one rank: the synchronizer's buffers beside the gradients
+    // (dist::synchronizer_buffer_bytes: MPI's float32 copy of 16-bit gradients, dist.compress).
+    double comm_buffer_bytes = 0;
     double total_bytes() const {
-        return weight_bytes + gradient_bytes + optimizer_state_bytes + activation_bytes;
+        return weight_bytes + gradient_bytes + optimizer_state_bytes + activation_bytes +
+               comm_buffer_bytes;
     }
 };
 
@@ -267,6 +272,15 @@ void CvWorkload::build() {
     if (layout.zero == dist::ZeroStage::OptimizerState)
         memory_.gradient_bytes *= 1.0 + 1.0 / replicas;
     if (layout.zero == dist::ZeroStage::Gradients) memory_.gradient_bytes /= replicas;
+    if (layout.zero == dist::ZeroStage::None &&
+        (layout.strategy == Strategy::Ddp || layout.strategy == Strategy::DdpDs)) {
+        std::vector<std::vector<std::int64_t>> sizes;
+        for (const torch::Tensor& p : model->parameters())
+            if (p.requires_grad()) sizes.push_back(p.sizes().vec());
+        memory_.comm_buffer_bytes = dist::synchronizer_buffer_bytes(
+            sizes, t.dtype, env_.dist.backend, static_cast<int>(layout.replicas),
+            env_.dist.compression);
+    }
     // Activations in the compute dtype (under autocast the convolutions' outputs are in it), the
     // input batch in the parameter dtype.
     const double act_elem = static_cast<double>(
@@ -308,7 +322,11 @@ std::string CvWorkload::plan_text() const {
       << "  memory/rank   ~" << mib(memory_.total_bytes()) << " (estimate): weights "
       << mib(memory_.weight_bytes) << ", gradients " << mib(memory_.gradient_bytes)
       << ", optimizer state " << mib(memory_.optimizer_state_bytes) << ", activations "
-      << mib(memory_.activation_bytes) << "\n";
+      << mib(memory_.activation_bytes)
+      << (memory_.comm_buffer_bytes > 0
+              ? ", gradient sync buffers " + mib(memory_.comm_buffer_bytes)
+              : std::string())
+      << "\n";
     if (pipe)
         o << "  pipeline      " << l.stages << " stages x " << l.replicas
           << " replica(s); rank = replica x stages + stage\n"
@@ -357,6 +375,7 @@ std::vector<io::Attribute> CvWorkload::plan_attributes() const {
         {"memory_plan_gradient_bytes", memory_.gradient_bytes},
         {"memory_plan_optimizer_state_bytes", memory_.optimizer_state_bytes},
         {"memory_plan_activation_bytes", memory_.activation_bytes},
+        {"memory_plan_comm_buffer_bytes", memory_.comm_buffer_bytes},
         {"zero", std::int64_t{dist::to_int(l.zero)}}};
     // Over how many ranks each part of the state is divided (dist.zero), recorded like the
     // LLM's so readers scale both the same way.

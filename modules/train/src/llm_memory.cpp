@@ -32,6 +32,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "trainscope/distributed/gradient_synchronizer.hpp"
 #include "trainscope/distributed/options.hpp"
 #include "trainscope/models/nf4.hpp"
 
@@ -53,6 +54,48 @@ constexpr double kNf4BytesPerWeight = 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0);
 bool is_lora_method(const LlmMemoryInputs& in) {
     return in.method == LlmMethod::Lora || in.method == LlmMethod::Qlora ||
            in.method == LlmMethod::Dpo || (in.method == LlmMethod::Qat && in.qat_lora);
+}
+
+// The trainable tensors' sizes as the model holds them: LoRA's lora_a [rank, in] and lora_b
+// [out, rank] per targeted projection (and the untied head), or every weight (the embedding,
+// each layer's projections [out, in] and two norms, the final norm, the untied head).
+std::vector<std::vector<std::int64_t>> trainable_sizes(const LlmMemoryInputs& in) {
+    const models::LlamaConfig& c = in.config;
+    const std::int64_t h = c.hidden_size, f = c.intermediate_size, v = c.vocab_size,
+                       q = c.num_attention_heads * c.head_dim,
+                       kv = c.num_key_value_heads * c.head_dim;
+    const std::vector<std::pair<std::string, std::vector<std::int64_t>>> projections = {
+        {"q_proj", {q, h}},    {"k_proj", {kv, h}}, {"v_proj", {kv, h}},  {"o_proj", {h, q}},
+        {"gate_proj", {f, h}}, {"up_proj", {f, h}}, {"down_proj", {h, f}}};
+    std::vector<std::vector<std::int64_t>> sizes;
+    if (is_lora_method(in)) {
+        const std::int64_t r = in.lora.rank;
+        auto targeted = [&](const std::string& t) {
+            return std::find(in.lora.targets.begin(), in.lora.targets.end(), t) !=
+                   in.lora.targets.end();
+        };
+        for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+            for (const auto& [name, out_in] : projections)
+                if (targeted(name)) {
+                    sizes.push_back({r, out_in[1]});
+                    sizes.push_back({out_in[0], r});
+                }
+        if (targeted("lm_head") && !c.tie_word_embeddings) {
+            sizes.push_back({r, h});
+            sizes.push_back({v, r});
+        }
+        return sizes;
+    }
+    sizes.push_back({v, h});
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        for (const auto& [name, out_in] : projections)
+            sizes.push_back(out_in);
+        sizes.push_back({h});
+        sizes.push_back({h});
+    }
+    sizes.push_back({h});
+    if (!c.tie_word_embeddings) sizes.push_back({v, h});
+    return sizes;
 }
 
 // Bytes autograd keeps for one micro-batch (formula at the top of this file).
@@ -264,7 +307,7 @@ void plan_fsdp(const LlmMemoryInputs& in, LlmMemoryPlan& p, double head_gradient
 double LlmMemoryPlan::total_bytes() const {
     return frozen_weight_bytes + nf4_weight_bytes + trainable_weight_bytes + gradient_bytes +
            optimizer_state_bytes + activation_bytes + logits_bytes + gathered_weight_bytes +
-           unit_gradient_bytes + workspace_bytes;
+           unit_gradient_bytes + workspace_bytes + comm_buffer_bytes;
 }
 
 std::int64_t llama_projection_parameters(const models::LlamaConfig& c) {
@@ -348,6 +391,9 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     // Measured on an H200 (scripts/gpu-check, tiny shapes): the allocator's iteration peak
     // exceeded the plan by 59-65 MiB for every method, i.e. two 32 MiB workspaces.
     p.workspace_bytes = 2.0 * in.cublas_workspace_bytes;
+    if (in.zero == 0)
+        p.comm_buffer_bytes = dist::synchronizer_buffer_bytes(
+            trainable_sizes(in), in.param_dtype, in.backend, in.world_size, in.compression);
     return p;
 }
 
@@ -357,7 +403,7 @@ std::string format_memory_plans(const std::vector<LlmMemoryPlan>& plans, double 
     std::ostringstream o;
     o << std::fixed << std::setprecision(2);
     o << "    method  zero  trainable      frozen    nf4  trainable  grads  optim  activ  logits"
-         "  gathered  unitgrad  cublas   total [GiB/rank]"
+         "  gathered  unitgrad  cublas  comm   total [GiB/rank]"
       << (device_bytes > 0 ? "  fits" : "") << "\n";
     for (std::size_t i = 0; i < plans.size(); ++i) {
         const LlmMemoryPlan& p = plans[i];
@@ -368,7 +414,8 @@ std::string format_memory_plans(const std::vector<LlmMemoryPlan>& plans, double 
           << p.gradient_bytes / gib << std::setw(7) << p.optimizer_state_bytes / gib << std::setw(7)
           << p.activation_bytes / gib << std::setw(8) << p.logits_bytes / gib << std::setw(10)
           << p.gathered_weight_bytes / gib << std::setw(10) << p.unit_gradient_bytes / gib
-          << std::setw(8) << p.workspace_bytes / gib << std::setw(9) << p.total_bytes() / gib;
+          << std::setw(8) << p.workspace_bytes / gib << std::setw(6) << p.comm_buffer_bytes / gib
+          << std::setw(9) << p.total_bytes() / gib;
         if (device_bytes > 0) o << "  " << (p.total_bytes() <= device_bytes ? "yes" : "NO");
         if (static_cast<int>(i) == this_run) o << "  <- this run";
         o << "\n";

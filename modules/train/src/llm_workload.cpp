@@ -260,6 +260,10 @@ void LlmWorkload::build() {
     // Stage 3 rows with this run's dist.reshard_after_forward and dist.prefetch.
     mi.reshard_after_forward = l_.sharding.reshard_after_forward;
     mi.prefetch = l_.sharding.prefetch;
+    // dist.zero=0 rows: the gradient synchronizer's buffers with this run's backend and
+    // dist.compress (the zero-0 rows of other methods as if they ran with them too).
+    mi.backend = env_.dist.backend;
+    mi.compression = env_.dist.compression;
     std::vector<std::pair<LlmMethod, int>> rows; // (method, dist.zero)
     for (LlmMethod m :
          {LlmMethod::Full, LlmMethod::Lora, LlmMethod::Qlora, LlmMethod::Dpo, LlmMethod::Qat}) {
@@ -423,7 +427,8 @@ std::vector<io::Attribute> LlmWorkload::plan_attributes() const {
         {"memory_plan_logits_bytes", memory_.logits_bytes},
         {"memory_plan_gathered_weight_bytes", memory_.gathered_weight_bytes},
         {"memory_plan_unit_gradient_bytes", memory_.unit_gradient_bytes},
-        {"memory_plan_workspace_bytes", memory_.workspace_bytes}};
+        {"memory_plan_workspace_bytes", memory_.workspace_bytes},
+        {"memory_plan_comm_buffer_bytes", memory_.comm_buffer_bytes}};
     const dist::StateShards shards = dist::state_shards(l_.sharding.zero, env_.layout.world_size);
     a.insert(a.end(), {{"memory_plan_weight_shards", shards.weight},
                        {"memory_plan_gradient_shards", shards.gradient},

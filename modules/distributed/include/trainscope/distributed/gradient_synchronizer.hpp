@@ -135,4 +135,14 @@ class GradientSynchronizer {
     std::unique_ptr<Impl> impl_;
 };
 
+// The bytes a GradientSynchronizer keeps per rank beside the gradients themselves (its buckets
+// are the gradients), for trainable tensors of these sizes, all in `dtype`, on `world` ranks of
+// `backend`: none at one rank (nothing travels); on MPI, a float32 copy of 16-bit gradients (what
+// the allreduce runs on); with dist.compress=fp16/bf16, a 16-bit copy; with powersgd, the
+// uncompressed tensors, the error feedback of the compressed ones (together one element per
+// gradient element) and their P and Q. The memory plans count it (dist.zero=0).
+double synchronizer_buffer_bytes(const std::vector<std::vector<std::int64_t>>& sizes,
+                                 torch::ScalarType dtype, const std::string& backend, int world,
+                                 const CompressionOptions& compression);
+
 } // namespace trainscope::dist

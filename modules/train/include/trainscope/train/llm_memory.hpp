@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "trainscope/distributed/options.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/lora.hpp"
 #include "trainscope/train/llm_options.hpp"
@@ -40,6 +41,10 @@ struct LlmMemoryInputs {
     // One cuBLAS workspace (dist::cublas_workspace_bytes; 0 on the CPU). The plan counts two:
     // the step's thread runs the forward's matmuls, autograd's device thread the backward's.
     double cublas_workspace_bytes = 0;
+    // The gradient synchronizer's own buffers at dist.zero=0 (comm_buffer_bytes): the backend
+    // ("mpi" widens 16-bit gradients to float32 on the wire) and dist.compress.
+    std::string backend = "nccl";
+    dist::CompressionOptions compression;
 };
 
 struct LlmMemoryPlan {
@@ -63,6 +68,10 @@ struct LlmMemoryPlan {
     double gathered_weight_bytes = 0;
     double unit_gradient_bytes = 0;
     double workspace_bytes = 0; // GPU: LibTorch's cuBLAS workspaces (2 x one, see the inputs)
+    // dist.zero=0 at world size > 1: what the gradient synchronizer keeps beside the gradients
+    // (dist::synchronizer_buffer_bytes: MPI's float32 wire copy of 16-bit gradients,
+    // dist.compress's 16-bit copy or PowerSGD's error feedback, P and Q).
+    double comm_buffer_bytes = 0;
     double total_bytes() const;
 };
 
