@@ -466,8 +466,11 @@ ENTRIES = (
                                                   "with `dist.compress=powersgd` the "
                                                   "uncompressed tensors, the error feedback and "
                                                   "P and Q (one element per gradient element, "
-                                                  "plus P and Q); 0 otherwise (CV: also under "
-                                                  "`run.strategy=dp` and `pipeline`)."},
+                                                  "plus P and Q); under `dist.zero=1/2` with "
+                                                  "`dist.compress=fp16/bf16` the "
+                                                  "reduce-scatter's 16-bit shard; 0 otherwise "
+                                                  "(CV: also under `run.strategy=dp` and "
+                                                  "`pipeline`)."},
     {"kind": "attribute", "path": "/plan", "name": "memory_plan_weight_shards", "units": "", "type": "int",
      "when": "run.workload=cv or llm", "meaning": "Over how many ranks the memory plan divides "
                                                   "the weights (1: every rank holds all of "

@@ -330,9 +330,14 @@ TEST(LlmMemoryPlan, CountsTheGradientSynchronizersBuffersUnderDdp) {
         in.world_size = 1; // nothing travels
         EXPECT_EQ(tt::plan_llm_memory(in).comm_buffer_bytes, 0.0);
         in.world_size = 2;
-        in.zero = 1; // ZeRO has no synchronizer
+        in.zero = 1; // ZeRO has no synchronizer; with 16-bit reduce-scatters, their shard
+        EXPECT_EQ(tt::plan_llm_memory(in).comm_buffer_bytes, 0.0);
+        in.compression.kind = dist::CompressionKind::Bf16;
+        EXPECT_DOUBLE_EQ(tt::plan_llm_memory(in).comm_buffer_bytes, 2.0 * std::ceil(t / 2.0));
+        in.zero = 3; // FSDP reduce-scatters each unit's gradient in 16 bits: nothing persists
         EXPECT_EQ(tt::plan_llm_memory(in).comm_buffer_bytes, 0.0);
         in.zero = 0;
+        in.compression = {};
     }
 }
 

@@ -262,4 +262,11 @@ std::unique_ptr<DataParallelism> make_zero(Communicator& comm, TrainableSet trai
                                              reduce_dtype);
 }
 
+double zero_buffer_bytes(std::int64_t numel, int world, const CompressionOptions& compression) {
+    const std::optional<torch::ScalarType> low = compressed_dtype(compression.kind);
+    if (world <= 1 || !low) return 0.0; // as the constructor: nothing travels at one rank
+    const std::int64_t shard = (numel + world - 1) / world;
+    return static_cast<double>(shard) * static_cast<double>(c10::elementSize(*low));
+}
+
 } // namespace trainscope::dist

@@ -320,8 +320,9 @@ const std::vector<Entry>& run_entries() {
          "synchronizer keeps beside the gradients: on the MPI backend a float32 copy of 16-bit "
          "gradients (what the allreduce runs on), with `dist.compress=fp16/bf16` a 16-bit copy, "
          "with `dist.compress=powersgd` the uncompressed tensors, the error feedback and P and Q "
-         "(one element per gradient element, plus P and Q); 0 otherwise (CV: also under "
-         "`run.strategy=dp` and `pipeline`)."},
+         "(one element per gradient element, plus P and Q); under `dist.zero=1/2` with "
+         "`dist.compress=fp16/bf16` the reduce-scatter's 16-bit shard; 0 otherwise (CV: also "
+         "under `run.strategy=dp` and `pipeline`)."},
         {Kind::attribute, kPlan, "memory_plan_weight_shards", "", "int", "run.workload=cv or llm",
          "Over how many ranks the memory plan divides the weights (1: every rank holds all of "
          "them): `dist.zero=3` (FSDP) divides them over the data-parallel ranks; always 1 for CV, "

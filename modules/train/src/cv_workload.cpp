@@ -13,6 +13,7 @@
 #include "trainscope/distributed/device.hpp"
 #include "trainscope/distributed/gradient_synchronizer.hpp"
 #include "trainscope/distributed/mpi_runtime.hpp"
+#include "trainscope/distributed/zero.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
 #include "trainscope/train/classification_trainer.hpp"
 #include "trainscope/train/pipeline.hpp"
@@ -280,6 +281,9 @@ void CvWorkload::build() {
         memory_.comm_buffer_bytes = dist::synchronizer_buffer_bytes(
             sizes, t.dtype, env_.dist.backend, static_cast<int>(layout.replicas),
             env_.dist.compression);
+    } else if (layout.zero != dist::ZeroStage::None) {
+        memory_.comm_buffer_bytes = dist::zero_buffer_bytes(
+            parameters_, static_cast<int>(layout.replicas), env_.dist.compression);
     }
     // Activations in the compute dtype (under autocast the convolutions' outputs are in it), the
     // input batch in the parameter dtype.

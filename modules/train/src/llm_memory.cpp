@@ -34,6 +34,7 @@
 
 #include "trainscope/distributed/gradient_synchronizer.hpp"
 #include "trainscope/distributed/options.hpp"
+#include "trainscope/distributed/zero.hpp"
 #include "trainscope/models/nf4.hpp"
 
 namespace trainscope::train {
@@ -394,6 +395,9 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
     if (in.zero == 0)
         p.comm_buffer_bytes = dist::synchronizer_buffer_bytes(
             trainable_sizes(in), in.param_dtype, in.backend, in.world_size, in.compression);
+    else if (in.zero == 1 || in.zero == 2)
+        p.comm_buffer_bytes =
+            dist::zero_buffer_bytes(p.trainable_parameters, in.world_size, in.compression);
     return p;
 }
 

@@ -97,4 +97,10 @@ std::unique_ptr<DataParallelism> make_zero(Communicator& comm, TrainableSet trai
                                            ZeroAdamW hyper,
                                            std::optional<torch::ScalarType> reduce_dtype = {});
 
+// The bytes a ZeroOptimizer (dist.zero=1/2) keeps per rank beyond the gradients and optimizer
+// state for `numel` trainable elements on `world` ranks: with dist.compress=fp16/bf16 the
+// reduce-scatter's 16-bit shard, ceil(numel / world) elements; 0 otherwise or at one rank. The
+// memory plans' comm term under ZeRO.
+double zero_buffer_bytes(std::int64_t numel, int world, const CompressionOptions& compression);
+
 } // namespace trainscope::dist
