@@ -156,9 +156,15 @@ def main():
     p.add_argument("--outdir", default="runs/bench_flush_scaling")
     p.add_argument("--extra", nargs="*", default=[], help="more trainscope options for every run")
     args = p.parse_args()
-    ranks = sorted({int(x) for x in args.ranks.split(",") if x.strip()})
-    if len(ranks) < 2:
-        p.error("--ranks: at least two rank counts")
+    try:
+        ranks = sorted({int(x) for x in args.ranks.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--ranks {args.ranks!r}: comma-separated whole numbers, e.g. 8,64")
+    if len(ranks) < 2 or ranks[0] < 1:
+        p.error(f"--ranks {args.ranks!r}: at least two rank counts, each at least 1, e.g. 8,64")
+    if args.repeats < 1 or args.iters < 2 or args.peer_reps < 1:
+        p.error("--repeats and --peer-reps must be at least 1, --iters at least 2 (a flush "
+                "precedes every iteration after the first)")
     ensure_peer(args)
     (ROOT / args.outdir).mkdir(parents=True, exist_ok=True)
     results = {n: [] for n in ranks}
