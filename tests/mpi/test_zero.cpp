@@ -23,6 +23,7 @@
 #include "trainscope/distributed/zero.hpp"
 #include "trainscope/models/llama.hpp"
 #include "trainscope/models/mobilenet_v2.hpp"
+#include "trainscope/prof/memory.hpp"
 #include "trainscope/train/llm_loss.hpp"
 #include "trainscope/train/optimizer.hpp"
 
@@ -148,6 +149,74 @@ TEST(Zero, Fp16AndBf16ReduceDtypeMatchCompressedDdp) {
             if (w <= 2) EXPECT_LT(max_diff(zero, ddp), 1e-12) << "dist.zero=" << stage;
             if (w > 1) EXPECT_GT(max_diff(zero, plain), 1e-9) << "nothing was compressed";
         }
+    }
+}
+
+TEST(Zero, The16BitReduceInputOverwritesTheFlatGradient) {
+    // narrow_in_place (ZeRO's 16-bit reduce-scatter input) gives what .to(dtype) gives, bit for
+    // bit, in the storage of its input, allocating at most its first chunk: sizes below, at and
+    // across the first chunk and the doublings after it, values across the 16-bit ranges
+    // (overflow to inf in fp16, subnormals, NaN).
+    trainscope::prof::install_host_tensor_counter();
+    using trainscope::dist::kNarrowInPlaceFirst;
+    const std::int64_t f = kNarrowInPlaceFirst;
+    for (auto [wide, narrow] :
+         {std::pair{torch::kFloat32, torch::kBFloat16}, std::pair{torch::kFloat32, torch::kHalf},
+          std::pair{torch::kFloat64, torch::kBFloat16},
+          std::pair{torch::kFloat64, torch::kFloat32}}) {
+        for (std::int64_t n : {std::int64_t{1}, f - 1, f, f + 1, 2 * f + 3, 5 * f + 7, 37 * f}) {
+            torch::manual_seed(n);
+            torch::Tensor v = torch::randn({n}, torch::dtype(torch::kFloat64)) *
+                              torch::pow(10.0, torch::randint(-9, 9, {n}, torch::kFloat64));
+            v.index_put_({0}, std::nan(""));
+            v = v.to(wide);
+            const torch::Tensor expected = v.to(narrow);
+            const void* storage = v.data_ptr();
+            const double before = trainscope::prof::host_tensor_bytes().current;
+            trainscope::prof::reset_host_tensor_peak();
+            const torch::Tensor got = trainscope::dist::narrow_in_place(v, narrow);
+            const double grown = trainscope::prof::host_tensor_bytes().peak - before;
+            const std::string what = std::string(c10::toString(wide)) + " -> " +
+                                     c10::toString(narrow) + ", " + std::to_string(n);
+            ASSERT_EQ(got.scalar_type(), narrow) << what;
+            ASSERT_EQ(got.numel(), n) << what;
+            EXPECT_EQ(got.data_ptr(), storage) << what;
+            EXPECT_LE(grown, static_cast<double>(std::min(n, f) * c10::elementSize(narrow)))
+                << what;
+            // Bit for bit, NaN and inf included: compare the raw bytes.
+            const auto bits = narrow == torch::kFloat32 ? torch::kInt32 : torch::kInt16;
+            EXPECT_TRUE(torch::equal(got.view(bits), expected.view(bits))) << what;
+        }
+    }
+    // The same dtype is the tensor itself; narrower by less than half, a copy.
+    torch::Tensor h = torch::ones({10}, torch::kHalf);
+    EXPECT_TRUE(trainscope::dist::narrow_in_place(h, torch::kHalf).is_same(h));
+    EXPECT_NE(trainscope::dist::narrow_in_place(h, torch::kBFloat16).data_ptr(), h.data_ptr());
+}
+
+TEST(Zero, A16BitReduceHoldsNoSecondCopyOfTheGradients) {
+    // dist.zero=1/2 with dist.compress=bf16 over fp32 parameters: reduce_gradients allocates the
+    // first chunk of the in-place cast, not a 16-bit copy of the whole flat gradient (2 bytes per
+    // parameter, which the memory plans do not count).
+    trainscope::prof::install_host_tensor_counter();
+    auto comm = trainscope::testing::mpi_communicator();
+    for (int stage : {1, 2}) {
+        torch::manual_seed(5);
+        auto m = tm_::LlamaForCausalLM(tiny(), torch::TensorOptions().dtype(torch::kFloat32));
+        trainscope::dist::ZeroOptimizer zero(*comm, m->parameters(), stage,
+                                             trainscope::dist::ZeroAdamW{}, torch::kBFloat16);
+        ASSERT_GT(zero.numel(), 4 * trainscope::dist::kNarrowInPlaceFirst);
+        auto [ids, labels] = batch(comm->rank(), 0);
+        zero.zero_grad();
+        tt::causal_lm_loss_sum(m->forward(ids), labels).backward();
+        const double before = trainscope::prof::host_tensor_bytes().current;
+        trainscope::prof::reset_host_tensor_peak();
+        zero.reduce_gradients(1.0);
+        const double grown = trainscope::prof::host_tensor_bytes().peak - before;
+        EXPECT_LT(grown, 0.25 * 2.0 * static_cast<double>(zero.numel()))
+            << "dist.zero=" << stage << ": " << grown << " bytes allocated for " << zero.numel()
+            << " parameters";
+        zero.step(1e-3);
     }
 }
 

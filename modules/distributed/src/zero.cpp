@@ -26,6 +26,26 @@ void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor
     param.addcdiv_(exp_avg, denom, -lr / bias1);
 }
 
+torch::Tensor narrow_in_place(const torch::Tensor& values, torch::ScalarType dtype) {
+    if (values.scalar_type() == dtype) return values;
+    const auto wide = static_cast<std::int64_t>(values.element_size());
+    const auto narrow = static_cast<std::int64_t>(c10::elementSize(dtype));
+    if (values.dim() != 1 || !values.is_contiguous() || wide < 2 * narrow)
+        return values.to(dtype, /*non_blocking=*/false, /*copy=*/true);
+    // Elements [s, 2s) are written to bytes [narrow s, 2 narrow s), which held only elements
+    // below s (wide >= 2 narrow), already converted: each copy reads and writes disjoint bytes.
+    // The first elements, whose output overlaps their own input, go through a small temporary.
+    const std::int64_t n = values.numel();
+    torch::Tensor out = values.view(dtype).narrow(0, 0, n);
+    const std::int64_t first = std::min(n, kNarrowInPlaceFirst);
+    out.narrow(0, 0, first).copy_(values.narrow(0, 0, first).to(dtype));
+    for (std::int64_t s = first; s < n; s *= 2) {
+        const std::int64_t e = std::min(n, 2 * s);
+        out.narrow(0, s, e - s).copy_(values.narrow(0, s, e - s));
+    }
+    return out;
+}
+
 ZeroOptimizer::ZeroOptimizer(Communicator& comm, std::vector<torch::Tensor> parameters, int stage,
                              ZeroAdamW hyper, std::optional<torch::ScalarType> reduce_dtype)
     : comm_(comm), params_(std::move(parameters)), stage_(stage), hyper_(hyper),
@@ -83,8 +103,11 @@ double ZeroOptimizer::reduce_gradients(double grad_scale) {
     const auto t0 = std::chrono::steady_clock::now();
     double seconds = 0;
     if (reduce_dtype_) {
-        // A 16-bit copy divided before the sum (no overflow), then the shard widened again.
-        torch::Tensor low = flat_grad_.to(*reduce_dtype_, /*non_blocking=*/false, /*copy=*/true);
+        // The gradient in 16 bits, divided before the sum (no overflow), then the shard widened
+        // again. The 16-bit values are written over the flat gradient's own storage, which
+        // nothing reads again this iteration (the step and the finite check use the shard), so
+        // no second buffer of the whole model is held while the reduce-scatter runs.
+        torch::Tensor low = narrow_in_place(flat_grad_, *reduce_dtype_);
         low.div_(world_);
         reduce_work_ = comm_.reduce_scatter_timed(low, shard_low_, ReduceOp::Sum);
         seconds = since(t0);

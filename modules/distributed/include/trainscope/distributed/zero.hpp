@@ -30,12 +30,21 @@ namespace trainscope::dist {
 void adamw_update(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& exp_avg,
                   torch::Tensor& exp_avg_sq, std::int64_t step, double lr, const ZeroAdamW& h);
 
+// `values` (1-D, contiguous) converted to `dtype`, in place where dtype is at most half as wide:
+// the result is a view of the start of values' own storage, whose values are then gone; the
+// transient is one temporary of at most kNarrowInPlaceFirst elements instead of a whole copy
+// (ZeRO's 16-bit reduce-scatter input: 2 bytes per parameter less at the step's end). The same
+// dtype: values itself; narrower by less than half (or not 1-D contiguous): a copy.
+inline constexpr std::int64_t kNarrowInPlaceFirst = 4096;
+torch::Tensor narrow_in_place(const torch::Tensor& values, torch::ScalarType dtype);
+
 class ZeroOptimizer {
   public:
     // parameters: same dtype and device. Broadcasts rank 0's values first (all ranks start equal).
     // reduce_dtype (dist.compress=fp16/bf16, compressed_dtype): the gradients' reduce-scatter
     // travels in it: the flat gradients cast to it and divided by the world size, summed, the
-    // shard cast back (FSDP2's reduce_dtype with PyTorch's fp16 hook's pre-division).
+    // shard cast back (FSDP2's reduce_dtype with PyTorch's fp16 hook's pre-division). The cast
+    // overwrites the flat gradient (narrow_in_place), whose values stage 1 then no longer holds.
     ZeroOptimizer(Communicator& comm, std::vector<torch::Tensor> parameters, int stage,
                   ZeroAdamW hyper, std::optional<torch::ScalarType> reduce_dtype = std::nullopt);
     // Before the first backward of an iteration: zeroes the gradient buffer (stage 2: allocates
