@@ -274,6 +274,20 @@ TEST(Llama, ConfigJsonPresetsAndParameterCounts) {
         for (auto& p : m->parameters())
             n += p.numel();
         EXPECT_EQ(n, cfg.num_parameters()) << "tied " << tied;
+        // Shape by shape: every layer's projections are what projection_shapes() states.
+        const auto named = m->named_parameters();
+        for (std::int64_t l = 0; l < cfg.num_hidden_layers; ++l)
+            for (const tm_::ProjectionShape& s : cfg.projection_shapes()) {
+                const std::string part =
+                    s.name == "gate_proj" || s.name == "up_proj" || s.name == "down_proj"
+                        ? "mlp"
+                        : "self_attn";
+                const std::string key =
+                    "layers." + std::to_string(l) + "." + part + "." + s.name + ".weight";
+                ASSERT_NE(named.find(key), nullptr) << key;
+                EXPECT_EQ(named[key].sizes().vec(), (std::vector<std::int64_t>{s.out, s.in}))
+                    << key;
+            }
     }
 }
 

@@ -337,10 +337,18 @@ std::int64_t LlamaConfig::embedding_parameters() const {
 std::int64_t LlamaConfig::head_parameters() const {
     return tie_word_embeddings ? 0 : vocab_size * hidden_size;
 }
+std::vector<ProjectionShape> LlamaConfig::projection_shapes() const {
+    const std::int64_t h = hidden_size, f = intermediate_size, q = num_attention_heads * head_dim,
+                       kv = num_key_value_heads * head_dim;
+    return {{"q_proj", q, h},    {"k_proj", kv, h}, {"v_proj", kv, h},  {"o_proj", h, q},
+            {"gate_proj", f, h}, {"up_proj", f, h}, {"down_proj", h, f}};
+}
+
 std::int64_t LlamaConfig::layer_parameters() const {
-    const std::int64_t q = num_attention_heads * head_dim, kv = num_key_value_heads * head_dim;
-    return hidden_size * q + 2 * hidden_size * kv + q * hidden_size +
-           3 * hidden_size * intermediate_size + 2 * hidden_size;
+    std::int64_t n = 2 * hidden_size; // the two RMSNorm weights
+    for (const ProjectionShape& p : projection_shapes())
+        n += p.numel();
+    return n;
 }
 std::int64_t LlamaConfig::num_parameters() const {
     return embedding_parameters() + num_hidden_layers * layer_parameters() + hidden_size +

@@ -192,21 +192,14 @@ std::int64_t save_peft_adapter(const std::string& dir, torch::nn::Module& model,
 }
 
 std::int64_t lora_parameter_count(const LlamaConfig& c, const LoraOptions& o) {
-    const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
-                       kv = c.num_key_value_heads * c.head_dim, f = c.intermediate_size;
-    auto has = [&](const char* t) {
+    auto has = [&](const std::string& t) {
         return std::find(o.targets.begin(), o.targets.end(), t) != o.targets.end();
     };
-    std::int64_t per_layer = 0;
-    if (has("q_proj")) per_layer += h + q;
-    if (has("k_proj")) per_layer += h + kv;
-    if (has("v_proj")) per_layer += h + kv;
-    if (has("o_proj")) per_layer += q + h;
-    if (has("gate_proj")) per_layer += h + f;
-    if (has("up_proj")) per_layer += h + f;
-    if (has("down_proj")) per_layer += f + h;
+    std::int64_t per_layer = 0; // A [rank, in] and B [out, rank] per targeted projection
+    for (const ProjectionShape& p : c.projection_shapes())
+        if (has(p.name)) per_layer += p.in + p.out;
     std::int64_t total = o.rank * per_layer * c.num_hidden_layers;
-    if (has("lm_head") && !c.tie_word_embeddings) total += o.rank * (h + c.vocab_size);
+    if (has("lm_head") && !c.tie_word_embeddings) total += o.rank * (c.hidden_size + c.vocab_size);
     return total;
 }
 

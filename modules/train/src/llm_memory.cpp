@@ -62,12 +62,8 @@ bool is_lora_method(const LlmMemoryInputs& in) {
 // each layer's projections [out, in] and two norms, the final norm, the untied head).
 std::vector<std::vector<std::int64_t>> trainable_sizes(const LlmMemoryInputs& in) {
     const models::LlamaConfig& c = in.config;
-    const std::int64_t h = c.hidden_size, f = c.intermediate_size, v = c.vocab_size,
-                       q = c.num_attention_heads * c.head_dim,
-                       kv = c.num_key_value_heads * c.head_dim;
-    const std::vector<std::pair<std::string, std::vector<std::int64_t>>> projections = {
-        {"q_proj", {q, h}},    {"k_proj", {kv, h}}, {"v_proj", {kv, h}},  {"o_proj", {h, q}},
-        {"gate_proj", {f, h}}, {"up_proj", {f, h}}, {"down_proj", {h, f}}};
+    const std::int64_t h = c.hidden_size, v = c.vocab_size;
+    const std::vector<models::ProjectionShape> projections = c.projection_shapes();
     std::vector<std::vector<std::int64_t>> sizes;
     if (is_lora_method(in)) {
         const std::int64_t r = in.lora.rank;
@@ -76,10 +72,10 @@ std::vector<std::vector<std::int64_t>> trainable_sizes(const LlmMemoryInputs& in
                    in.lora.targets.end();
         };
         for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-            for (const auto& [name, out_in] : projections)
-                if (targeted(name)) {
-                    sizes.push_back({r, out_in[1]});
-                    sizes.push_back({out_in[0], r});
+            for (const models::ProjectionShape& p : projections)
+                if (targeted(p.name)) {
+                    sizes.push_back({r, p.in});
+                    sizes.push_back({p.out, r});
                 }
         if (targeted("lm_head") && !c.tie_word_embeddings) {
             sizes.push_back({r, h});
@@ -89,8 +85,8 @@ std::vector<std::vector<std::int64_t>> trainable_sizes(const LlmMemoryInputs& in
     }
     sizes.push_back({v, h});
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-        for (const auto& [name, out_in] : projections)
-            sizes.push_back(out_in);
+        for (const models::ProjectionShape& p : projections)
+            sizes.push_back({p.out, p.in});
         sizes.push_back({h});
         sizes.push_back({h});
     }
@@ -312,11 +308,10 @@ double LlmMemoryPlan::total_bytes() const {
 }
 
 std::int64_t llama_projection_parameters(const models::LlamaConfig& c) {
-    const std::int64_t q = c.num_attention_heads * c.head_dim;
-    const std::int64_t kv = c.num_key_value_heads * c.head_dim;
-    const std::int64_t attn = c.hidden_size * q + 2 * c.hidden_size * kv + q * c.hidden_size;
-    const std::int64_t mlp = 3 * c.hidden_size * c.intermediate_size;
-    return c.num_hidden_layers * (attn + mlp);
+    std::int64_t per_layer = 0;
+    for (const models::ProjectionShape& p : c.projection_shapes())
+        per_layer += p.numel();
+    return c.num_hidden_layers * per_layer;
 }
 
 LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {

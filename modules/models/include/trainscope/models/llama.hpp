@@ -34,6 +34,13 @@ struct RopeScaling {
     std::int64_t original_max_position_embeddings = 8192;
 };
 
+// One projection of a decoder layer: its child name ("q_proj") and weight shape [out, in].
+struct ProjectionShape {
+    std::string name;
+    std::int64_t out = 0, in = 0;
+    std::int64_t numel() const { return out * in; }
+};
+
 struct LlamaConfig {
     std::int64_t vocab_size = 128256;
     std::int64_t hidden_size = 4096;
@@ -70,6 +77,9 @@ struct LlamaConfig {
     std::int64_t embedding_parameters() const; // vocab * hidden
     std::int64_t head_parameters() const;      // 0 when tied
     std::int64_t layer_parameters() const;     // one decoder layer incl. its two norms
+    // A decoder layer's seven projections in registration order (q, k, v, o, gate, up, down):
+    // the one statement of their shapes that parameter counts and memory plans derive from.
+    std::vector<ProjectionShape> projection_shapes() const;
     // Forward FLOPs per token for a sequence of `seq_len` (2 * matmul MACs incl. attention scores
     // and values, causal halving not applied; the head included), for MFU.
     double forward_flops_per_token(std::int64_t seq_len) const;
