@@ -36,9 +36,12 @@ Fairness rules (both sides get the same work; the output repeats them):
   device    --device cuda (scripts/gpu-check): one GPU per rank (local rank modulo the visible
             GPUs); PyTorch builds each batch on the host as above, copies it to the GPU and runs
             DDP over NCCL, synchronising the device before every clock read (so its phases and
-            steps are device-complete); trainscope runs run.device=cuda, dist.backend=nccl (its
-            phases timed by CUDA events). Threads and malloc as on CPU. img/s = ranks x batch /
-            median step
+            steps are device-complete) only with --pytorch-timing sync; by default
+            (--pytorch-timing events) both sides time their phases and steps with CUDA events
+            recorded on the stream and never synchronize inside the loop, so each may build the
+            next batch on the host while the device runs the previous step; trainscope runs
+            run.device=cuda, dist.backend=nccl. Threads and malloc as on CPU. img/s = ranks x
+            batch / median step
 """
 from __future__ import annotations
 
@@ -134,23 +137,44 @@ def pytorch_worker(a: argparse.Namespace) -> int:
     zero_to_none = a.pytorch_zero_grad == "none"
     clock = time.perf_counter
     times = torch.zeros((W + M, 1 + len(PHASES)), dtype=torch.float64)  # step, then phases
+    # On a GPU with --pytorch-timing events (default), as trainscope's PhaseTimer: CUDA events
+    # recorded on the stream at the phase boundaries, no synchronize inside the loop, so the host
+    # may build the next batch while the device still runs the previous step (PyTorch's own
+    # loop). --pytorch-timing sync: a synchronize before every clock read (device-complete
+    # phases; the host's batch building can then never overlap the device's work).
+    events = cuda and a.pytorch_timing == "events"
+    marks = [[torch.cuda.Event(enable_timing=True) for _ in range(5)]
+             for _ in range(W + M)] if events else None
     for k in range(W + M):
-        sync()
-        t0 = clock()
+        t = [0.0] * 5
+
+        def mark(j):
+            if events:
+                marks[k][j].record()
+            else:
+                sync()
+                t[j] = clock()
+
+        mark(0)
         x, y = build_batch(k)
-        sync()
-        t1 = clock()
+        mark(1)
         loss = F.cross_entropy(model(x), y)
-        sync()
-        t2 = clock()
+        mark(2)
         loss.backward()  # DDP: bucketed allreduces overlap and are waited for in here
-        sync()
-        t3 = clock()
+        mark(3)
         opt.step()
         opt.zero_grad(set_to_none=zero_to_none)
-        sync()
-        t4 = clock()
-        times[k] = torch.tensor([t4 - t0, t1 - t0, t2 - t1, t3 - t2, t4 - t3], dtype=torch.float64)
+        mark(4)
+        if not events:
+            times[k] = torch.tensor([t[4] - t[0], t[1] - t[0], t[2] - t[1], t[3] - t[2],
+                                     t[4] - t[3]], dtype=torch.float64)
+    if events:
+        torch.cuda.synchronize()
+        for k in range(W + M):
+            e = marks[k]
+            times[k] = torch.tensor([e[0].elapsed_time(e[4]), e[0].elapsed_time(e[1]),
+                                     e[1].elapsed_time(e[2]), e[2].elapsed_time(e[3]),
+                                     e[3].elapsed_time(e[4])], dtype=torch.float64) / 1e3
 
     # As trainscope's Recorder: step and phases = mean over ranks per iteration.
     step = times[:, 0].clone()
@@ -221,7 +245,7 @@ def run_pytorch(a: argparse.Namespace, ranks: int, tmp: Path, tag: str) -> dict:
                          "--port", free_port(), "--batch", a.batch, "--image-size", a.image_size,
                          "--iters", a.iters, "--warmup", a.warmup, "--pytorch-1rank",
                          a.pytorch_1rank, "--pytorch-zero-grad", a.pytorch_zero_grad,
-                         "--device", a.device)
+                         "--device", a.device, "--pytorch-timing", a.pytorch_timing)
     out = run_logged(cmd, tmp / f"pytorch_np{ranks}_{tag}.log", a.timeout, a.pytorch_malloc)
     for line in out.splitlines():
         if line.startswith(RESULT_TAG):
@@ -309,7 +333,9 @@ def settings_line(a: argparse.Namespace) -> str:
             f"zero_grad(set_to_none=False); host malloc: trainscope run.host_memory="
             f"{a.trainscope_malloc}, PyTorch "
             f"{'the same (GLIBC_TUNABLES)' if a.pytorch_malloc == 'retain' else 'glibc defaults'}"
-            f"; step = mean over ranks, median over iterations")
+            f"; step = mean over ranks, median over iterations"
+            + (f"; GPU timing: PyTorch {a.pytorch_timing}, trainscope events"
+               if a.device == "cuda" else ""))
 
 
 def driver(a: argparse.Namespace) -> int:
@@ -421,6 +447,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "separate the allocator's share of the ratio from the loop's")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cpu (default) or cuda: one GPU per rank, NCCL on both sides")
+    p.add_argument("--pytorch-timing", choices=("events", "sync"), default="events",
+                   help="on a GPU: PyTorch's phases and step timed by CUDA events with no "
+                        "synchronize in the loop, as trainscope times its own (default), or "
+                        "with a device synchronize before every clock read (device-complete "
+                        "phases, no overlap of batch building with the previous step)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run")
     p.add_argument("--keep-tmp", action="store_true", help="keep logs and run files")
     p.add_argument("--pytorch-worker", action="store_true", help=argparse.SUPPRESS)
