@@ -9,8 +9,8 @@ Fairness rules (printed with the results):
   samples longer than --seq, cut to it, so no padding and plain causal attention; HF: token ids of
   the same length), no gradient accumulation.
 - Same threads: --threads intra-op threads on both sides (torch.set_num_threads / run.threads), 1
-  MPI rank, OMP_NUM_THREADS=1 for everything else. On a GPU each timed step ends with a device
-  synchronize on both sides.
+  MPI rank, OMP_NUM_THREADS=1 for everything else. On a GPU both sides time each step with CUDA
+  events on the stream and never synchronize inside the loop (trainscope's PhaseTimer).
 - Same clock: the median step time after --warmup steps; tokens/s = batch x seq / median step.
   The two sides alternate --repeats times and the best (lowest) median of each side is compared.
 - Same arithmetic: both sides' FLOP rate is the model's training FLOPs per token (/plan's
@@ -117,12 +117,18 @@ def hf_step_times(a, model_dir, profile=False):
     g = torch.Generator().manual_seed(1)
     times = []
     prof = None
+    # On a GPU, as trainscope's PhaseTimer: CUDA events around each step on the stream and no
+    # synchronize inside the loop (the host may run ahead of the device); on the CPU the clock.
+    events = []
     for i in range(a.warmup + a.steps):
         ids = torch.randint(0, 1000, (a.batch, a.seq), generator=g).to(a.device)
         if profile and i == a.warmup:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             prof.__enter__()
-        sync(a)
+        if a.device == "cuda":
+            events.append((torch.cuda.Event(enable_timing=True),
+                           torch.cuda.Event(enable_timing=True)))
+            events[-1][0].record()
         t0 = time.perf_counter()
         with torch.autocast(a.device, dtype=torch.bfloat16,
                             enabled=a.precision == "bf16-mixed"):
@@ -130,9 +136,13 @@ def hf_step_times(a, model_dir, profile=False):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
-        sync(a)
-        if i >= a.warmup:
+        if a.device == "cuda":
+            events[-1][1].record()
+        elif i >= a.warmup:
             times.append(time.perf_counter() - t0)
+    if a.device == "cuda":
+        sync(a)
+        times = [b.elapsed_time(e) / 1e3 for b, e in events[a.warmup:]]
     if prof is not None:
         prof.__exit__(None, None, None)
         rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
