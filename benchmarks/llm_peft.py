@@ -18,8 +18,8 @@ Fairness rules (printed with the results):
   time, printed against the machine's GEMM peak measured here (torch.mm: fp32 on the same threads;
   on a GPU in the step's matrix dtype), so a ratio near 1 with both near the peak says the step is
   GEMM-bound on both sides.
-  trainscope runs its default chunked loss (llm.loss_chunks=8: the head is projected again in
-  backward, ~+5 % FLOPs at this vocabulary); --loss-chunks 1 measures the unchunked head.
+  trainscope runs its default chunked loss (llm.loss_chunks=8: the same head FLOPs, in 8 smaller
+  GEMMs, each chunk's gradients computed in forward); --loss-chunks 1 measures the unchunked head.
 - --profile (an extra run of each side, after the timed ones): the operators that take the step's
   time, side by side in ms per step: trainscope's Kineto window over the measured steps
   (/profile/top_ops of the run file, self time) and torch.profiler's key_averages (self CPU time)

@@ -140,7 +140,7 @@ HeadRun run_head(trainscope::models::LlamaForCausalLMImpl& model, const torch::T
 
 } // namespace
 
-// llm.loss_chunks: the chunked head (projection + score per token chunk, recomputed in backward)
+// llm.loss_chunks: the chunked head (projection + score per token chunk)
 // gives the unchunked loss and gradients, for the SFT token loss and DPO's sequence log-probs, an
 // uneven split (T = 7 in 3 chunks of 3, 3, 1), masked labels, a tied and an untied head with
 // LoRA on lm_head, trainable and frozen (both of the function's paths: gradients computed in

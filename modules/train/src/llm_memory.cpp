@@ -148,8 +148,8 @@ double activation_bytes(const LlmMemoryInputs& in) {
     per_layer += projection_inputs({"down_proj"}, f, e * f); // their product
     if (in.packed) per_layer += e * T;                       // SDPA's additive mask
 
-    // The head's input: saved by a trainable head, or (r h) by the chunked loss, which recomputes
-    // the head from it in backward.
+    // The head's input: saved by a trainable head, or (r h) by the chunked loss (which projects
+    // it chunk by chunk, and recomputes from it where it cannot compute gradients in forward).
     const bool head_trains = weights_train || targeted("lm_head");
     double per_token = 8.0 * static_cast<double>(c.head_dim) + 4.0 * h +
                        (weights_train ? r * h : 0.0) +

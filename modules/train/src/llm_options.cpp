@@ -104,8 +104,8 @@ void declare_llm_options(core::OptionRegistry& r) {
                "recompute each decoder layer's activations in backward instead of keeping them");
     r.add_int("llm.loss_chunks", 8,
               "token chunks of the output projection and loss (torchtune's "
-              "CEWithChunkedOutputLoss, recomputed in backward): one chunk's logits at a time; "
-              "1 = the whole [batch, seq, vocab] logits",
+              "CEWithChunkedOutputLoss; each chunk's gradients computed in forward): one chunk's "
+              "logits at a time; 1 = the whole [batch, seq, vocab] logits",
               1, 1 << 20);
     r.add_int("llm.gradient_accumulation", 1,
               "micro-batches per optimizer step (train.batch_size samples each)", 1, 1 << 20);

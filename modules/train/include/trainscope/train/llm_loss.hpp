@@ -28,9 +28,11 @@ torch::Tensor score_logits(const torch::Tensor& logits, const torch::Tensor& shi
 // The head (model.project) and the score of the final hidden states [B, T, H], in `chunks` chunks
 // of tokens along T (as torch.chunk: ceil(T / chunks) positions each) so that one chunk's logits
 // exist at a time: torchtune's CEWithChunkedOutputLoss upcasts one chunk at a time but keeps every
-// chunk's fp32 log-softmax for backward; here the backward recomputes each chunk's projection and
-// score (under the forward's autocast and RNG state, recompute.hpp) and back-propagates it before
-// the next, so the step holds one chunk of logits, at the cost of a second head projection.
+// chunk's fp32 log-softmax for backward; here each chunk's gradients are computed in forward and
+// its logits freed (the score is linear in the incoming gradient; backward only scales what was
+// kept), so the step holds one chunk of logits and projects the head twice, as unchunked. Only
+// sequence log-probs through a trainable head and fp16 (the loss scale) recompute each chunk in
+// backward instead, under the forward's autocast and RNG state (recompute.hpp): a third projection.
 // Without grad the chunks are scored in turn. chunks <= 1: model.head() and one score, as before.
 // Equal to score_logits(model.head(hidden), shift_labels(labels), kind) up to summation order.
 torch::Tensor head_score(models::LlamaForCausalLMImpl& model, const torch::Tensor& hidden,
