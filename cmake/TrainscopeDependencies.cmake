@@ -29,6 +29,13 @@ separate_arguments(_torch_cxx_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 add_library(trainscope_torch INTERFACE)
 target_link_libraries(trainscope_torch INTERFACE ${TORCH_LIBRARIES})
 target_compile_options(trainscope_torch INTERFACE ${_torch_cxx_flags})
+# libstdc++ first among the needed libraries, ahead of libtorch: some LibTorch wheels (2.11) export
+# a statically linked copy of std::filesystem whose remove_all calls a weak symbol that GCC 12's
+# libstdc++ lacks, so with libtorch first the dynamic linker binds our fs::remove_all to that copy
+# and it calls address 0 on a non-empty directory (checkpoint pruning). Link options come before
+# the objects and libraries on the link line, hence first in DT_NEEDED; checked by the unit test
+# Toolchain.StdFilesystemComesFromLibstdcxx.
+target_link_options(trainscope_torch INTERFACE "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
 set(TRAINSCOPE_LIBTORCH_VERSION "${Torch_VERSION}")
 # A pip torch loads its CUDA libraries (cuBLAS, cuDNN, NCCL, ...) from the nvidia-* wheels next to
 # it (RUNPATH $ORIGIN/../../nvidia/...). Let the linker resolve libtorch_cuda's dependencies in the

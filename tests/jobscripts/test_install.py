@@ -108,6 +108,11 @@ def test_moved_binary_finds_its_libraries(moved):
     # Nothing from the build tree; the external libraries' directories are absolute.
     assert not [e for e in entries if str(BUILD.resolve()) in e or str(ROOT) in e], entries
     assert all(e.startswith("/") for e in entries if e != "$ORIGIN/../lib"), entries
+    # libstdc++ is needed before libtorch, so that std::filesystem binds to the system's and not
+    # to the copy some LibTorch wheels export (cmake/TrainscopeDependencies.cmake).
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.*)\]", dyn)
+    assert needed.index("libstdc++.so.6") < min(
+        i for i, n in enumerate(needed) if n.startswith("libtorch")), needed
     ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True, env=clean_env())
     assert ldd.returncode == 0 and "not found" not in ldd.stdout, ldd.stdout
     assert "libtorch" in ldd.stdout and "libmpi" in ldd.stdout, ldd.stdout

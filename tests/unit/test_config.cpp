@@ -1,7 +1,9 @@
 // Configuration: defaults, file/command-line precedence, and every error path a user can hit.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -313,3 +315,24 @@ TEST_F(ConfigTest, DeclaringAnInvalidDefaultIsABug) {
 }
 
 } // namespace
+
+// LibTorch 2.11's wheel exports a statically linked std::filesystem whose remove_all calls a weak
+// symbol GCC 12's libstdc++ lacks (address 0: the segfault of gpu_checkpoint_np2 on the GPU
+// machine, reproduced here with that wheel). The build puts libstdc++ ahead of libtorch among
+// the needed libraries (cmake/TrainscopeDependencies.cmake), so these calls bind to the system's.
+TEST(Toolchain, StdFilesystemComesFromLibstdcxx) {
+    namespace fs = std::filesystem;
+    auto remove_all = static_cast<std::uintmax_t (*)(const fs::path&)>(&fs::remove_all);
+    Dl_info info{};
+    ASSERT_NE(dladdr(reinterpret_cast<void*>(remove_all), &info), 0);
+    ASSERT_NE(info.dli_fname, nullptr);
+    EXPECT_NE(std::string(info.dli_fname).find("libstdc++"), std::string::npos)
+        << "std::filesystem::remove_all binds to " << info.dli_fname;
+    // And a non-empty tree goes (the call that crashed).
+    const fs::path root =
+        fs::temp_directory_path() / ("trainscope_rmtree_" + std::to_string(::getpid()));
+    fs::create_directories(root / "a" / "b");
+    std::ofstream(root / "a" / "b" / "f") << "x";
+    EXPECT_EQ(fs::remove_all(root), 4U);
+    EXPECT_FALSE(fs::exists(root));
+}
