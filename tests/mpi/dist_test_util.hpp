@@ -67,7 +67,7 @@ class OperationLog {
 // A Communicator that forwards every call to `inner` and logs it (name, operation, peer,
 // elements) to a shared OperationLog, so a test sees the order of a rank's operations across
 // communicators without a GPU.
-class RecordingCommunicator final : public dist::Communicator {
+class RecordingCommunicator : public dist::Communicator {
   public:
     // with_lane: make_lane() returns a recorder named "<name>.lane" over the same inner
     // communicator (as NCCL offers one), else the inner communicator's lane (MPI: none).

@@ -6,12 +6,16 @@
 #include <mpi.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
+#include "dist_test_util.hpp"
 #include "trainscope/core/error.hpp"
 #include "trainscope/train/checkpoint.hpp"
 #include "trainscope/train/options.hpp"
@@ -367,4 +371,40 @@ TEST(GradScaler, SavedStateContinuesTheSameScaleSequence) {
     EXPECT_DOUBLE_EQ(b.scale_value(), a.scale_value());
     EXPECT_EQ(b.growth_tracker(), a.growth_tracker());
     EXPECT_EQ(b.skipped_steps(), 1);
+}
+
+namespace {
+// Counts the watchdog's polls for asynchronous failures (healthy: "").
+class PolledCommunicator final : public trainscope::testing::RecordingCommunicator {
+  public:
+    using RecordingCommunicator::RecordingCommunicator;
+    std::string poll_async_error() override {
+        ++polls;
+        return "";
+    }
+    std::atomic<int> polls{0};
+};
+} // namespace
+
+TEST(RunControl, TheWatchdogPollsEveryCommunicatorItIsGiven) {
+    // NCCL reports a failed collective asynchronously, per communicator: the watchdog polls the
+    // run's communicator and the others the workload names (the pipeline's pipe and data-parallel
+    // groups, Workload::side_communicators), or a failure there would surface only as a timeout
+    // of whatever waits for it, or never without dist.timeout.
+    auto comm = trainscope::testing::mpi_communicator();
+    trainscope::testing::OperationLog log;
+    PolledCommunicator main(*comm, "main", log), pipe(*comm, "pipe", log), dp(*comm, "dp", log);
+    {
+        tt::RunControlOptions o;
+        o.iteration_timeout_s = 0;
+        o.peer_timeout_s = 0; // no timeout: the communicators alone start the watchdog
+        tt::RunControl control(o, MPI_COMM_WORLD, nullptr, &main, {&pipe, &dp});
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while ((main.polls == 0 || pipe.polls == 0 || dp.polls == 0) &&
+               std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_GT(main.polls.load(), 0);
+    EXPECT_GT(pipe.polls.load(), 0);
+    EXPECT_GT(dp.polls.load(), 0);
 }

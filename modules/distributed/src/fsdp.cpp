@@ -366,6 +366,9 @@ void FsdpModel::with_trainable_gathered(const std::function<void()>& fn) {
                 done.push_back(&g);
             }
     }
+    // fn reads the gathered tensors on the host (rank 0's adapter or checkpoint): the gathers end
+    // within dist.timeout, or the stalled peer is named (NCCL; nothing to wait for on MPI).
+    comm_.synchronize("gathering the trainable tensors");
     std::exception_ptr error;
     try {
         fn();

@@ -235,7 +235,16 @@ class NcclCommunicator final : public Communicator {
         health_->timeout_s = seconds;
     }
     std::string poll_async_error() override {
-        return health_->poll();
+        std::string failure = health_->poll();
+        if (!failure.empty()) return failure;
+        // The lanes this communicator made (FSDP's all-gather lane): the run's watchdog polls only
+        // the main communicator, and a lane's failure would otherwise surface as a timeout of
+        // whatever waits for it (or never, without dist.timeout).
+        std::lock_guard<std::mutex> lock(lanes_mutex_);
+        for (const std::weak_ptr<NcclHealth>& weak : lanes_)
+            if (std::shared_ptr<NcclHealth> lane = weak.lock())
+                if (failure = lane->poll(); !failure.empty()) return "a lane: " + failure;
+        return "";
     }
 
     void synchronize(const char* what) override {
@@ -429,6 +438,8 @@ class NcclCommunicator final : public Communicator {
         auto lane =
             std::make_unique<NcclCommunicator>(host_comm_, device_, health_->timeout_s.load());
         lane->stats_owner_ = this;
+        std::lock_guard<std::mutex> lock(lanes_mutex_);
+        lanes_.push_back(lane->health_);
         return lane;
     }
 
@@ -580,6 +591,8 @@ class NcclCommunicator final : public Communicator {
     mutable std::mutex stats_mutex_; // stats_ (a lane's launches count in its owner's)
     std::map<std::string, CommStats> stats_;
     NcclCommunicator* stats_owner_ = nullptr; // make_lane(): the communicator that made this one
+    std::mutex lanes_mutex_;                  // lanes_ (the watchdog thread polls them)
+    std::vector<std::weak_ptr<NcclHealth>> lanes_; // make_lane()'s, polled with this one
 };
 
 } // namespace

@@ -145,6 +145,10 @@ class CvWorkload final : public Workload {
   protected:
     TrainStep* train_step() override { return trainer_.get(); }
     dist::Communicator* communicator() override { return comm_.get(); }
+    std::vector<dist::Communicator*> side_communicators() override {
+        if (!t_.pipeline) return {};
+        return {t_.pipeline->pipe.get(), t_.pipeline->dp.get()};
+    }
     std::vector<std::size_t> bucket_bytes() const override {
         const dist::GradientSynchronizer* sync = trainer_->synchronizer();
         return sync ? sync->bucket_bytes() : std::vector<std::size_t>{};

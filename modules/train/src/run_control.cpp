@@ -210,14 +210,18 @@ RunControlOptions RunControlOptions::from_config(const core::Config& c) {
 }
 
 RunControl::RunControl(const RunControlOptions& options, MPI_Comm world,
-                       const prof::PhaseTimer* timer, dist::Communicator* comm)
+                       const prof::PhaseTimer* timer, dist::Communicator* comm,
+                       std::vector<dist::Communicator*> others)
     : o_(options), world_(world), timer_(timer), comm_(comm),
       last_checkpoint_(std::chrono::steady_clock::now()) {
+    if (comm_) polled_.push_back(comm_);
+    for (dist::Communicator* c : others)
+        if (c) polled_.push_back(c);
     MPI_Comm_rank(world, &rank_);
     MPI_Comm_size(world, &size_);
     fault_ = FaultInjection::from_environment();
     stop_signals::install();
-    if (o_.iteration_timeout_s > 0 || o_.peer_timeout_s > 0 || comm_)
+    if (o_.iteration_timeout_s > 0 || o_.peer_timeout_s > 0 || !polled_.empty())
         watchdog_ = std::thread([this] { watch(); });
 }
 
@@ -302,9 +306,9 @@ void RunControl::watch() {
     while (!quit_) {
         wake_.wait_for(lock, milliseconds(500));
         if (quit_) break;
-        if (comm_) {
+        for (dist::Communicator* c : polled_) { // fixed after construction
             lock.unlock();
-            const std::string failure = comm_->poll_async_error();
+            const std::string failure = c->poll_async_error();
             lock.lock();
             if (!failure.empty())
                 abort_world("watchdog: " + failure +

@@ -178,7 +178,8 @@ void Workload::run(io::RunFile& file, Checkpointer* checkpointer) {
                       static_cast<int>(warmup), extra_columns(), to_run);
     recorder.set_telemetry(&telemetry);
     recorder.declare_buckets(bucket_bytes());
-    RunControl control(RunControlOptions::from_config(env_.cfg), env_.world, &timer, &comm);
+    RunControl control(RunControlOptions::from_config(env_.cfg), env_.world, &timer, &comm,
+                       side_communicators());
 
     LoopOptions lo;
     lo.log_every = static_cast<int>(env_.cfg.get_int("log.every"));

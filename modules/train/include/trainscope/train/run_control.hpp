@@ -117,9 +117,11 @@ class RunControl {
     };
 
     // timer: where the watchdog reads the current phase (may be null); comm: polled for
-    // asynchronous failures (may be null). Starts the watchdog thread when a timeout is set.
+    // asynchronous failures (may be null), as are `others` (the pipeline's groups: a failure on
+    // one would otherwise show only as a timeout of what waits for it, or never without
+    // dist.timeout). Starts the watchdog thread when a timeout is set or a communicator given.
     RunControl(const RunControlOptions& options, MPI_Comm world, const prof::PhaseTimer* timer,
-               dist::Communicator* comm);
+               dist::Communicator* comm, std::vector<dist::Communicator*> others = {});
     ~RunControl();
     RunControl(const RunControl&) = delete;
     RunControl& operator=(const RunControl&) = delete;
@@ -156,6 +158,7 @@ class RunControl {
     int rank_ = 0, size_ = 1;
     const prof::PhaseTimer* timer_;
     dist::Communicator* comm_;
+    std::vector<dist::Communicator*> polled_; // comm_ and the others: the watchdog's polls
     FaultInjection fault_;
     std::chrono::steady_clock::time_point last_checkpoint_;
 

@@ -92,6 +92,9 @@ class Workload {
     // training ended (e.g. write the adapters).
     virtual TrainStep* train_step() { return nullptr; }
     virtual dist::Communicator* communicator() = 0; // the run's (world) communicator
+    // Other communicators the run's collectives use (the pipeline's pipe and data-parallel
+    // groups), which the watchdog polls for asynchronous failures beside communicator().
+    virtual std::vector<dist::Communicator*> side_communicators() { return {}; }
     virtual std::vector<io::Column> extra_columns() const { return {}; }
     virtual std::vector<std::size_t> bucket_bytes() const { return {}; }
     virtual void describe_run(Recorder::RunInfo&) const {}
