@@ -475,6 +475,7 @@ class NcclCommunicator final : public Communicator {
                                                           "elements of the same dtype");
         if (in.numel() == 0) return nullptr;
         torch::Tensor src = in.contiguous(); // on the compute stream, before the launch
+        check(src, "allgather input");       // on this GPU (a host tensor is no pointer NCCL reads)
         return launch(
             "allgather", src.nbytes(), {src, out},
             [&](cudaStream_t s) {
@@ -495,6 +496,7 @@ class NcclCommunicator final : public Communicator {
                                       "dtype; pad to an exact split");
         if (out.numel() == 0) return nullptr;
         torch::Tensor src = in.contiguous();
+        check(src, "reduce_scatter input");
         return launch(
             "reduce_scatter", out.nbytes(), {src, out},
             [&](cudaStream_t s) {
