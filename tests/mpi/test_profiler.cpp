@@ -304,7 +304,9 @@ class ProfilerWindowTest : public ::testing::Test {
 
     // `iterations` training steps of MobileNetV2 (width 0.35, 32x32 inputs, batch 8, CPU), each
     // between window.begin_iteration and window.end_iteration as the trainer calls them.
-    static std::int64_t train(prof::ProfilerWindow& window, int iterations) {
+    // last_iterations: the iterations in which the window said it was in its last one.
+    static std::int64_t train(prof::ProfilerWindow& window, int iterations,
+                              std::vector<int>* last_iterations = nullptr) {
         torch::manual_seed(7 + world_rank());
         models::MobileNetV2 model(models::MobileNetV2Options{10, 0.35, 0.2, 3});
         torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01));
@@ -319,6 +321,7 @@ class ProfilerWindowTest : public ::testing::Test {
             optimizer.zero_grad();
             loss.backward();
             optimizer.step();
+            if (last_iterations && window.in_last_iteration()) last_iterations->push_back(it);
             window.end_iteration(it);
         }
         return convolutions;
@@ -336,7 +339,10 @@ TEST_F(ProfilerWindowTest, CpuWindowHoldsConvolutionsForwardAndBackwardAndReadsB
     options.top_n = 1000; // keep every operator
     options.trace = true;
     prof::ProfilerWindow window(options, r, n, /*cuda=*/false);
-    const std::int64_t convolutions = train(window, 4);
+    std::vector<int> last;
+    const std::int64_t convolutions = train(window, 4, &last);
+    // The loop synchronises the device (bounded) in the window's last iteration, and only there.
+    EXPECT_EQ(last, std::vector<int>{2});
     EXPECT_FALSE(window.active());
     EXPECT_FALSE(torch::profiler::impl::profilerEnabled()); // stopped after iteration 2
 

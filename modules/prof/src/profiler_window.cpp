@@ -162,6 +162,10 @@ void ProfilerWindow::begin_iteration(std::int64_t iteration) {
     if (k.step->isActive()) k.step->before(k.step_name.c_str());
 }
 
+bool ProfilerWindow::in_last_iteration() const {
+    return kineto_->active && kineto_->iterations + 1 >= options_.iters;
+}
+
 void ProfilerWindow::end_iteration(std::int64_t /*iteration*/) {
     Kineto& k = *kineto_;
     if (!k.active) return;

@@ -216,6 +216,8 @@ void TrainingLoop::run() {
                 stepped = step_.apply(verdict.nonfinite, optimizer_peak);
             }
             timer_.end_iteration();
+            if (window_ && window_->in_last_iteration())
+                comm_.synchronize("the profiler window's last iteration");
             if (window_) window_->end_iteration(iteration);
 
             epoch_samples += r.samples;

@@ -30,6 +30,10 @@ class ProfilerWindow {
     int world_size() const { return world_size_; }
     // True between enabling and disabling the profiler.
     bool active() const;
+    // True inside the window's last iteration: its end_iteration synchronises the device, which
+    // the caller may first do itself with a bound (Communicator::synchronize: a stalled peer's
+    // collectives would keep the device's queue from ever draining).
+    bool in_last_iteration() const;
 
     // Enables the profiler when `iteration` == start_iter, then opens the ProfilerStep#<iteration>
     // scope for any iteration inside the window.
