@@ -76,6 +76,15 @@ LLM_CASES = {
                     "--dist.zero=2", "--dist.compress=bf16"],
     "qlora-zero3": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
                     "--dist.zero=3"],
+    # Activation checkpointing: the head's working set (forward) and a layer's recomputed set
+    # (backward) never coexist, so the plan counts the head only beyond that set (planned 13.7
+    # against 13.3 MiB measured for LoRA before, activations +7.5 %; full +33.5 %).
+    "lora-ac": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
+                "--llm.activation_checkpointing=true"],
+    "full-ac": ["--llm.packed=true", "--llm.max_seq_len=128", "--train.batch_size=2",
+                "--llm.activation_checkpointing=true"],
+    "dpo-ac": ["--llm.max_seq_len=24", "--train.batch_size=4",
+               "--llm.activation_checkpointing=true"],
 }
 RANKS = {"full-zero1": 2, "full-zero2": 2, "full-zero3": 2, "qlora-zero3": 2, "full-zero1c": 2,
          "full-zero2c": 2, "full-powersgd": 2, "lora-bf16ddp": 2}
