@@ -344,11 +344,14 @@ std::vector<ProjectionShape> LlamaConfig::projection_shapes() const {
             {"gate_proj", f, h}, {"up_proj", f, h}, {"down_proj", h, f}};
 }
 
-std::int64_t LlamaConfig::layer_parameters() const {
-    std::int64_t n = 2 * hidden_size; // the two RMSNorm weights
+std::int64_t LlamaConfig::projection_parameters() const {
+    std::int64_t n = 0;
     for (const ProjectionShape& p : projection_shapes())
         n += p.numel();
     return n;
+}
+std::int64_t LlamaConfig::layer_parameters() const {
+    return projection_parameters() + 2 * hidden_size; // and the two RMSNorm weights
 }
 std::int64_t LlamaConfig::num_parameters() const {
     return embedding_parameters() + num_hidden_layers * layer_parameters() + hidden_size +
@@ -356,8 +359,8 @@ std::int64_t LlamaConfig::num_parameters() const {
 }
 
 double LlamaConfig::forward_flops_per_token(std::int64_t seq_len) const {
-    const double matmul = static_cast<double>(
-        num_hidden_layers * (layer_parameters() - 2 * hidden_size) + vocab_size * hidden_size);
+    const double matmul =
+        static_cast<double>(num_hidden_layers * projection_parameters() + vocab_size * hidden_size);
     const double attention = 2.0 * 2.0 * static_cast<double>(num_hidden_layers) *
                              static_cast<double>(seq_len) *
                              static_cast<double>(num_attention_heads * head_dim);

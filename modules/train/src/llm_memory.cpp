@@ -237,7 +237,7 @@ std::vector<FsdpUnit> fsdp_units(const LlmMemoryInputs& in) {
     std::vector<FsdpUnit> units;
     units.push_back({{dense(c.embedding_parameters())}});
 
-    const std::int64_t projections = c.layer_parameters() - 2 * c.hidden_size; // per layer
+    const std::int64_t projections = c.projection_parameters(); // per layer
     models::LlamaConfig no_head = c; // LoRA parameters of one decoder layer
     no_head.num_hidden_layers = 1;
     no_head.tie_word_embeddings = true;
@@ -320,10 +320,7 @@ double LlmMemoryPlan::total_bytes() const {
 }
 
 std::int64_t llama_projection_parameters(const models::LlamaConfig& c) {
-    std::int64_t per_layer = 0;
-    for (const models::ProjectionShape& p : c.projection_shapes())
-        per_layer += p.numel();
-    return c.num_hidden_layers * per_layer;
+    return c.num_hidden_layers * c.projection_parameters();
 }
 
 LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
@@ -405,8 +402,7 @@ LlmMemoryPlan plan_llm_memory(const LlmMemoryInputs& in) {
         p.logits_bytes = std::max(p.logits_bytes, layer_backward);
     }
     if (chunks > 1) // the head input's gradient, alive from the head's backward to the layers'
-        p.logits_bytes +=
-            2.0 * tokens_of(sequences, in.seq_len) * static_cast<double>(c.hidden_size) * e_param;
+        p.logits_bytes += 2.0 * tokens * static_cast<double>(c.hidden_size) * e_param;
     if (in.zero == 3) plan_fsdp(in, p, G);
     // Measured on an H200 (scripts/gpu-check, tiny shapes): the allocator's iteration peak
     // exceeded the plan by 59-65 MiB for every method, i.e. two 32 MiB workspaces.

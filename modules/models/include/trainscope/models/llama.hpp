@@ -80,6 +80,7 @@ struct LlamaConfig {
     // A decoder layer's seven projections in registration order (q, k, v, o, gate, up, down):
     // the one statement of their shapes that parameter counts and memory plans derive from.
     std::vector<ProjectionShape> projection_shapes() const;
+    std::int64_t projection_parameters() const; // one decoder layer's projection weights
     // Forward FLOPs per token for a sequence of `seq_len` (2 * matmul MACs incl. attention scores
     // and values, causal halving not applied; the head included), for MFU.
     double forward_flops_per_token(std::int64_t seq_len) const;
